@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Runs genfleet's whole test suite. Installs what is missing first and says so:
+#   - nats-server (Debian/Ubuntu package) for the tests that run a real NATS server;
+#   - a Python virtualenv in .venv with the official `openai` client, which the compatibility
+#     test drives against `genfleet mock-llm`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '==> %s\n' "$*"; }
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+apt_updated=""
+apt_install() {
+  if [ -z "$apt_updated" ]; then
+    say "updating the package lists (apt-get update)"
+    as_root apt-get update -qq
+    apt_updated=1
+  fi
+  say "installing $* (apt-get install)"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+if ! command -v nats-server >/dev/null 2>&1; then
+  apt_install nats-server
+fi
+say "nats-server: $(nats-server --version)"
+
+if ! command -v python3 >/dev/null 2>&1; then
+  apt_install python3 python3-venv
+fi
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import openai' >/dev/null 2>&1; then
+  say "creating .venv with the openai Python client (for the OpenAI compatibility test)"
+  rm -rf .venv
+  if ! python3 -m venv .venv >/dev/null 2>&1; then
+    apt_install python3-venv
+    python3 -m venv .venv
+  fi
+  .venv/bin/pip install -q --disable-pip-version-check 'openai>=1.40,<3'
+fi
+export GENFLEET_TEST_PYTHON="$PWD/.venv/bin/python"
+
+threads="${GENFLEET_TEST_THREADS:-4}"
+if cargo nextest --version >/dev/null 2>&1; then
+  say "running the tests (cargo nextest, $threads at a time)"
+  cargo nextest run --all-targets --test-threads "$threads" --no-fail-fast "$@"
+else
+  say "running the tests (cargo test, $threads threads; install cargo-nextest for per-test output)"
+  cargo test --all-targets --no-fail-fast "$@" -- --test-threads "$threads"
+fi

@@ -1,0 +1,42 @@
+//! `genfleet mock-llm`: the scripted OpenAI-compatible server, as a process.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+
+use crate::llm::mock::{self, Script};
+
+#[derive(Debug, Args)]
+pub struct MockLlmArgs {
+    /// Address to listen on (port 0 picks a free port; the bound address is printed).
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    pub listen: SocketAddr,
+    /// Rules file (.toml or .json); without one every request is answered with its last user
+    /// message.
+    #[arg(long, value_name = "FILE")]
+    pub script: Option<PathBuf>,
+}
+
+pub async fn run(args: MockLlmArgs) -> anyhow::Result<()> {
+    let script = match &args.script {
+        Some(path) => Script::from_file(path)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("cannot load the script {}", path.display()))?,
+        None => Script::echo(),
+    };
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    // The one line scripts and tests wait for.
+    println!("mock-llm listening on http://{addr}/v1");
+    tracing::info!(message = "mock-llm serving", %addr, rules = script.rules.len());
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    mock::serve(listener, script, shutdown)
+        .await
+        .context("mock-llm server failed")
+}

@@ -1,0 +1,148 @@
+//! The event stream of one generation: gapless sequence numbers and coalesced deltas.
+//!
+//! Deltas are gathered until `coalesce_bytes` or `coalesce_ms` have passed, so a fast model
+//! does not cost one bus message per token. Nothing is ever dropped here: the sink is a bounded
+//! channel, and a slow consumer slows the generation rather than losing text.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::protocol::ids::now_rfc3339;
+use crate::protocol::{Event, EventBody};
+
+/// Where a generation's events go. `None` discards them (a request nobody follows).
+pub type EventSink = Option<mpsc::Sender<Event>>;
+
+#[derive(Debug, Clone, Copy)]
+pub struct Coalescing {
+    pub bytes: usize,
+    pub interval: Duration,
+}
+
+pub struct EventEmitter {
+    request_id: String,
+    sink: EventSink,
+    next_seq: u64,
+    coalescing: Coalescing,
+    pending: String,
+    pending_since: Option<Instant>,
+}
+
+impl EventEmitter {
+    pub fn new(request_id: String, sink: EventSink, coalescing: Coalescing) -> Self {
+        EventEmitter {
+            request_id,
+            sink,
+            next_seq: 0,
+            coalescing,
+            pending: String::new(),
+            pending_since: None,
+        }
+    }
+
+    /// Adds visible text; sends it once enough has gathered.
+    pub async fn delta(&mut self, text: &str) {
+        if text.is_empty() || self.sink.is_none() {
+            return;
+        }
+        self.pending.push_str(text);
+        let since = *self.pending_since.get_or_insert_with(Instant::now);
+        if self.pending.len() >= self.coalescing.bytes
+            || since.elapsed() >= self.coalescing.interval
+        {
+            self.flush().await;
+        }
+    }
+
+    /// When the gathered text must go out even if no more arrives.
+    pub fn flush_deadline(&self) -> Option<Instant> {
+        self.pending_since.map(|t| t + self.coalescing.interval)
+    }
+
+    pub async fn flush(&mut self) {
+        self.pending_since = None;
+        if self.pending.is_empty() {
+            return;
+        }
+        let text = std::mem::take(&mut self.pending);
+        self.send(EventBody::Delta { text }).await;
+    }
+
+    /// Sends an event after any gathered text, keeping the order the model produced.
+    pub async fn emit(&mut self, body: EventBody) {
+        self.flush().await;
+        self.send(body).await;
+    }
+
+    async fn send(&mut self, body: EventBody) {
+        let Some(sink) = &self.sink else {
+            return;
+        };
+        let event = Event {
+            request_id: self.request_id.clone(),
+            seq: self.next_seq,
+            ts: now_rfc3339(),
+            body,
+        };
+        self.next_seq += 1;
+        if sink.send(event).await.is_err() {
+            // Nobody listens any more: stop building events for them.
+            self.sink = None;
+        }
+    }
+
+    /// The sequence number the next event will carry (a continuation of the same subject, such
+    /// as `continued`, goes on from here).
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn coalesces_and_numbers_without_gaps() {
+        let (tx, mut rx) = mpsc::channel(64);
+        let mut emitter = EventEmitter::new(
+            "r".into(),
+            Some(tx),
+            Coalescing {
+                bytes: 8,
+                interval: Duration::from_secs(60),
+            },
+        );
+        emitter
+            .emit(EventBody::Started {
+                worker_id: "w".into(),
+                attempt: 1,
+                chain_position: 1,
+            })
+            .await;
+        for piece in ["ab", "cd", "ef", "gh", "ij"] {
+            emitter.delta(piece).await;
+        }
+        emitter
+            .emit(EventBody::Reasoning { text: "r".into() })
+            .await;
+        drop(emitter);
+        let mut events = Vec::new();
+        while let Some(e) = rx.recv().await {
+            events.push(e);
+        }
+        let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, vec![0, 1, 2, 3]);
+        let texts: Vec<String> = events
+            .iter()
+            .filter_map(|e| match &e.body {
+                EventBody::Delta { text } => Some(text.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(texts, vec!["abcdefgh", "ij"]);
+        assert!(matches!(events[3].body, EventBody::Reasoning { .. }));
+    }
+}

@@ -1,0 +1,1672 @@
+//! Loop detection on a streamed assistant reply.
+//!
+//! A model that gets stuck repeats itself, and every token it produces after that point is
+//! wasted: the worker slot stays busy and the client gets a useless answer. genfleet watches
+//! the visible text and the tool calls while they stream and stops the generation once a loop
+//! is certain enough. Three shapes are recognised:
+//!
+//! * the same line again and again ([`LoopKind::RepeatedLine`]);
+//! * a stretch of text repeated back to back, with or without newlines
+//!   ([`LoopKind::Chanting`]);
+//! * the same tool call with the same arguments several times in a row
+//!   ([`LoopKind::RepeatedToolCall`]).
+//!
+//! The detector runs on every byte of every stream, so it is built to be cheap and
+//! predictable: amortised O(1) work per byte, no allocation per byte, no hash-map operation per
+//! byte, and memory bounded whatever the length of the reply (the text itself is never kept,
+//! only hashes of it and a few hundred bytes for the message). Its verdict is a pure function
+//! of the byte sequence: how the stream is cut into deltas changes when the caller hears about
+//! a loop, never whether or at which byte it is found.
+//!
+//! Both text detectors share one polynomial prefix hash over the turn's bytes, so the hash of
+//! any recent substring (a line, a window, the text between two occurrences of a window) is
+//! available in O(1) without re-reading the bytes.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::hash::{BuildHasherDefault, DefaultHasher, Hasher};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Odd base of the prefix hash `P(i) = P(i-1) * BASE + byte + 1` (mod 2^64). Odd keeps the
+/// multiplication a bijection; the `+ 1` keeps NUL bytes from vanishing at the start of a
+/// substring. Collisions between different texts of realistic length are negligible, and a
+/// collision can only add one spurious count, never fire on its own.
+const BASE: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// Width (in window positions) of the winnowing used to pick chant anchors. Winnowing picks the
+/// smallest window hash among the last `WINNOW` positions, which guarantees at least one anchor
+/// every `WINNOW` bytes whatever the content. A plain "hash is 0 mod 16" rule has no such
+/// guarantee: a 29-byte phrase has only 29 distinct window hashes and, with probability
+/// (15/16)^29 ≈ 15 %, none of them is an anchor, so that loop would never be seen.
+const WINNOW: usize = 16;
+
+/// Slots of the direct-mapped table of chant anchors. A loop with a period up to
+/// `chant_max_period` produces about `2 * period / (WINNOW + 1)` anchors per period, each of
+/// which must survive one period in the table; 1024 slots keep almost all of them even at the
+/// largest allowed period, and only one needs to survive for the loop to be caught.
+const TABLE_BITS: u32 = 10;
+const TABLE_SLOTS: usize = 1 << TABLE_BITS;
+
+/// Bytes kept from the start of the current line (after its indentation): enough to recognise
+/// a fence or a table row and to quote the line in the verdict, never the whole line.
+const HEAD_BYTES: usize = 256;
+
+/// Recent bytes kept for quoting a chant in the verdict.
+const TAIL_BYTES: usize = 128;
+
+/// The longest quoted text in a verdict, in characters.
+const DETAIL_CHARS: usize = 60;
+
+/// Bounds enforced by [`LoopDetectionConfig::validate`] and clamped to by
+/// [`LoopDetector::new`], so a bad config can never make memory unbounded.
+const MAX_LINE_WINDOW: usize = 65_536;
+const MIN_CHANT_WINDOW: usize = 8;
+const MAX_CHANT_WINDOW: usize = 1024;
+const MAX_CHANT_PERIOD: usize = 4096;
+
+/// A repeat threshold for lines of at least `min_len` non-whitespace characters.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LineTier {
+    pub min_len: usize,
+    pub repeats: usize,
+}
+
+/// Settings of the loop detector (`[loop_detection]`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoopDetectionConfig {
+    /// Off switch: when false nothing ever fires and no work is done.
+    pub enabled: bool,
+    /// Lines with fewer non-whitespace characters are never counted: closing braces, `end`,
+    /// `---`, `Done.` and the like recur legitimately all the time and carry too little
+    /// content to tell a loop from structure.
+    pub line_min_chars: usize,
+    /// Repeat thresholds by line length (non-whitespace characters, so indentation does not
+    /// change the tier), in ascending `min_len`; a line uses the last tier it reaches, and a
+    /// line shorter than the first tier is not counted. Longer lines get lower thresholds
+    /// because a long line repeated verbatim is far less likely to be legitimate than a short
+    /// one.
+    pub line_tiers: Vec<LineTier>,
+    /// Thresholds of lines inside a fenced code block are multiplied by this: code repeats
+    /// lines for real (asserts, `pass`, `return None;`), but an unclosed fence must not hide a
+    /// loop forever, so it is a higher bar rather than an exemption. Also applied to chanting
+    /// inside a fence.
+    pub fence_multiplier: usize,
+    /// Thresholds of markdown table rows (lines starting with `|`) are multiplied by this:
+    /// tables legitimately repeat rows such as separators and empty cells.
+    pub table_multiplier: usize,
+    /// How many recent counted lines are remembered. A line repeated far apart (a heading
+    /// every few screens) is not a loop; a loop repeats within a short span.
+    pub line_window: usize,
+    /// Length of the chunk compared by the chanting detector, in bytes (characters for ASCII).
+    pub chant_window_chars: usize,
+    /// How many back-to-back, non-overlapping occurrences of a chunk make a chant, i.e. the
+    /// loop must cover about `chant_repeats * chant_window_chars` bytes (or that many periods
+    /// when the repeated text is longer than the chunk).
+    pub chant_repeats: usize,
+    /// A repeated unit that spans a newline is made of whole lines, which the line rules judge
+    /// with their own length tiers and fence/table multipliers; chanting is only their
+    /// backstop for lines too short to count (`Wait.`, `}`), so such a unit needs this many
+    /// times `chant_repeats`. Otherwise 20 identical table rows would fire as chanting long
+    /// before the table threshold of the line rules.
+    pub chant_multiline_multiplier: usize,
+    /// The longest repeated unit (in bytes) the chanting detector looks for. Longer loops are
+    /// multi-line in practice and the line detector catches them.
+    pub chant_max_period: usize,
+    /// The same tool call (name and canonical arguments) this many times in a row fires.
+    pub tool_call_repeats: usize,
+}
+
+impl Default for LoopDetectionConfig {
+    /// Why these numbers:
+    ///
+    /// * Lines: 8 to 23 non-whitespace characters need 12 repeats within 256 lines (headings,
+    ///   labels and boilerplate such as `**Example:**` recur in long answers), 24 to 79 need 8
+    ///   (a sentence-sized line repeated 8 times in a short span is not prose any more), 80 and
+    ///   more need 5 (a paragraph-sized line verbatim 5 times is a loop). Two lines
+    ///   alternating count separately, so they fire at 8 each.
+    /// * Fences and tables multiply by 4: 12 identical asserts in a test stay quiet (threshold
+    ///   48 for a 17-character line), while a fenced loop still fires after 32 repeats of a
+    ///   typical code line.
+    /// * Chanting: a 50-byte chunk 10 times back to back (at least ~500 bytes of exact
+    ///   repetition), after gemini-cli's loop detection, but requiring non-overlapping
+    ///   occurrences and identical text between them, which is what keeps numbered steps, list
+    ///   items sharing a prefix and single-line JSON arrays quiet. A repeated unit spanning
+    ///   lines needs 4 times as many (~2 KB): the line rules own whole lines, chanting only
+    ///   backstops loops of lines too short for them.
+    /// * Tool calls: 5 identical calls in a row; agents legitimately retry a call once or
+    ///   twice (a flaky command, a file that was still being written), rarely four times.
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            line_min_chars: 8,
+            line_tiers: vec![
+                LineTier {
+                    min_len: 8,
+                    repeats: 12,
+                },
+                LineTier {
+                    min_len: 24,
+                    repeats: 8,
+                },
+                LineTier {
+                    min_len: 80,
+                    repeats: 5,
+                },
+            ],
+            fence_multiplier: 4,
+            table_multiplier: 4,
+            line_window: 256,
+            chant_window_chars: 50,
+            chant_repeats: 10,
+            chant_multiline_multiplier: 4,
+            chant_max_period: 512,
+            tool_call_repeats: 5,
+        }
+    }
+}
+
+impl LoopDetectionConfig {
+    /// Checks the settings make sense; [`LoopDetector::new`] clamps instead of failing, so
+    /// call this when loading the configuration to report mistakes.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.line_window == 0 || self.line_window > MAX_LINE_WINDOW {
+            return Err(format!(
+                "line_window must be between 1 and {MAX_LINE_WINDOW}, got {}",
+                self.line_window
+            ));
+        }
+        if self.fence_multiplier == 0 {
+            return Err("fence_multiplier must be at least 1".into());
+        }
+        if self.table_multiplier == 0 {
+            return Err("table_multiplier must be at least 1".into());
+        }
+        let multiplier = self.fence_multiplier.max(self.table_multiplier);
+        let mut previous: Option<usize> = None;
+        for tier in &self.line_tiers {
+            if tier.repeats < 2 {
+                return Err(format!(
+                    "line_tiers: repeats must be at least 2, got {} for min_len {}",
+                    tier.repeats, tier.min_len
+                ));
+            }
+            if let Some(previous) = previous
+                && tier.min_len <= previous
+            {
+                return Err("line_tiers must be sorted by strictly increasing min_len".into());
+            }
+            previous = Some(tier.min_len);
+            let worst = tier.repeats.saturating_mul(multiplier);
+            if worst > self.line_window {
+                return Err(format!(
+                    "line_tiers: {} repeats x multiplier {multiplier} can never fit in a \
+                     line_window of {} lines",
+                    tier.repeats, self.line_window
+                ));
+            }
+        }
+        if !(MIN_CHANT_WINDOW..=MAX_CHANT_WINDOW).contains(&self.chant_window_chars) {
+            return Err(format!(
+                "chant_window_chars must be between {MIN_CHANT_WINDOW} and {MAX_CHANT_WINDOW}, \
+                 got {}",
+                self.chant_window_chars
+            ));
+        }
+        if self.chant_repeats < 2 {
+            return Err("chant_repeats must be at least 2".into());
+        }
+        if self.chant_multiline_multiplier == 0 {
+            return Err("chant_multiline_multiplier must be at least 1".into());
+        }
+        if self.chant_max_period == 0 || self.chant_max_period > MAX_CHANT_PERIOD {
+            return Err(format!(
+                "chant_max_period must be between 1 and {MAX_CHANT_PERIOD}, got {}",
+                self.chant_max_period
+            ));
+        }
+        if self.tool_call_repeats < 2 {
+            return Err("tool_call_repeats must be at least 2".into());
+        }
+        Ok(())
+    }
+}
+
+/// Which kind of loop was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LoopKind {
+    RepeatedLine,
+    Chanting,
+    RepeatedToolCall,
+}
+
+impl LoopKind {
+    /// A stable snake_case name for logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LoopKind::RepeatedLine => "repeated_line",
+            LoopKind::Chanting => "chanting",
+            LoopKind::RepeatedToolCall => "repeated_tool_call",
+        }
+    }
+}
+
+impl fmt::Display for LoopKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A detected loop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoopVerdict {
+    pub kind: LoopKind,
+    /// Short human text quoting (at most ~60 characters of) what repeats.
+    pub detail: String,
+}
+
+impl fmt::Display for LoopVerdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind, self.detail)
+    }
+}
+
+/// Watches one generation. Feed it the visible text as it streams ([`push_text`]), the tool
+/// calls ([`push_tool_call`]) and the end of each assistant turn ([`end_turn`]). The first
+/// loop found is returned once and then remembered ([`verdict`]); after that the detector
+/// ignores its input, since the generation is being stopped.
+///
+/// [`push_text`]: LoopDetector::push_text
+/// [`push_tool_call`]: LoopDetector::push_tool_call
+/// [`end_turn`]: LoopDetector::end_turn
+/// [`verdict`]: LoopDetector::verdict
+pub struct LoopDetector {
+    enabled: bool,
+    verdict: Option<LoopVerdict>,
+    fired_at: Option<u64>,
+    /// Text bytes seen so far (over all turns); all positions below count in it.
+    pos: u64,
+    /// Prefix hash of all text so far, `P(pos)`.
+    hash: u64,
+    lines: Lines,
+    chant: Chant,
+    tools: ToolCalls,
+}
+
+impl LoopDetector {
+    /// A detector for one generation. Out-of-range settings are clamped (see
+    /// [`LoopDetectionConfig::validate`] to reject them instead).
+    pub fn new(config: &LoopDetectionConfig) -> Self {
+        Self {
+            enabled: config.enabled,
+            verdict: None,
+            fired_at: None,
+            pos: 0,
+            hash: 0,
+            lines: Lines::new(config),
+            chant: Chant::new(config),
+            tools: ToolCalls::new(config),
+        }
+    }
+
+    /// Feeds a piece of visible assistant text. Returns the verdict the first time a loop is
+    /// seen.
+    pub fn push_text(&mut self, delta: &str) -> Option<LoopVerdict> {
+        if !self.enabled || self.verdict.is_some() || delta.is_empty() {
+            return None;
+        }
+        let found = self.scan(delta.as_bytes());
+        self.latch(found)
+    }
+
+    /// Marks the end of an assistant turn: a partial last line counts as complete. Returns a
+    /// verdict if that completes a loop.
+    ///
+    /// The text detectors then start afresh: a new turn comes after tool results, and the
+    /// same short preamble ("Let me check the output.") recurring across turns of a working
+    /// agent is not a loop. A model that repeats whole turns also repeats its tool calls,
+    /// which [`push_tool_call`](LoopDetector::push_tool_call) tracks across turns.
+    pub fn end_turn(&mut self) -> Option<LoopVerdict> {
+        if !self.enabled || self.verdict.is_some() {
+            return None;
+        }
+        let found = self.lines.finish(self.pos, self.hash);
+        self.lines.reset_turn();
+        self.chant.reset_turn(self.pos);
+        self.latch(found)
+    }
+
+    /// Feeds one tool call the model made. Arguments are compared canonically (object keys in
+    /// any order; a string holding a JSON object or array, as OpenAI-style APIs send it, is
+    /// parsed first), so cosmetic differences do not hide a repeat.
+    pub fn push_tool_call(&mut self, name: &str, arguments: &Value) -> Option<LoopVerdict> {
+        if !self.enabled || self.verdict.is_some() {
+            return None;
+        }
+        let found = self.tools.push(name, arguments);
+        self.latch(found)
+    }
+
+    /// The loop found so far, if any.
+    pub fn verdict(&self) -> Option<&LoopVerdict> {
+        self.verdict.as_ref()
+    }
+
+    /// How many bytes of text had been fed when the loop was found (for logs).
+    pub fn fired_at(&self) -> Option<u64> {
+        self.fired_at
+    }
+
+    fn latch(&mut self, found: Option<LoopVerdict>) -> Option<LoopVerdict> {
+        let verdict = found?;
+        self.fired_at = Some(self.pos);
+        self.verdict = Some(verdict.clone());
+        Some(verdict)
+    }
+
+    /// The per-byte loop. Everything here is a handful of arithmetic operations and
+    /// predictable branches; the rare events (end of line, a new chant anchor) leave the loop.
+    /// Processing stops at the byte that completes a loop, so `pos` says exactly where.
+    fn scan(&mut self, bytes: &[u8]) -> Option<LoopVerdict> {
+        let mut pos = self.pos;
+        let mut hash = self.hash;
+        let lines = &mut self.lines;
+        let chant = &mut self.chant;
+        let mut found = None;
+        for &byte in bytes {
+            pos += 1;
+            hash = hash.wrapping_mul(BASE).wrapping_add(u64::from(byte) + 1);
+            chant.ring[pos as usize & chant.ring_mask] = hash;
+            if byte == b'\n' {
+                chant.last_newline = pos;
+                found = lines.finish(pos, hash);
+                if found.is_some() {
+                    break;
+                }
+            }
+            // Written as selects rather than branches: in prose, space and non-space alternate
+            // every few bytes and a mispredicted branch would cost more than all of this.
+            let solid = !is_blank(byte);
+            lines.started |= solid;
+            lines.end_pos = if solid { pos } else { lines.end_pos };
+            lines.end_hash = if solid { hash } else { lines.end_hash };
+            // Count characters, not UTF-8 continuation bytes.
+            lines.chars += u64::from(solid & (byte & 0xC0 != 0x80));
+            chant.last_non_space = if solid { pos } else { chant.last_non_space };
+            // The head has one spare byte at the end that absorbs writes once it is full.
+            lines.head[lines.head_len.min(HEAD_BYTES)] = byte;
+            lines.head_len += usize::from(lines.started & (lines.head_len < HEAD_BYTES));
+            chant.tail[pos as usize % TAIL_BYTES] = byte;
+            if pos >= chant.turn_start + chant.width {
+                found = chant.step(pos, hash, lines.in_fence);
+                if found.is_some() {
+                    break;
+                }
+            }
+        }
+        self.pos = pos;
+        self.hash = hash;
+        found
+    }
+}
+
+/// ASCII whitespace, `\n` included. `\r` is here so CRLF line ends and trailing blanks do not
+/// make otherwise identical lines differ. A bit test rather than a chain of comparisons.
+#[inline]
+fn is_blank(byte: u8) -> bool {
+    const MASK: u64 = 1 << b' ' | 1 << b'\t' | 1 << b'\n' | 1 << b'\r' | 1 << 0x0B | 1 << 0x0C;
+    (byte < 64) & ((MASK >> (byte & 63)) & 1 == 1)
+}
+
+/// `BASE^exp` by squaring: O(log exp), called once per line or chant anchor, never per byte.
+fn base_pow(mut exp: u64) -> u64 {
+    let mut result: u64 = 1;
+    let mut factor = BASE;
+    while exp > 0 {
+        if exp & 1 == 1 {
+            result = result.wrapping_mul(factor);
+        }
+        factor = factor.wrapping_mul(factor);
+        exp >>= 1;
+    }
+    result
+}
+
+/// Final mixing step of splitmix64. The low bits of a polynomial hash mod 2^64 are weak (the
+/// lowest is just the parity of the bytes), and hash tables index with low bits.
+#[inline]
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// Quotes text for a verdict: whole characters only, trailing blanks dropped, at most
+/// [`DETAIL_CHARS`] characters, escaped like a Rust string so newlines stay visible.
+fn quote(bytes: &[u8]) -> String {
+    let start = bytes
+        .iter()
+        .position(|&b| b & 0xC0 != 0x80)
+        .unwrap_or(bytes.len());
+    let text = String::from_utf8_lossy(&bytes[start..]);
+    let text = text.trim_end_matches([' ', '\t', '\r', '\u{b}', '\u{c}']);
+    let mut short: String = text.chars().take(DETAIL_CHARS).collect();
+    if text.chars().nth(DETAIL_CHARS).is_some() {
+        short.push('…');
+    }
+    format!("{short:?}")
+}
+
+/// Keys of the line counter are already mixed hashes; hashing them again would only cost.
+#[derive(Default)]
+struct PremixedHasher(u64);
+
+impl Hasher for PremixedHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01B3);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// Repeated complete lines, counted in a sliding window of recent lines.
+struct Lines {
+    min_chars: u64,
+    tiers: Vec<LineTier>,
+    fence_multiplier: usize,
+    table_multiplier: usize,
+    capacity: usize,
+    /// Keys of the last `capacity` counted lines, oldest first.
+    recent: VecDeque<u64>,
+    /// How often each key occurs in `recent`; never larger than `recent`.
+    counts: HashMap<u64, u32, BuildHasherDefault<PremixedHasher>>,
+    in_fence: bool,
+    /// The current line: its text is the bytes after `start_pos` up to `end_pos` (the last
+    /// non-space byte), and the prefix hashes at both ends give its hash without storing it.
+    start_pos: u64,
+    start_hash: u64,
+    end_pos: u64,
+    end_hash: u64,
+    /// Non-whitespace characters so far.
+    chars: u64,
+    /// Whether a non-space byte has been seen (blank lines are never counted).
+    started: bool,
+    head: [u8; HEAD_BYTES + 1],
+    head_len: usize,
+}
+
+impl Lines {
+    fn new(config: &LoopDetectionConfig) -> Self {
+        let capacity = config.line_window.clamp(1, MAX_LINE_WINDOW);
+        let mut tiers: Vec<LineTier> = config
+            .line_tiers
+            .iter()
+            .map(|t| LineTier {
+                min_len: t.min_len,
+                repeats: t.repeats.max(2),
+            })
+            .collect();
+        tiers.sort_by_key(|t| t.min_len);
+        Self {
+            min_chars: config.line_min_chars as u64,
+            tiers,
+            fence_multiplier: config.fence_multiplier.max(1),
+            table_multiplier: config.table_multiplier.max(1),
+            capacity,
+            recent: VecDeque::new(),
+            counts: HashMap::default(),
+            in_fence: false,
+            start_pos: 0,
+            start_hash: 0,
+            end_pos: 0,
+            end_hash: 0,
+            chars: 0,
+            started: false,
+            head: [0; HEAD_BYTES + 1],
+            head_len: 0,
+        }
+    }
+
+    /// Ends the current line at `pos` (whose prefix hash is `hash`); the next line starts
+    /// after it.
+    fn finish(&mut self, pos: u64, hash: u64) -> Option<LoopVerdict> {
+        let found = if self.started { self.count() } else { None };
+        self.started = false;
+        self.chars = 0;
+        self.head_len = 0;
+        self.start_pos = pos;
+        self.start_hash = hash;
+        found
+    }
+
+    fn reset_turn(&mut self) {
+        self.recent.clear();
+        self.counts.clear();
+        self.in_fence = false;
+    }
+
+    fn count(&mut self) -> Option<LoopVerdict> {
+        let head = &self.head[..self.head_len];
+        if head.starts_with(b"```") {
+            self.in_fence = !self.in_fence;
+            return None;
+        }
+        if self.chars < self.min_chars {
+            return None;
+        }
+        let chars = self.chars;
+        let base = self
+            .tiers
+            .iter()
+            .rev()
+            .find(|t| t.min_len as u64 <= chars)?
+            .repeats;
+        let (multiplier, place) = if self.in_fence {
+            (self.fence_multiplier, " in a code block")
+        } else if head.first() == Some(&b'|') {
+            (self.table_multiplier, " in a table")
+        } else {
+            (1, "")
+        };
+        let threshold = base.saturating_mul(multiplier);
+
+        let len = self.end_pos - self.start_pos;
+        let text_hash = self
+            .end_hash
+            .wrapping_sub(self.start_hash.wrapping_mul(base_pow(len)));
+        let key = mix(text_hash ^ len.wrapping_mul(0xD6E8_FEB8_6659_FD93));
+
+        if self.recent.len() >= self.capacity
+            && let Some(old) = self.recent.pop_front()
+            && let Some(n) = self.counts.get_mut(&old)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.counts.remove(&old);
+            }
+        }
+        self.recent.push_back(key);
+        let n = self.counts.entry(key).or_insert(0);
+        *n += 1;
+        let n = *n;
+        if (n as usize) < threshold {
+            return None;
+        }
+        Some(LoopVerdict {
+            kind: LoopKind::RepeatedLine,
+            detail: format!(
+                "line repeated {n} times{place}: {}",
+                quote(&self.head[..self.head_len])
+            ),
+        })
+    }
+}
+
+/// A chunk position: remembered for the last `2 * WINNOW` positions so the one the winnowing
+/// picks can be looked at.
+#[derive(Clone, Copy, Default)]
+struct Window {
+    /// Hash of the `width` bytes ending here.
+    value: u64,
+    /// Prefix hash here, to hash the text between two occurrences later.
+    hash: u64,
+    /// The last non-whitespace byte and the last newline at or before here.
+    non_space: u64,
+    newline: u64,
+}
+
+/// The last occurrence of one anchored chunk and the chain of identical repeats ending there.
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    key: u64,
+    pos: u64,
+    hash: u64,
+    /// Distance and text hash between the last two counted occurrences.
+    gap: u64,
+    segment: u64,
+    count: u32,
+}
+
+/// Text repeated back to back, inside a line or across lines ("chanting").
+///
+/// A `width`-byte chunk is hashed at every byte with the rolling prefix hash, but only chunks
+/// at content-defined anchors are looked up, so the table is touched every ~8 bytes rather
+/// than every byte. Anchors are chosen by winnowing (the smallest chunk hash in the last
+/// [`WINNOW`] positions), which depends only on the text, so a repeated text yields the same
+/// anchors in every repetition, and which never leaves a gap longer than [`WINNOW`].
+///
+/// An occurrence only counts when it does not overlap the previous counted one and the text
+/// between them is identical to the text between the two before (same distance, same hash).
+/// That makes a chain an exact periodic repetition, which is what separates a chant from text
+/// that merely shares a long prefix (list items, numbered steps, rows of a JSON array); and
+/// not counting overlaps keeps a long `=====` rule or a run of `0, 0, 0` from firing on a few
+/// dozen bytes.
+struct Chant {
+    width: u64,
+    /// `BASE^width`, to drop the byte leaving the window.
+    base_pow_width: u64,
+    /// Prefix hashes of the last positions (power-of-two ring longer than `width`).
+    ring: Box<[u64]>,
+    ring_mask: usize,
+    repeats: usize,
+    fence_multiplier: usize,
+    multiline_multiplier: usize,
+    /// Largest distance between counted occurrences: with non-overlapping counting the
+    /// distance is the period rounded up to at least `width`.
+    max_gap: u64,
+    /// Windows must start at or after this position (the start of the turn).
+    turn_start: u64,
+    last_non_space: u64,
+    last_newline: u64,
+    windows: [Window; 2 * WINNOW],
+    /// Winnowing by block minima: `block` holds the keys of the current aligned block of
+    /// `WINNOW` positions, `prefix` their running minimum, `suffix` the suffix minima of the
+    /// previous block. The minimum of the last `WINNOW` positions is then
+    /// `min(prefix, suffix[next])`: two branch-free `min`s per byte plus one pass per block,
+    /// where a monotonic queue mispredicts a branch on most bytes.
+    block: [u64; WINNOW],
+    suffix: [u64; WINNOW],
+    prefix: u64,
+    /// Key of the last anchor chosen, so each anchor is recorded once.
+    selected: u64,
+    tail: [u8; TAIL_BYTES],
+    /// Allocated on the first anchor, so short replies and disabled detectors never pay.
+    table: Vec<Slot>,
+}
+
+impl Chant {
+    fn new(config: &LoopDetectionConfig) -> Self {
+        let width = config
+            .chant_window_chars
+            .clamp(MIN_CHANT_WINDOW, MAX_CHANT_WINDOW);
+        let ring_len = (width + 1).next_power_of_two();
+        let max_period = config.chant_max_period.clamp(1, MAX_CHANT_PERIOD);
+        Self {
+            width: width as u64,
+            base_pow_width: base_pow(width as u64),
+            ring: vec![0; ring_len].into_boxed_slice(),
+            ring_mask: ring_len - 1,
+            repeats: config.chant_repeats.max(2),
+            fence_multiplier: config.fence_multiplier.max(1),
+            multiline_multiplier: config.chant_multiline_multiplier.max(1),
+            max_gap: (max_period + width) as u64,
+            turn_start: 0,
+            last_non_space: 0,
+            last_newline: 0,
+            windows: [Window::default(); 2 * WINNOW],
+            block: [u64::MAX; WINNOW],
+            suffix: [u64::MAX; WINNOW],
+            prefix: u64::MAX,
+            selected: u64::MAX,
+            tail: [0; TAIL_BYTES],
+            table: Vec::new(),
+        }
+    }
+
+    /// Windows never span two turns and chains never continue from an earlier turn (the
+    /// table is not cleared: entries older than `turn_start` are simply treated as empty).
+    fn reset_turn(&mut self, pos: u64) {
+        self.turn_start = pos;
+        self.block = [u64::MAX; WINNOW];
+        self.suffix = [u64::MAX; WINNOW];
+        self.prefix = u64::MAX;
+        self.selected = u64::MAX;
+    }
+
+    /// One byte: hash the window ending here and run the winnowing.
+    #[inline]
+    fn step(&mut self, pos: u64, hash: u64, in_fence: bool) -> Option<LoopVerdict> {
+        let old = self.ring[(pos - self.width) as usize & self.ring_mask];
+        let value = hash.wrapping_sub(old.wrapping_mul(self.base_pow_width));
+        self.windows[pos as usize % (2 * WINNOW)] = Window {
+            value,
+            hash,
+            non_space: self.last_non_space,
+            newline: self.last_newline,
+        };
+        // Order by the high half of the chunk hash, ties to the older position (the low half
+        // of the key). Which of equal chunks wins does not matter as long as it is the same
+        // rule every time: in a repetition the anchor then advances by one period per period.
+        // The position wraps every 4 GiB, which can misplace a single anchor there.
+        let key = (value & 0xFFFF_FFFF_0000_0000) | (pos & 0xFFFF_FFFF);
+        let j = pos as usize % WINNOW;
+        self.block[j] = key;
+        self.prefix = if j == 0 { key } else { self.prefix.min(key) };
+        if j == WINNOW - 1 {
+            let mut m = u64::MAX;
+            for k in (0..WINNOW).rev() {
+                m = m.min(self.block[k]);
+                self.suffix[k] = m;
+            }
+        }
+        // For j < WINNOW - 1, suffix[j + 1] covers the previous block's part of the window;
+        // at a block end the window is the block itself and suffix[0] equals prefix.
+        let chosen = self.prefix.min(self.suffix[(j + 1) % WINNOW]);
+        if chosen == self.selected {
+            return None;
+        }
+        self.selected = chosen;
+        let anchor_pos = pos - u64::from((pos as u32).wrapping_sub(chosen as u32));
+        let window = self.windows[anchor_pos as usize % (2 * WINNOW)];
+        if anchor_pos - window.non_space >= self.width {
+            // Only whitespace: runs of blanks are left to the line rules.
+            return None;
+        }
+        self.record(anchor_pos, window, in_fence)
+    }
+
+    #[inline(never)]
+    fn record(&mut self, anchor_pos: u64, anchor: Window, in_fence: bool) -> Option<LoopVerdict> {
+        if self.table.is_empty() {
+            self.table = vec![Slot::default(); TABLE_SLOTS];
+        }
+        let index = (mix(anchor.value) >> (64 - TABLE_BITS)) as usize;
+        let floor = self.turn_start + self.width;
+        let slot = &mut self.table[index];
+        if slot.key != anchor.value || slot.pos < floor || anchor_pos - slot.pos > self.max_gap {
+            *slot = Slot {
+                key: anchor.value,
+                pos: anchor_pos,
+                hash: anchor.hash,
+                gap: 0,
+                segment: 0,
+                count: 1,
+            };
+            return None;
+        }
+        let gap = anchor_pos - slot.pos;
+        if gap < self.width {
+            // Overlaps the last counted occurrence: a short period; wait for a disjoint one.
+            return None;
+        }
+        let segment = anchor
+            .hash
+            .wrapping_sub(slot.hash.wrapping_mul(base_pow(gap)));
+        if slot.count >= 2 && slot.gap == gap && slot.segment == segment {
+            slot.count += 1;
+        } else {
+            slot.count = 2;
+            slot.gap = gap;
+            slot.segment = segment;
+        }
+        slot.pos = anchor_pos;
+        slot.hash = anchor.hash;
+        let count = slot.count;
+        // Multipliers do not compound: a fenced loop of short lines is held to the higher of
+        // the two bars, not their product.
+        let multiline = anchor.newline > anchor_pos - gap;
+        let fence = if in_fence { self.fence_multiplier } else { 1 };
+        let multiline = if multiline {
+            self.multiline_multiplier
+        } else {
+            1
+        };
+        let threshold = self.repeats.saturating_mul(fence.max(multiline));
+        if (count as usize) < threshold {
+            return None;
+        }
+        // The anchor is at most WINNOW bytes behind the current byte, so the repeated text
+        // before it is still in `tail`.
+        let n = gap.min((TAIL_BYTES - WINNOW) as u64);
+        let quoted: Vec<u8> = (anchor_pos - n + 1..=anchor_pos)
+            .map(|p| self.tail[p as usize % TAIL_BYTES])
+            .collect();
+        let span = u64::from(count - 1) * gap + self.width;
+        let place = if in_fence { " in a code block" } else { "" };
+        Some(LoopVerdict {
+            kind: LoopKind::Chanting,
+            detail: format!(
+                "text repeating every {gap} bytes for {span} bytes{place}: {}",
+                quote(&quoted)
+            ),
+        })
+    }
+}
+
+/// Identical consecutive tool calls.
+struct ToolCalls {
+    repeats: usize,
+    last: Option<u64>,
+    streak: usize,
+}
+
+impl ToolCalls {
+    fn new(config: &LoopDetectionConfig) -> Self {
+        Self {
+            repeats: config.tool_call_repeats.max(2),
+            last: None,
+            streak: 0,
+        }
+    }
+
+    fn push(&mut self, name: &str, arguments: &Value) -> Option<LoopVerdict> {
+        let key = tool_call_key(name, arguments);
+        if self.last == Some(key) {
+            self.streak += 1;
+        } else {
+            self.last = Some(key);
+            self.streak = 1;
+        }
+        if self.streak < self.repeats {
+            return None;
+        }
+        let mut shown: String = name.chars().take(DETAIL_CHARS).collect();
+        if name.chars().nth(DETAIL_CHARS).is_some() {
+            shown.push('…');
+        }
+        Some(LoopVerdict {
+            kind: LoopKind::RepeatedToolCall,
+            detail: format!(
+                "tool call {shown:?} repeated {} times in a row with the same arguments",
+                self.streak
+            ),
+        })
+    }
+}
+
+/// A hash of the call's canonical form: object keys sorted, integral numbers compared by
+/// value (`1` and `1.0` are the same argument), arguments given as a JSON string parsed.
+/// Only a hash is kept, so a huge argument is never stored.
+fn tool_call_key(name: &str, arguments: &Value) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    hasher.write_usize(name.len());
+    hasher.write(name.as_bytes());
+    match arguments {
+        Value::String(text) if text.trim_start().starts_with(['{', '[']) => {
+            match serde_json::from_str::<Value>(text) {
+                Ok(parsed) => hash_value(&parsed, &mut hasher),
+                Err(_) => hash_value(arguments, &mut hasher),
+            }
+        }
+        _ => hash_value(arguments, &mut hasher),
+    }
+    hasher.finish()
+}
+
+fn hash_value(value: &Value, hasher: &mut DefaultHasher) {
+    match value {
+        Value::Null => hasher.write_u8(0),
+        Value::Bool(b) => {
+            hasher.write_u8(1);
+            hasher.write_u8(u8::from(*b));
+        }
+        Value::Number(number) => {
+            hasher.write_u8(2);
+            if let Some(i) = number.as_i64() {
+                hasher.write_u8(0);
+                hasher.write_i64(i);
+            } else if let Some(u) = number.as_u64() {
+                hasher.write_u8(1);
+                hasher.write_u64(u);
+            } else {
+                let f = number.as_f64().unwrap_or(f64::NAN);
+                if f.fract() == 0.0 && f.abs() < 9.0e15 {
+                    hasher.write_u8(0);
+                    hasher.write_i64(f as i64);
+                } else {
+                    hasher.write_u8(3);
+                    hasher.write_u64(f.to_bits());
+                }
+            }
+        }
+        Value::String(text) => {
+            hasher.write_u8(3);
+            hasher.write_usize(text.len());
+            hasher.write(text.as_bytes());
+        }
+        Value::Array(items) => {
+            hasher.write_u8(4);
+            hasher.write_usize(items.len());
+            for item in items {
+                hash_value(item, hasher);
+            }
+        }
+        Value::Object(map) => {
+            hasher.write_u8(5);
+            hasher.write_usize(map.len());
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            for (key, item) in entries {
+                hasher.write_usize(key.len());
+                hasher.write(key.as_bytes());
+                hash_value(item, hasher);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    #[derive(Deserialize)]
+    struct Vectors {
+        about: String,
+        cases: Vec<Case>,
+    }
+
+    #[derive(Deserialize, Debug, Clone)]
+    struct Case {
+        name: String,
+        stream: String,
+        fires: bool,
+    }
+
+    fn vectors() -> Vectors {
+        serde_json::from_str(include_str!("../../tests/data/loop_detection.json"))
+            .expect("tests/data/loop_detection.json parses")
+    }
+
+    /// Feeds the parts, ends the turn, and returns the verdict with the byte it fired at.
+    fn run<'a>(
+        config: &LoopDetectionConfig,
+        parts: impl IntoIterator<Item = &'a str>,
+    ) -> (Option<LoopVerdict>, Option<u64>) {
+        let mut detector = LoopDetector::new(config);
+        let mut first: Option<LoopVerdict> = None;
+        for part in parts {
+            if let Some(v) = detector.push_text(part) {
+                assert!(first.is_none(), "fired twice");
+                first = Some(v);
+            }
+        }
+        if let Some(v) = detector.end_turn() {
+            assert!(first.is_none(), "fired twice");
+            first = Some(v);
+        }
+        assert_eq!(first.as_ref(), detector.verdict());
+        (first, detector.fired_at())
+    }
+
+    fn run_whole(text: &str) -> (Option<LoopVerdict>, Option<u64>) {
+        run(&LoopDetectionConfig::default(), [text])
+    }
+
+    fn chars_of(text: &str) -> Vec<&str> {
+        text.char_indices()
+            .map(|(i, c)| &text[i..i + c.len_utf8()])
+            .collect()
+    }
+
+    /// Cuts `text` at the char boundaries picked by `cuts`.
+    fn split<'a>(text: &'a str, cuts: &[prop::sample::Index]) -> Vec<&'a str> {
+        let boundaries: Vec<usize> = text.char_indices().map(|(i, _)| i).skip(1).collect();
+        if boundaries.is_empty() {
+            return vec![text];
+        }
+        let mut at: Vec<usize> = cuts
+            .iter()
+            .map(|c| boundaries[c.index(boundaries.len())])
+            .collect();
+        at.sort_unstable();
+        at.dedup();
+        let mut parts = Vec::with_capacity(at.len() + 1);
+        let mut start = 0;
+        for cut in at {
+            parts.push(&text[start..cut]);
+            start = cut;
+        }
+        parts.push(&text[start..]);
+        parts
+    }
+
+    /// Deterministic pseudo-random prose: sentences of words drawn from a vocabulary, so no
+    /// two sentences are alike but the text has the statistics of real prose.
+    fn prose(bytes: usize, seed: u64) -> String {
+        const WORDS: &[&str] = &[
+            "the",
+            "model",
+            "worker",
+            "returns",
+            "a",
+            "stream",
+            "of",
+            "tokens",
+            "while",
+            "we",
+            "check",
+            "each",
+            "line",
+            "for",
+            "errors",
+            "and",
+            "then",
+            "continue",
+            "with",
+            "next",
+            "request",
+            "queue",
+            "latency",
+            "budget",
+            "is",
+            "small",
+            "but",
+            "fleet",
+            "scales",
+            "horizontally",
+            "across",
+            "nodes",
+            "configuration",
+            "value",
+            "schema",
+            "retry",
+            "timeout",
+            "because",
+            "every",
+            "client",
+            "expects",
+            "answer",
+            "quickly",
+            "über",
+            "naïve",
+            "café",
+            "数据",
+            "résumé",
+            "shard",
+            "migration",
+            "logs",
+            "index",
+            "cache",
+        ];
+        let mut state = seed | 1;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut out = String::with_capacity(bytes + 200);
+        let mut sentence = 0u64;
+        while out.len() < bytes {
+            let words = 6 + next() % 14;
+            for w in 0..words {
+                let word = WORDS[(next() % WORDS.len() as u64) as usize];
+                if w == 0 {
+                    let mut c = word.chars();
+                    if let Some(f) = c.next() {
+                        out.extend(f.to_uppercase());
+                        out.push_str(c.as_str());
+                    }
+                } else {
+                    out.push(' ');
+                    out.push_str(word);
+                }
+            }
+            sentence += 1;
+            out.push_str(match next() % 6 {
+                0 => ".\n",
+                1 => ".\n\n",
+                _ => ". ",
+            });
+            if sentence.is_multiple_of(50) {
+                out.push_str(&format!("- item {} is {}\n", next() % 1000, next() % 97));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn vectors_fed_whole() {
+        let v = vectors();
+        assert!(
+            v.about.contains("DEFAULT"),
+            "vectors are for default settings"
+        );
+        for case in &v.cases {
+            let (verdict, at) = run_whole(&case.stream);
+            assert_eq!(
+                verdict.is_some(),
+                case.fires,
+                "case {:?}: got {verdict:?} at {at:?} ({})",
+                case.name,
+                v.about
+            );
+            if let Some(at) = at {
+                assert!(at <= case.stream.len() as u64);
+            }
+        }
+    }
+
+    #[test]
+    fn vectors_fire_with_the_expected_kind() {
+        let expected = [
+            ("39-char line x8", LoopKind::RepeatedLine),
+            ("39-char line x40", LoopKind::RepeatedLine),
+            ("120-char line x5", LoopKind::RepeatedLine),
+            ("two lines alternating x10", LoopKind::RepeatedLine),
+            ("chanting without newlines", LoopKind::Chanting),
+            ("loop inside an unclosed code fence", LoopKind::RepeatedLine),
+        ];
+        let v = vectors();
+        for (name, kind) in expected {
+            let case = v.cases.iter().find(|c| c.name == name).expect(name);
+            let (verdict, _) = run_whole(&case.stream);
+            assert_eq!(verdict.map(|v| v.kind), Some(kind), "{name}");
+        }
+    }
+
+    #[test]
+    fn vectors_fed_char_by_char() {
+        for case in &vectors().cases {
+            let whole = run_whole(&case.stream);
+            let by_char = run(&LoopDetectionConfig::default(), chars_of(&case.stream));
+            assert_eq!(by_char, whole, "case {:?}", case.name);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn vectors_do_not_depend_on_the_split(
+            cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..80)
+        ) {
+            for case in &vectors().cases {
+                let whole = run_whole(&case.stream);
+                prop_assert_eq!(whole.0.is_some(), case.fires, "case {:?}", case.name);
+                let parts = split(&case.stream, &cuts);
+                let split_run = run(&LoopDetectionConfig::default(), parts);
+                prop_assert_eq!(split_run, whole, "case {:?}", case.name);
+            }
+        }
+
+        #[test]
+        fn any_text_does_not_depend_on_the_split(
+            pieces in prop::collection::vec(
+                prop::sample::select(vec![
+                    "abc", " ", "\n", "é", "数", "```\n", "| a | b |\n", "\r\n",
+                    "and then we go around again, ", "the quick brown fox jumps over the dog!\n",
+                    "0, ", "=", "    x = 1\n",
+                ]),
+                0..400,
+            ),
+            cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..60),
+            repeat in 1usize..4,
+        ) {
+            let mut text = String::new();
+            for piece in &pieces {
+                for _ in 0..repeat {
+                    text.push_str(piece);
+                }
+            }
+            let whole = run_whole(&text);
+            prop_assert_eq!(run(&LoopDetectionConfig::default(), split(&text, &cuts)), whole);
+        }
+    }
+
+    #[test]
+    fn tool_call_repeated_five_times_fires() {
+        let config = LoopDetectionConfig::default();
+        let mut d = LoopDetector::new(&config);
+        let args = json!({"path": "src/main.rs", "lines": [1, 20]});
+        for _ in 0..4 {
+            assert_eq!(d.push_tool_call("read_file", &args), None);
+        }
+        let verdict = d.push_tool_call("read_file", &args).expect("fires at 5");
+        assert_eq!(verdict.kind, LoopKind::RepeatedToolCall);
+        assert!(verdict.detail.contains("read_file"), "{}", verdict.detail);
+        // Latched: reported once.
+        assert_eq!(d.push_tool_call("read_file", &args), None);
+        assert_eq!(d.verdict(), Some(&verdict));
+    }
+
+    #[test]
+    fn tool_call_repeated_four_times_does_not_fire() {
+        let mut d = LoopDetector::new(&LoopDetectionConfig::default());
+        for _ in 0..4 {
+            assert_eq!(d.push_tool_call("ls", &json!({"dir": "."})), None);
+        }
+        assert_eq!(d.end_turn(), None);
+        assert_eq!(d.verdict(), None);
+    }
+
+    #[test]
+    fn a_different_tool_call_in_between_resets() {
+        let same = json!({"cmd": "cargo test"});
+        let others = [
+            // Same name, different arguments.
+            ("shell", json!({"cmd": "cargo build"})),
+            // Same arguments, different name.
+            ("shell2", same.clone()),
+        ];
+        for (name, args) in &others {
+            let mut d = LoopDetector::new(&LoopDetectionConfig::default());
+            for round in 0..5 {
+                for _ in 0..4 {
+                    assert_eq!(d.push_tool_call("shell", &same), None, "round {round}");
+                }
+                assert_eq!(d.push_tool_call(name, args), None);
+            }
+            // Uninterrupted, the fifth one fires.
+            for _ in 0..4 {
+                assert_eq!(d.push_tool_call("shell", &same), None);
+            }
+            assert!(d.push_tool_call("shell", &same).is_some());
+        }
+    }
+
+    #[test]
+    fn tool_call_arguments_compare_canonically() {
+        let mut d = LoopDetector::new(&LoopDetectionConfig::default());
+        let forms = [
+            json!({"a": 1, "b": {"x": [1, 2], "y": null}}),
+            json!({"b": {"y": null, "x": [1, 2]}, "a": 1}),
+            json!({"a": 1.0, "b": {"x": [1, 2.0], "y": null}}),
+            json!("{\"b\": {\"x\": [1,2], \"y\": null}, \"a\": 1}"),
+        ];
+        for form in &forms {
+            assert_eq!(d.push_tool_call("f", form), None);
+        }
+        let verdict = d.push_tool_call("f", &forms[0]);
+        assert_eq!(verdict.map(|v| v.kind), Some(LoopKind::RepeatedToolCall));
+        // Array order and string-vs-number do matter.
+        let mut d = LoopDetector::new(&LoopDetectionConfig::default());
+        for args in [
+            json!([1, 2]),
+            json!([2, 1]),
+            json!([1, 2]),
+            json!(["1", 2]),
+            json!([1, 2]),
+        ] {
+            assert_eq!(d.push_tool_call("f", &args), None);
+        }
+    }
+
+    #[test]
+    fn text_does_not_reset_the_tool_call_streak() {
+        let mut d = LoopDetector::new(&LoopDetectionConfig::default());
+        let args = json!({"q": "status"});
+        for i in 0..4 {
+            assert_eq!(
+                d.push_text(&format!("Attempt {i}: checking again.\n")),
+                None
+            );
+            assert_eq!(d.push_tool_call("poll", &args), None);
+            assert_eq!(d.end_turn(), None);
+        }
+        assert!(d.push_tool_call("poll", &args).is_some());
+    }
+
+    #[test]
+    fn disabled_config_never_fires() {
+        let config = LoopDetectionConfig {
+            enabled: false,
+            ..LoopDetectionConfig::default()
+        };
+        for case in &vectors().cases {
+            assert_eq!(
+                run(&config, [case.stream.as_str()]),
+                (None, None),
+                "{}",
+                case.name
+            );
+        }
+        let mut d = LoopDetector::new(&config);
+        for _ in 0..50 {
+            assert_eq!(d.push_tool_call("x", &json!({})), None);
+        }
+        assert_eq!(d.push_text(&"and again and again ".repeat(1000)), None);
+        assert_eq!(d.end_turn(), None);
+    }
+
+    /// The sizes of everything the detector keeps, to check memory stays bounded.
+    fn footprint(d: &LoopDetector) -> usize {
+        d.lines.recent.capacity() * 8
+            + d.lines.counts.capacity() * 12
+            + d.lines.tiers.capacity() * 16
+            + d.chant.ring.len() * 8
+            + d.chant.table.capacity() * std::mem::size_of::<Slot>()
+            + std::mem::size_of::<LoopDetector>()
+    }
+
+    fn assert_bounded(d: &LoopDetector, config: &LoopDetectionConfig) {
+        assert!(d.lines.recent.len() <= config.line_window);
+        assert!(d.lines.counts.len() <= config.line_window);
+        assert!(d.lines.recent.capacity() <= 2 * config.line_window + 8);
+        assert!(d.lines.counts.capacity() <= 4 * config.line_window + 8);
+        assert!(d.chant.table.len() <= TABLE_SLOTS);
+        assert!(d.chant.ring.len() <= 2 * config.chant_window_chars + 2);
+        assert!(d.lines.head_len <= HEAD_BYTES);
+        assert!(footprint(d) < 128 * 1024, "footprint {}", footprint(d));
+    }
+
+    #[test]
+    fn long_distinct_prose_never_fires_and_memory_stays_bounded() {
+        let config = LoopDetectionConfig::default();
+        let text = prose(400_000, 7);
+        let mut d = LoopDetector::new(&config);
+        let mut offset = 0;
+        let mut step = 1;
+        while offset < text.len() {
+            let mut end = (offset + step).min(text.len());
+            while !text.is_char_boundary(end) {
+                end += 1;
+            }
+            assert_eq!(d.push_text(&text[offset..end]), None, "at byte {offset}");
+            offset = end;
+            step = step % 23 + 1;
+        }
+        assert_eq!(d.end_turn(), None);
+        assert_bounded(&d, &config);
+        let after_prose = footprint(&d);
+
+        // Much more text, including one enormous line and lots of lines, changes nothing.
+        let one_line = prose(2_000_000, 11).replace('\n', " ");
+        assert_eq!(d.push_text(&one_line), None);
+        for seed in 0..5 {
+            assert_eq!(d.push_text(&prose(200_000, 100 + seed)), None);
+        }
+        assert_eq!(d.end_turn(), None);
+        assert_bounded(&d, &config);
+        assert!(footprint(&d) <= 2 * after_prose);
+    }
+
+    #[test]
+    fn whitespace_floods_do_not_fire() {
+        let text = format!(
+            "Start.\n{}\n{}End.\n",
+            " ".repeat(50_000),
+            "\n  \t\r\n".repeat(10_000)
+        );
+        assert_eq!(run_whole(&text).0, None);
+    }
+
+    #[test]
+    fn a_loop_beginning_late_still_fires() {
+        let mut text = prose(150_000, 3);
+        let before = text.len() as u64;
+        text.push_str(&"and then we go around again, ".repeat(40));
+        let (verdict, at) = run_whole(&text);
+        assert_eq!(verdict.map(|v| v.kind), Some(LoopKind::Chanting));
+        assert!(at.unwrap() > before);
+
+        let mut text = prose(150_000, 4);
+        text.push('\n');
+        for _ in 0..8 {
+            text.push_str("I should double-check the configuration file.\n");
+            text.push_str(&prose(60, 9));
+            text.push('\n');
+        }
+        let (verdict, _) = run_whole(&text);
+        assert_eq!(verdict.map(|v| v.kind), Some(LoopKind::RepeatedLine));
+    }
+
+    #[test]
+    fn line_thresholds_by_length() {
+        // 8..24 non-space chars: 12 repeats.
+        let short = "Checking again.\n";
+        assert_eq!(run_whole(&short.repeat(11)).0, None);
+        assert!(run_whole(&short.repeat(12)).0.is_some());
+        // 24..80: 8 repeats.
+        let mid = "Let me look at the file once more.\n";
+        assert_eq!(run_whole(&mid.repeat(7)).0, None);
+        assert!(run_whole(&mid.repeat(8)).0.is_some());
+        // 80 and more: 5 repeats.
+        let long = format!("{}\n", "word ".repeat(20).trim_end());
+        assert_eq!(run_whole(&long.repeat(4)).0, None);
+        assert!(run_whole(&long.repeat(5)).0.is_some());
+        // Below line_min_chars: never.
+        assert_eq!(run_whole(&"} else {\n".repeat(100)).0, None);
+        // A line repeated two or three times among other text: never.
+        let mut text = String::new();
+        for i in 0..60 {
+            text.push_str(&format!(
+                "Paragraph {i} explains step {} in detail.\n",
+                i * 7
+            ));
+            if i == 20 {
+                text.push_str(&mid.repeat(3));
+            }
+            if i == 40 {
+                text.push_str(&"Now the second part of the plan.\n".repeat(2));
+            }
+        }
+        assert_eq!(run_whole(&text).0, None);
+    }
+
+    #[test]
+    fn lines_compare_exact_text_but_ignore_trailing_blanks_and_cr() {
+        let mut text = String::new();
+        for i in 0..8 {
+            text.push_str(match i % 3 {
+                0 => "the quick brown fox jumps over the dog!\r\n",
+                1 => "the quick brown fox jumps over the dog!   \n",
+                _ => "the quick brown fox jumps over the dog!\n",
+            });
+        }
+        assert_eq!(
+            run_whole(&text).0.map(|v| v.kind),
+            Some(LoopKind::RepeatedLine)
+        );
+        // Different indentation is different text.
+        let mut text = String::new();
+        for i in 0..8 {
+            text.push_str(&" ".repeat(i));
+            text.push_str("the quick brown fox jumps over the dog!\n");
+        }
+        assert_eq!(run_whole(&text).0, None);
+    }
+
+    #[test]
+    fn repeats_far_apart_fall_out_of_the_window() {
+        let mut text = String::new();
+        for i in 0..7 * 300 {
+            if i % 300 == 0 {
+                text.push_str("## Summary of the section above, in short\n");
+            } else {
+                text.push_str(&format!("Distinct line number {i} with some words.\n"));
+            }
+        }
+        text.push_str("## Summary of the section above, in short\n");
+        assert_eq!(run_whole(&text).0, None);
+    }
+
+    #[test]
+    fn table_rows_need_a_higher_threshold() {
+        let row = "| pending | pending | pending |\n";
+        let head = "| a | b | c |\n|---|---|---|\n";
+        assert_eq!(run_whole(&format!("{head}{}", row.repeat(20))).0, None);
+        let (verdict, _) = run_whole(&format!("{head}{}", row.repeat(48)));
+        let verdict = verdict.expect("48 identical rows fire");
+        assert!(verdict.detail.contains("table"), "{}", verdict.detail);
+    }
+
+    #[test]
+    fn fences_raise_thresholds_but_do_not_exempt() {
+        let line = "    result = fetch(url, retries=3)\n";
+        let closed = format!("```python\n{}```\nDone.\n", line.repeat(20));
+        assert_eq!(run_whole(&closed).0, None);
+        let unclosed = format!("```python\n{}", line.repeat(32));
+        let verdict = run_whole(&unclosed)
+            .0
+            .expect("fires inside an unclosed fence");
+        assert!(verdict.detail.contains("code block"), "{}", verdict.detail);
+        // After the fence closes, normal thresholds apply again.
+        let after = format!(
+            "```\ncode\n```\n{}",
+            "Let me look at the file once more.\n".repeat(8)
+        );
+        assert!(run_whole(&after).0.is_some());
+    }
+
+    #[test]
+    fn end_turn_completes_a_partial_line() {
+        let line = "the quick brown fox jumps over the dog!";
+        let mut d = LoopDetector::new(&LoopDetectionConfig::default());
+        for _ in 0..7 {
+            assert_eq!(d.push_text(line), None);
+            assert_eq!(d.push_text("\n"), None);
+        }
+        assert_eq!(d.push_text(line), None);
+        let verdict = d.end_turn().expect("the 8th line completes at end_turn");
+        assert_eq!(verdict.kind, LoopKind::RepeatedLine);
+        assert_eq!(d.fired_at(), Some(8 * 39 + 7));
+    }
+
+    #[test]
+    fn each_turn_starts_afresh_for_text() {
+        let line = "Let me look at the file once more.\n";
+        let mut d = LoopDetector::new(&LoopDetectionConfig::default());
+        for _ in 0..10 {
+            assert_eq!(d.push_text(&line.repeat(4)), None);
+            assert_eq!(d.end_turn(), None);
+        }
+        // A chant cannot be stitched together across turns either.
+        let mut d = LoopDetector::new(&LoopDetectionConfig::default());
+        for _ in 0..10 {
+            assert_eq!(d.push_text(&"round and round we go, ".repeat(10)), None);
+            assert_eq!(d.end_turn(), None);
+        }
+    }
+
+    #[test]
+    fn short_line_loops_are_caught_as_chanting() {
+        // Too short for the line rules, so only chanting's multi-line backstop sees them.
+        let (verdict, _) = run_whole(&"Wait.\n".repeat(500));
+        assert_eq!(verdict.map(|v| v.kind), Some(LoopKind::Chanting));
+        assert_eq!(run_whole(&"Wait.\n".repeat(100)).0, None);
+    }
+
+    #[test]
+    fn structured_repetition_is_not_chanting() {
+        // One-line JSON array whose elements differ only in a short field.
+        let mut json_line = String::from("[");
+        for i in 0..60 {
+            json_line.push_str(&format!(
+                "{{\"name\": \"n{i}\", \"enabled\": true, \"retries\": 3, \"timeout\": 30}}, "
+            ));
+        }
+        json_line.push_str("]\n");
+        assert_eq!(run_whole(&json_line).0, None);
+        // A short horizontal rule and a short run of zeros.
+        assert_eq!(run_whole(&format!("{}\n", "=".repeat(120))).0, None);
+        assert_eq!(run_whole(&format!("[{}]\n", "0, ".repeat(60))).0, None);
+    }
+
+    #[test]
+    fn chanting_with_multibyte_text_quotes_whole_chars() {
+        let text = format!(
+            "Réponse : {}",
+            "on recommence encore une fois, é数é, ".repeat(40)
+        );
+        let (verdict, _) = run_whole(&text);
+        let verdict = verdict.expect("fires");
+        assert_eq!(verdict.kind, LoopKind::Chanting);
+        assert!(!verdict.detail.contains('\u{FFFD}'), "{}", verdict.detail);
+    }
+
+    #[test]
+    fn details_are_short_and_cut_on_char_boundaries() {
+        let line = format!("{}\n", "é".repeat(150));
+        let (verdict, _) = run_whole(&line.repeat(5));
+        let verdict = verdict.expect("a 150-char line x5 fires");
+        assert!(
+            verdict.detail.starts_with("line repeated 5 times: \""),
+            "{}",
+            verdict.detail
+        );
+        assert!(verdict.detail.chars().count() < 100, "{}", verdict.detail);
+        assert!(verdict.detail.contains('…'));
+        assert!(!verdict.detail.contains('\u{FFFD}'));
+
+        let (verdict, _) = run_whole(&vectors().cases[0].stream);
+        assert_eq!(
+            verdict.unwrap().detail,
+            "line repeated 8 times: \"the quick brown fox jumps over the dog!\""
+        );
+    }
+
+    #[test]
+    fn default_config_is_valid_and_round_trips() {
+        let config = LoopDetectionConfig::default();
+        assert_eq!(config.validate(), Ok(()));
+        let text = serde_json::to_string(&config).unwrap();
+        let back: LoopDetectionConfig = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, config);
+        let partial: LoopDetectionConfig = serde_json::from_str(r#"{"enabled": false}"#).unwrap();
+        assert_eq!(
+            partial,
+            LoopDetectionConfig {
+                enabled: false,
+                ..LoopDetectionConfig::default()
+            }
+        );
+        assert!(serde_json::from_str::<LoopDetectionConfig>(r#"{"enabld": true}"#).is_err());
+        assert!(
+            serde_json::from_str::<LoopDetectionConfig>(
+                r#"{"line_tiers": [{"min_len": 8, "repeats": 9, "x": 1}]}"#
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn validate_rejects_nonsense() {
+        let bad = [
+            LoopDetectionConfig {
+                line_window: 0,
+                ..Default::default()
+            },
+            LoopDetectionConfig {
+                chant_repeats: 1,
+                ..Default::default()
+            },
+            LoopDetectionConfig {
+                tool_call_repeats: 0,
+                ..Default::default()
+            },
+            LoopDetectionConfig {
+                chant_window_chars: 0,
+                ..Default::default()
+            },
+            LoopDetectionConfig {
+                chant_max_period: 0,
+                ..Default::default()
+            },
+            LoopDetectionConfig {
+                fence_multiplier: 0,
+                ..Default::default()
+            },
+            LoopDetectionConfig {
+                line_tiers: vec![LineTier {
+                    min_len: 8,
+                    repeats: 1,
+                }],
+                ..Default::default()
+            },
+            LoopDetectionConfig {
+                line_tiers: vec![
+                    LineTier {
+                        min_len: 80,
+                        repeats: 5,
+                    },
+                    LineTier {
+                        min_len: 8,
+                        repeats: 9,
+                    },
+                ],
+                ..Default::default()
+            },
+            LoopDetectionConfig {
+                line_window: 20,
+                ..Default::default()
+            },
+        ];
+        for config in bad {
+            assert!(config.validate().is_err(), "{config:?}");
+            // Clamped instead of panicking.
+            let _ = run(&config, ["the quick brown fox jumps over the dog!\n"; 30]);
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! One generation request from prompt to result, as plain async Rust.
+//!
+//! Architecture invariant: the engine depends on neither NATS nor actix. It runs over three
+//! traits ([`LlmBackend`], [`ToolRunner`], [`BiosProvider`]), so it is tested with scripted
+//! backends and no broker, and the actor layer above it stays thin.
+
+pub mod bios;
+pub mod control;
+pub mod events;
+mod generation;
+pub mod loop_detect;
+pub mod signals;
+pub mod text_calls;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::llm::LlmBackend;
+use crate::protocol::{GenerationRequest, GenerationResult, WireError};
+use crate::settings::{Settings, SystemMessages, ToolMode};
+use crate::tools::{ToolCatalog, ToolRunner};
+
+pub use bios::{BiosContext, BiosProvider, DefaultBios};
+pub use events::{Coalescing, EventEmitter, EventSink};
+pub use loop_detect::LoopDetectionConfig;
+pub use signals::SignalLimits;
+
+/// The engine's settings, taken from [`Settings`] once.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub tool_mode: ToolMode,
+    pub system_messages: SystemMessages,
+    pub default_tool_iterations: u32,
+    /// 0: the backend decides.
+    pub default_max_tokens: u32,
+    pub stop_on_decision_request: bool,
+    pub max_control_turns: u32,
+    pub coalescing: Coalescing,
+    pub correction_attempts: u32,
+    pub default_tool_timeout: Duration,
+    pub max_output_bytes: usize,
+    pub signal_limits: SignalLimits,
+    pub loop_detection: LoopDetectionConfig,
+}
+
+impl EngineConfig {
+    pub fn from_settings(settings: &Settings) -> Self {
+        let g = &settings.generation;
+        EngineConfig {
+            tool_mode: settings.llm.tool_mode,
+            system_messages: settings.llm.system_messages,
+            default_tool_iterations: g.default_tool_iterations,
+            default_max_tokens: g.default_max_tokens,
+            stop_on_decision_request: g.stop_on_decision_request,
+            max_control_turns: g.max_control_turns,
+            coalescing: Coalescing {
+                bytes: g.delta_coalesce_bytes,
+                interval: Duration::from_millis(g.delta_coalesce_ms),
+            },
+            correction_attempts: settings.tools.correction_attempts,
+            default_tool_timeout: Duration::from_millis(settings.tools.default_timeout_ms),
+            max_output_bytes: settings.limits.max_output_bytes,
+            signal_limits: SignalLimits {
+                max_model_signals: settings.limits.max_model_signals,
+                max_model_signal_bytes: settings.limits.max_model_signal_bytes,
+                max_worker_signal_bytes: settings.limits.max_worker_signal_bytes,
+            },
+            loop_detection: settings.loop_detection.clone(),
+        }
+    }
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig::from_settings(&Settings::defaults())
+    }
+}
+
+/// Where a request stands in the fleet: filled in by whoever accepted it.
+#[derive(Debug, Clone)]
+pub struct RequestContext {
+    pub request_id: String,
+    pub root_request_id: String,
+    pub parent_request_id: Option<String>,
+    pub chain_position: u32,
+    pub attempt: u32,
+    pub worker_id: String,
+    pub pool: String,
+    /// When the fleet accepted the request; `deadline_ms` and `timings_ms` count from here.
+    pub accepted_at: Instant,
+}
+
+impl RequestContext {
+    /// A first attempt of an original request, accepted now.
+    pub fn new(
+        request_id: impl Into<String>,
+        worker_id: impl Into<String>,
+        pool: impl Into<String>,
+    ) -> Self {
+        let request_id = request_id.into();
+        RequestContext {
+            root_request_id: request_id.clone(),
+            request_id,
+            parent_request_id: None,
+            chain_position: 1,
+            attempt: 1,
+            worker_id: worker_id.into(),
+            pool: pool.into(),
+            accepted_at: Instant::now(),
+        }
+    }
+}
+
+/// What a generation hands back: the terminal result, and the event emitter so the owner can
+/// publish `finished` (after storing the result) with the next sequence number.
+pub struct Finished {
+    pub result: GenerationResult,
+    pub events: EventEmitter,
+}
+
+/// Runs generations. One per worker, shared by all its slots.
+pub struct Engine {
+    config: EngineConfig,
+    backend: Arc<dyn LlmBackend>,
+    runner: Arc<dyn ToolRunner>,
+    bios: Arc<dyn BiosProvider>,
+    catalog: RwLock<Arc<ToolCatalog>>,
+    /// Set when the backend refused native tools: every later call goes in text mode.
+    native_tools_refused: AtomicBool,
+}
+
+impl Engine {
+    pub fn new(
+        config: EngineConfig,
+        backend: Arc<dyn LlmBackend>,
+        runner: Arc<dyn ToolRunner>,
+        bios: Arc<dyn BiosProvider>,
+    ) -> Self {
+        Engine {
+            config,
+            backend,
+            runner,
+            bios,
+            catalog: RwLock::new(Arc::new(ToolCatalog::default())),
+            native_tools_refused: AtomicBool::new(false),
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Replaces the known tools. Running generations keep the catalog they started with.
+    pub fn set_catalog(&self, catalog: ToolCatalog) {
+        *self.catalog.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(catalog);
+    }
+
+    pub fn catalog(&self) -> Arc<ToolCatalog> {
+        self.catalog
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The tool mode calls go in now (text once the backend refused native tools).
+    pub fn effective_tool_mode(&self) -> ToolMode {
+        if self.native_tools_refused.load(Ordering::Relaxed) {
+            ToolMode::Text
+        } else {
+            self.config.tool_mode
+        }
+    }
+
+    /// Checks what only the worker can check: every requested tool is registered.
+    pub fn check_request(&self, request: &GenerationRequest) -> Result<(), WireError> {
+        let catalog = self.catalog();
+        let unknown: Vec<&str> = request
+            .tools
+            .iter()
+            .map(String::as_str)
+            .filter(|name| catalog.get(name).is_none() && !control::is_control_tool(name))
+            .collect();
+        if unknown.is_empty() {
+            Ok(())
+        } else {
+            Err(
+                WireError::invalid(format!("unknown tools: {}", unknown.join(", ")))
+                    .with_detail(serde_json::json!({ "unknown_tools": unknown })),
+            )
+        }
+    }
+
+    /// Runs one request to its terminal result. It always returns a result: cancellation
+    /// (through `cancel`), the deadline and every failure end as a result with the partial
+    /// output, never as an error or a panic of this future.
+    pub async fn run(
+        &self,
+        request: GenerationRequest,
+        context: RequestContext,
+        sink: EventSink,
+        cancel: CancellationToken,
+    ) -> Finished {
+        generation::Generation::new(self, request, context, sink, cancel)
+            .run()
+            .await
+    }
+}

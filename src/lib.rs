@@ -1,0 +1,12 @@
+//! genfleet: a horizontally scaled fleet of LLM generation workers on NATS.
+//!
+//! See ARCHITECTURE.md for the bird's-eye view. Layers, each knowing only the one below:
+//! `cli` → `bus` → `actors` → `engine` → (`llm`, `tools`); `protocol` is shared by all.
+
+pub mod cli;
+pub mod engine;
+pub mod llm;
+pub mod protocol;
+pub mod settings;
+pub mod telemetry;
+pub mod tools;

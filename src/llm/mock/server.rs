@@ -1,0 +1,639 @@
+//! HTTP side of the mock server: routes, request checks, the reply plan and SSE writing.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::script::{Conversation, Rule, Script};
+
+/// How many request bodies the log keeps (oldest dropped first).
+pub(super) const LOG_CAPACITY: usize = 256;
+
+/// Request bodies larger than this are refused (axum's 2 MiB default is too small for
+/// long-context benchmarks).
+const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+
+/// State shared by all connections. Streaming never holds a lock: the script is immutable,
+/// counters are atomics, and the log mutex is held only to push or copy out bodies.
+pub(super) struct Shared {
+    script: Script,
+    /// Per rule: how many requests it has matched, for `fail_times`.
+    matched: Vec<AtomicU32>,
+    next_id: AtomicU64,
+    /// Raw bodies, parsed only when read back, to keep the hot path cheap.
+    log: Mutex<VecDeque<Bytes>>,
+}
+
+impl Shared {
+    pub(super) fn new(script: Script) -> Arc<Shared> {
+        let matched = script.rules.iter().map(|_| AtomicU32::new(0)).collect();
+        Arc::new(Shared {
+            script,
+            matched,
+            next_id: AtomicU64::new(1),
+            log: Mutex::new(VecDeque::with_capacity(LOG_CAPACITY)),
+        })
+    }
+
+    /// Recorded bodies, oldest first; a body that is not JSON is returned as a JSON string.
+    pub(super) fn requests(&self) -> Vec<Value> {
+        let bodies: Vec<Bytes> = self.lock_log().iter().cloned().collect();
+        bodies
+            .iter()
+            .map(|b| {
+                serde_json::from_slice(b)
+                    .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(b).into_owned()))
+            })
+            .collect()
+    }
+
+    pub(super) fn clear_requests(&self) {
+        self.lock_log().clear();
+    }
+
+    fn record(&self, body: &Bytes) {
+        let mut log = self.lock_log();
+        if log.len() == LOG_CAPACITY {
+            log.pop_front();
+        }
+        log.push_back(body.clone());
+    }
+
+    fn lock_log(&self) -> std::sync::MutexGuard<'_, VecDeque<Bytes>> {
+        // A panic while holding the lock cannot leave the deque inconsistent.
+        self.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The 401 to send when the script wants an API key and the request lacks it.
+    fn auth_rejection(&self, headers: &HeaderMap) -> Option<Response> {
+        let key = self.script.api_key.as_ref()?;
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given.map(str::trim) == Some(key.as_str()) {
+            return None;
+        }
+        let message = if given.is_some() {
+            "Incorrect API key provided."
+        } else {
+            "You didn't provide an API key. Provide it as 'Authorization: Bearer <key>'."
+        };
+        Some(openai_error(
+            StatusCode::UNAUTHORIZED,
+            message,
+            None,
+            Some("invalid_api_key"),
+        ))
+    }
+}
+
+/// Serves the mock API on `listener` until `shutdown` resolves, then waits for open
+/// connections to finish.
+pub(super) async fn run(
+    listener: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, rules = shared.script.rules.len(), "mock LLM server listening");
+    }
+    axum::serve(listener, router(shared))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
+        .route("/mock/requests", get(get_requests).delete(delete_requests))
+        .route("/health", get(|| async { "ok" }))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(shared)
+}
+
+async fn models(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    if let Some(resp) = shared.auth_rejection(&headers) {
+        return resp;
+    }
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": shared.script.model_name(),
+            "object": "model",
+            "created": 0,
+            "owned_by": "genfleet-mock",
+        }],
+    }))
+    .into_response()
+}
+
+async fn get_requests(State(shared): State<Arc<Shared>>) -> Json<Vec<Value>> {
+    Json(shared.requests())
+}
+
+async fn delete_requests(State(shared): State<Arc<Shared>>) -> StatusCode {
+    shared.clear_requests();
+    StatusCode::NO_CONTENT
+}
+
+/// The request parameters that shape the reply.
+struct Params {
+    stream: bool,
+    include_usage: bool,
+    max_tokens: Option<u64>,
+    model: String,
+}
+
+impl Params {
+    fn from_body(body: &Value, script: &Script) -> Params {
+        let include_usage = body
+            .pointer("/stream_options/include_usage")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let max_tokens = body
+            .get("max_completion_tokens")
+            .and_then(Value::as_u64)
+            .or_else(|| body.get("max_tokens").and_then(Value::as_u64));
+        let model = match body.get("model").and_then(Value::as_str) {
+            Some(m) if !m.is_empty() => m.to_string(),
+            _ => script.model_name().to_string(),
+        };
+        Params {
+            stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
+            include_usage,
+            max_tokens,
+            model,
+        }
+    }
+}
+
+async fn chat_completions(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    shared.record(&body);
+    if let Some(resp) = shared.auth_rejection(&headers) {
+        return resp;
+    }
+    let body: Value = match serde_json::from_slice(&body) {
+        Ok(v @ Value::Object(_)) => v,
+        Ok(_) => return bad_request("the request body must be a JSON object", None),
+        Err(e) => return bad_request(&format!("invalid JSON body: {e}"), None),
+    };
+    let conv = match Conversation::from_request(&body) {
+        Ok(c) => c,
+        Err(msg) => return bad_request(&msg, Some("messages")),
+    };
+    let script = &shared.script;
+    if script.reject_tools && body.get("tools").is_some_and(|t| !t.is_null()) {
+        return bad_request(
+            "tools are not supported by this server (no tool parser configured)",
+            Some("tools"),
+        );
+    }
+    if script.reject_stream_options && body.get("stream_options").is_some_and(|t| !t.is_null()) {
+        return bad_request(
+            "stream_options is not supported by this server",
+            Some("stream_options"),
+        );
+    }
+    let params = Params::from_body(&body, script);
+
+    let fallback = Rule::default();
+    let (index, rule) = match script.select(&conv) {
+        Some((i, r)) => (Some(i), r),
+        None => (None, &fallback),
+    };
+    tracing::debug!(rule = ?index.map(|i| i + 1), stream = params.stream, "mock chat request");
+    if let Some(status) = rule.error_status() {
+        let seen = index.map_or(0, |i| shared.matched[i].fetch_add(1, Ordering::Relaxed));
+        if rule.fail_times.is_none_or(|n| seen < n) {
+            return scripted_error(status, rule);
+        }
+    }
+
+    let n = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let plan = Plan::build(script, rule, &conv, &params, n);
+    if params.stream {
+        plan.into_sse()
+    } else {
+        plan.into_json().await
+    }
+}
+
+/// A native tool call as it will be sent.
+struct PlannedCall {
+    id: String,
+    name: String,
+    arguments: String,
+    fragments: Vec<String>,
+}
+
+#[derive(Serialize, Clone, Copy)]
+struct Usage {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    total_tokens: u64,
+}
+
+/// Everything one reply sends, decided before the first byte goes out.
+struct Plan {
+    id: String,
+    created: u64,
+    model: String,
+    reasoning: Vec<String>,
+    content: Vec<String>,
+    calls: Vec<PlannedCall>,
+    finish_reason: String,
+    usage: Usage,
+    include_usage: bool,
+    delay: Duration,
+    first_delay: Duration,
+    break_after: Option<u32>,
+    break_with_error: bool,
+}
+
+impl Plan {
+    fn build(script: &Script, rule: &Rule, conv: &Conversation, params: &Params, n: u64) -> Plan {
+        let text = match &rule.reply {
+            Some(template) => conv.render(template),
+            None if rule.tool_calls.is_empty() => conv.last_user().to_string(),
+            None => String::new(),
+        };
+        let text = text.repeat(rule.repeat.unwrap_or(1) as usize);
+        let reasoning = rule.reasoning.as_deref().map(|r| conv.render(r));
+
+        let mut reasoning = reasoning.map_or_else(Vec::new, |r| rule.chunk.split(&r));
+        let mut content = rule.chunk.split(&text);
+        let mut truncated = false;
+        if let Some(max) = params.max_tokens {
+            // One budget for reasoning then content, as a real model spends its tokens.
+            let max = usize::try_from(max).unwrap_or(usize::MAX);
+            truncated = reasoning.len() + content.len() > max;
+            reasoning.truncate(max);
+            content.truncate(max - reasoning.len());
+        }
+        let calls: Vec<PlannedCall> = if truncated {
+            Vec::new()
+        } else {
+            rule.tool_calls
+                .iter()
+                .enumerate()
+                .map(|(i, spec)| {
+                    let arguments = spec.arguments_string();
+                    PlannedCall {
+                        id: spec.id.clone().unwrap_or_else(|| format!("call_{n}_{i}")),
+                        name: spec.name.clone(),
+                        fragments: rule.chunk.split_arguments(&arguments),
+                        arguments,
+                    }
+                })
+                .collect()
+        };
+        let finish_reason = match &rule.finish_reason {
+            Some(forced) => forced.clone(),
+            None if truncated => "length".to_string(),
+            None if !calls.is_empty() => "tool_calls".to_string(),
+            None => "stop".to_string(),
+        };
+        let overrides = rule.usage.unwrap_or_default();
+        let prompt_tokens = overrides
+            .prompt_tokens
+            .unwrap_or_else(|| (conv.char_count() as u64 / 4).max(1));
+        let completion_tokens = overrides
+            .completion_tokens
+            .unwrap_or((reasoning.len() + content.len() + calls.len()) as u64);
+        let delay = Duration::from_millis(rule.delay_ms.unwrap_or(script.token_delay_ms));
+        Plan {
+            id: format!("chatcmpl-mock-{n}"),
+            created: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            model: params.model.clone(),
+            reasoning,
+            content,
+            calls,
+            finish_reason,
+            usage: Usage {
+                prompt_tokens,
+                completion_tokens,
+                total_tokens: prompt_tokens + completion_tokens,
+            },
+            include_usage: params.include_usage,
+            delay,
+            first_delay: Duration::from_millis(rule.first_token_delay_ms),
+            break_after: rule.break_after,
+            break_with_error: rule.break_with_error,
+        }
+    }
+
+    /// Number of generated chunks after the role chunk, each preceded by the token delay.
+    fn generated_chunks(&self) -> usize {
+        let call_chunks: usize = self.calls.iter().map(|c| 1 + c.fragments.len()).sum();
+        self.reasoning.len() + self.content.len() + call_chunks
+    }
+
+    async fn into_json(self) -> Response {
+        let wait = self.first_delay
+            + self
+                .delay
+                .saturating_mul(u32::try_from(self.generated_chunks()).unwrap_or(u32::MAX));
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        if self.break_after.is_some() {
+            // The body fails before its first byte, so hyper closes the connection without
+            // a complete response: a server dying mid-request.
+            let body = Body::from_stream(stream::iter([Err::<Bytes, _>(broken())]));
+            return ([(header::CONTENT_TYPE, "application/json")], body).into_response();
+        }
+        let content = self.content.concat();
+        let mut message = json!({ "role": "assistant", "content": content });
+        if !self.calls.is_empty() {
+            if content.is_empty() {
+                message["content"] = Value::Null;
+            }
+            message["tool_calls"] = self
+                .calls
+                .iter()
+                .map(|c| {
+                    json!({
+                        "id": c.id,
+                        "type": "function",
+                        "function": { "name": c.name, "arguments": c.arguments },
+                    })
+                })
+                .collect();
+        }
+        if !self.reasoning.is_empty() {
+            message["reasoning_content"] = Value::String(self.reasoning.concat());
+        }
+        Json(json!({
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{
+                "index": 0,
+                "message": message,
+                "logprobs": null,
+                "finish_reason": self.finish_reason,
+            }],
+            "usage": self.usage,
+        }))
+        .into_response()
+    }
+
+    fn into_sse(self) -> Response {
+        let frames = self.frames();
+        let body = Body::from_stream(stream::unfold(
+            frames.into_iter(),
+            |mut frames| async move {
+                let frame = frames.next()?;
+                if !frame.delay.is_zero() {
+                    tokio::time::sleep(frame.delay).await;
+                }
+                Some((frame.data, frames))
+            },
+        ));
+        let mut resp = Response::new(body);
+        let headers = resp.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        resp
+    }
+
+    /// Renders the whole stream up front; a frame is a few hundred bytes, so even long
+    /// replies stay small, and sending is then only writes (and the scripted sleeps).
+    fn frames(&self) -> Vec<Frame> {
+        let role = Delta {
+            role: Some("assistant"),
+            content: Some(""),
+            ..Delta::default()
+        };
+        let mut generated = Vec::with_capacity(self.generated_chunks());
+        for token in &self.reasoning {
+            let delta = Delta {
+                reasoning_content: Some(token),
+                ..Delta::default()
+            };
+            generated.push(self.chunk(delta, None));
+        }
+        for token in &self.content {
+            let delta = Delta {
+                content: Some(token),
+                ..Delta::default()
+            };
+            generated.push(self.chunk(delta, None));
+        }
+        for (index, call) in self.calls.iter().enumerate() {
+            let head = [ToolCallDelta {
+                index,
+                id: Some(&call.id),
+                kind: Some("function"),
+                function: FunctionDelta {
+                    name: Some(&call.name),
+                    arguments: "",
+                },
+            }];
+            let delta = Delta {
+                tool_calls: Some(&head),
+                ..Delta::default()
+            };
+            generated.push(self.chunk(delta, None));
+            for fragment in &call.fragments {
+                let part = [ToolCallDelta {
+                    index,
+                    id: None,
+                    kind: None,
+                    function: FunctionDelta {
+                        name: None,
+                        arguments: fragment,
+                    },
+                }];
+                let delta = Delta {
+                    tool_calls: Some(&part),
+                    ..Delta::default()
+                };
+                generated.push(self.chunk(delta, None));
+            }
+        }
+
+        let mut out = Vec::with_capacity(generated.len() + 4);
+        out.push(Frame::ok(self.first_delay, self.chunk(role, None)));
+        if let Some(n) = self.break_after {
+            generated.truncate(n as usize);
+        }
+        out.extend(generated.into_iter().map(|b| Frame::ok(self.delay, b)));
+        if self.break_after.is_some() {
+            if self.break_with_error {
+                // hyper drops unflushed output when the body fails; a short pause (the body
+                // is pending, so hyper flushes) gets the chunks before the break out first.
+                out.push(Frame {
+                    delay: Duration::from_millis(10),
+                    data: Err(broken()),
+                });
+            }
+            return out;
+        }
+        let finish = self.chunk(Delta::default(), Some(&self.finish_reason));
+        out.push(Frame::ok(Duration::ZERO, finish));
+        if self.include_usage {
+            let chunk = Chunk {
+                id: &self.id,
+                object: "chat.completion.chunk",
+                created: self.created,
+                model: &self.model,
+                choices: &[],
+                usage: Some(Some(self.usage)),
+            };
+            out.push(Frame::ok(Duration::ZERO, sse_data(&chunk)));
+        }
+        out.push(Frame::ok(
+            Duration::ZERO,
+            Bytes::from_static(b"data: [DONE]\n\n"),
+        ));
+        out
+    }
+
+    fn chunk(&self, delta: Delta<'_>, finish_reason: Option<&str>) -> Bytes {
+        let choices = [Choice {
+            index: 0,
+            delta,
+            logprobs: None,
+            finish_reason,
+        }];
+        sse_data(&Chunk {
+            id: &self.id,
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: &self.model,
+            choices: &choices,
+            // OpenAI sends `"usage": null` on every chunk but the last when usage is asked for.
+            usage: self.include_usage.then_some(None),
+        })
+    }
+}
+
+struct Frame {
+    delay: Duration,
+    data: Result<Bytes, std::io::Error>,
+}
+
+impl Frame {
+    fn ok(delay: Duration, data: Bytes) -> Frame {
+        Frame {
+            delay,
+            data: Ok(data),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Chunk<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: &'a [Choice<'a>],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Option<Usage>>,
+}
+
+#[derive(Serialize)]
+struct Choice<'a> {
+    index: u32,
+    delta: Delta<'a>,
+    logprobs: Option<()>,
+    finish_reason: Option<&'a str>,
+}
+
+#[derive(Serialize, Default)]
+struct Delta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<&'a [ToolCallDelta<'a>]>,
+}
+
+#[derive(Serialize)]
+struct ToolCallDelta<'a> {
+    index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    kind: Option<&'a str>,
+    function: FunctionDelta<'a>,
+}
+
+#[derive(Serialize)]
+struct FunctionDelta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    arguments: &'a str,
+}
+
+fn sse_data(value: &impl Serialize) -> Bytes {
+    let mut buf = Vec::with_capacity(256);
+    buf.extend_from_slice(b"data: ");
+    // Serializing plain structs of strings and numbers into a Vec cannot fail.
+    serde_json::to_writer(&mut buf, value).unwrap_or_default();
+    buf.extend_from_slice(b"\n\n");
+    Bytes::from(buf)
+}
+
+fn broken() -> std::io::Error {
+    std::io::Error::other("mock: response broken off by script (break_after)")
+}
+
+fn bad_request(message: &str, param: Option<&str>) -> Response {
+    openai_error(StatusCode::BAD_REQUEST, message, param, None)
+}
+
+fn scripted_error(status: u16, rule: &Rule) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let default_message = format!("mock: scripted failure (HTTP {})", status.as_u16());
+    let message = rule.error_message.as_deref().unwrap_or(&default_message);
+    let code = (status == StatusCode::TOO_MANY_REQUESTS).then_some("rate_limit_exceeded");
+    openai_error(status, message, None, code)
+}
+
+/// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+fn openai_error(
+    status: StatusCode,
+    message: &str,
+    param: Option<&str>,
+    code: Option<&str>,
+) -> Response {
+    let kind = match status.as_u16() {
+        429 => "rate_limit_error",
+        400..=499 => "invalid_request_error",
+        _ => "server_error",
+    };
+    let body = json!({
+        "error": { "message": message, "type": kind, "param": param, "code": code },
+    });
+    (status, Json(body)).into_response()
+}

@@ -1,0 +1,101 @@
+//! The model backend: a streaming chat API ([`LlmBackend`]), its OpenAI-compatible HTTP
+//! implementation, and the mock server used by tests, the demo and benchmarks.
+
+pub mod mock;
+pub mod openai;
+
+use futures_util::stream::BoxStream;
+
+use crate::protocol::{Message, Usage};
+
+pub use openai::OpenAiBackend;
+
+/// One call of the model: everything the backend is sent. The engine builds it; the backend
+/// only translates it to its wire format.
+#[derive(Debug, Clone, Default)]
+pub struct ChatRequest {
+    /// Overrides the backend's configured model.
+    pub model: Option<String>,
+    /// The full conversation, BIOS included.
+    pub messages: Vec<Message>,
+    /// Native tool definitions; empty in text mode.
+    pub tools: Vec<ToolSpec>,
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f64>,
+    /// Passed through as is (sampling and format parameters).
+    pub options: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A function the model may call natively (OpenAI's `tools[].function`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    pub parameters: serde_json::Value,
+}
+
+/// A piece of a native tool call as it streams: the first piece of a call carries its id and
+/// name, later ones more of the argument string.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ToolCallDelta {
+    pub index: usize,
+    pub id: Option<String>,
+    pub name: Option<String>,
+    pub arguments: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+    ToolCalls,
+    ContentFilter,
+    Other(String),
+}
+
+impl FinishReason {
+    pub fn parse(text: &str) -> FinishReason {
+        match text {
+            "stop" | "eos" | "end_turn" => FinishReason::Stop,
+            "length" | "max_tokens" => FinishReason::Length,
+            "tool_calls" | "function_call" => FinishReason::ToolCalls,
+            "content_filter" => FinishReason::ContentFilter,
+            other => FinishReason::Other(other.to_string()),
+        }
+    }
+}
+
+/// What a backend stream yields. A successful stream yields `Finish` exactly once; a stream
+/// that ends without it was cut short.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamEvent {
+    Text(String),
+    Reasoning(String),
+    ToolCall(ToolCallDelta),
+    Usage(Usage),
+    Finish(FinishReason),
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LlmError {
+    /// The backend refused native tools (e.g. vLLM without a tool parser): retry in text mode.
+    #[error("the backend rejected native tools: {0}")]
+    ToolsRejected(String),
+    #[error("the backend answered HTTP {status}: {body}")]
+    Http { status: u16, body: String },
+    #[error("could not reach the backend: {0}")]
+    Transport(String),
+    #[error("the backend sent nothing for {0} ms")]
+    Idle(u64),
+    #[error("the backend stream broke: {0}")]
+    StreamBroken(String),
+    #[error("the backend sent an unreadable chunk: {0}")]
+    Protocol(String),
+}
+
+pub type ChatStream = BoxStream<'static, Result<StreamEvent, LlmError>>;
+
+/// A model backend. Dropping the stream cancels the call (and closes its connection).
+pub trait LlmBackend: Send + Sync + 'static {
+    fn chat_stream(&self, request: ChatRequest) -> ChatStream;
+}

@@ -1,0 +1,220 @@
+//! JSON and MessagePack codecs. A message is MessagePack when it carries the header
+//! `Content-Type: application/msgpack`; a reply uses the encoding of the request it answers.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::error::WireError;
+
+pub const CONTENT_TYPE_HEADER: &str = "Content-Type";
+pub const MSGPACK_CONTENT_TYPE: &str = "application/msgpack";
+pub const JSON_CONTENT_TYPE: &str = "application/json";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Encoding {
+    #[default]
+    Json,
+    MsgPack,
+}
+
+impl Encoding {
+    /// The encoding named by a `Content-Type` header value (absent or anything else: JSON).
+    pub fn from_content_type(value: Option<&str>) -> Encoding {
+        match value {
+            Some(v)
+                if v.split(';')
+                    .next()
+                    .is_some_and(|t| t.trim().eq_ignore_ascii_case(MSGPACK_CONTENT_TYPE)) =>
+            {
+                Encoding::MsgPack
+            }
+            _ => Encoding::Json,
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Encoding::Json => JSON_CONTENT_TYPE,
+            Encoding::MsgPack => MSGPACK_CONTENT_TYPE,
+        }
+    }
+
+    /// Encodes `value`. MessagePack uses named fields (maps), so it decodes into the same
+    /// strict types as JSON and stays readable by clients in any language.
+    pub fn encode<T: Serialize + ?Sized>(self, value: &T) -> Vec<u8> {
+        let encoded = match self {
+            Encoding::Json => serde_json::to_vec(value).map_err(|e| e.to_string()),
+            Encoding::MsgPack => rmp_serde::to_vec_named(value).map_err(|e| e.to_string()),
+        };
+        // Only maps with non-string keys fail to encode, and the wire types have none.
+        encoded.expect("wire types always encode")
+    }
+
+    /// Decodes strictly; the error is an INVALID_REQUEST naming what is wrong.
+    pub fn decode<T: DeserializeOwned>(self, bytes: &[u8]) -> Result<T, WireError> {
+        match self {
+            Encoding::Json => serde_json::from_slice(bytes)
+                .map_err(|e| WireError::invalid(format!("invalid JSON request: {e}"))),
+            Encoding::MsgPack => rmp_serde::from_slice(bytes)
+                .map_err(|e| WireError::invalid(format!("invalid MessagePack request: {e}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::*;
+    use serde_json::json;
+
+    fn sample_request() -> GenerationRequest {
+        serde_json::from_value(json!({
+            "request_id": "r1", "job_name": "j", "system": "s",
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{\"a\":1}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "{\"result\":2}"},
+                {"role": "user", "content": [{"type": "text", "text": "more"}]}
+            ],
+            "tools": ["add"], "tool_iterations": 2, "max_tokens": 10, "temperature": 0.5,
+            "options": {"top_p": 0.9, "stop": ["x"]}, "deadline_ms": 5, "metadata": {"k": [1, 2.5, null, true]},
+            "validation": [{"kind": "max_chars", "max": 5}, {"kind": "json_schema", "schema": {"type": "object"}, "weight": 2.0}],
+            "checkpoints": [{"name": "c", "prompt_contains": ["x"], "min_attempt": 2}]
+        }))
+        .unwrap()
+    }
+
+    fn sample_result() -> GenerationResult {
+        GenerationResult {
+            request_id: "r1".into(),
+            root_request_id: "r1".into(),
+            parent_request_id: None,
+            job_name: Some("j".into()),
+            state: RequestState::Completed,
+            reason: Reason::DecisionRequested,
+            detail: None,
+            output: "out ü".into(),
+            reasoning: "why".into(),
+            messages: sample_request().messages,
+            signals: vec![Signal {
+                signal_id: "s1".into(),
+                kind: SignalType::DecisionRequest,
+                code: "NEEDS_MANAGER_DECISION".into(),
+                source: SignalSource::Model,
+                severity: Severity::Med,
+                summary: "which".into(),
+                meta: serde_json::Map::new(),
+                request_id: "r1".into(),
+                root_request_id: "r1".into(),
+                job_name: None,
+                worker_id: "w".into(),
+                pool: "p".into(),
+                ts: "2026-01-01T00:00:00.000Z".into(),
+                decision: Some(DecisionBlock {
+                    decision_id: "d1".into(),
+                    question: "q".into(),
+                    options: vec![DecisionOption {
+                        id: "a".into(),
+                        label: "A".into(),
+                        pros: Some("p".into()),
+                        cons: None,
+                    }],
+                    default_option: Some("a".into()),
+                    context: None,
+                    kind: DecisionKind::Model,
+                    expires_at: None,
+                }),
+            }],
+            signals_dropped: 1,
+            tool_iterations_used: 2,
+            usage: Usage {
+                prompt_tokens: 3,
+                completion_tokens: 4,
+            },
+            worker_id: "w".into(),
+            attempt: 1,
+            chain_position: 1,
+            truncated: false,
+            metadata: serde_json::Map::new(),
+            timings_ms: Timings {
+                queued: 1,
+                first_token: Some(2),
+                total: 3,
+            },
+        }
+    }
+
+    #[test]
+    fn round_trips_in_both_encodings() {
+        let request = sample_request();
+        let result = sample_result();
+        let event = Event {
+            request_id: "r1".into(),
+            seq: 9,
+            ts: "t".into(),
+            body: EventBody::Finished {
+                result: Box::new(result.clone()),
+            },
+        };
+        for enc in [Encoding::Json, Encoding::MsgPack] {
+            let back: GenerationRequest = enc.decode(&enc.encode(&request)).unwrap();
+            assert_eq!(back, request, "{enc:?}");
+            let back: GenerationResult = enc.decode(&enc.encode(&result)).unwrap();
+            assert_eq!(back, result, "{enc:?}");
+            let back: Event = enc.decode(&enc.encode(&event)).unwrap();
+            assert_eq!(back, event, "{enc:?}");
+            let err = WireError::new(ErrorCode::NotReady, "running")
+                .with_detail(json!({"state": "RUNNING"}));
+            let back: ErrorReply = enc.decode(&enc.encode(&err.to_reply())).unwrap();
+            assert_eq!(WireError::from(back), err);
+        }
+    }
+
+    #[test]
+    fn msgpack_is_strict_too() {
+        let body = rmp_serde::to_vec_named(
+            &json!({"messages": [{"role": "user", "content": "x"}], "bogus": 1}),
+        )
+        .unwrap();
+        let err = Encoding::MsgPack
+            .decode::<GenerationRequest>(&body)
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::InvalidRequest);
+        assert!(err.message.contains("bogus"), "{}", err.message);
+        let err = Encoding::MsgPack
+            .decode::<GenerationRequest>(&[0xc1, 0x00])
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::InvalidRequest);
+    }
+
+    #[test]
+    fn content_type_selects_encoding() {
+        assert_eq!(Encoding::from_content_type(None), Encoding::Json);
+        assert_eq!(
+            Encoding::from_content_type(Some("application/msgpack")),
+            Encoding::MsgPack
+        );
+        assert_eq!(
+            Encoding::from_content_type(Some("Application/MsgPack; x=1")),
+            Encoding::MsgPack
+        );
+        assert_eq!(
+            Encoding::from_content_type(Some("application/json")),
+            Encoding::Json
+        );
+    }
+
+    #[test]
+    fn event_wire_shape() {
+        let event = Event {
+            request_id: "r".into(),
+            seq: 0,
+            ts: "t".into(),
+            body: EventBody::Delta { text: "hi".into() },
+        };
+        assert_eq!(
+            serde_json::to_value(&event).unwrap(),
+            json!({"request_id": "r", "seq": 0, "ts": "t", "event": "delta", "text": "hi"})
+        );
+    }
+}

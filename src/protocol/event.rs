@@ -1,0 +1,73 @@
+//! Progress events published on `gen.events.<request_id>`.
+//!
+//! Delivery is at most once (core NATS), so every event carries a gapless `seq` per request: a
+//! follower that sees a gap knows it missed something and can read the stored result, which is
+//! authoritative and which the `finished` event carries whole.
+
+use serde::{Deserialize, Serialize};
+
+use super::result::GenerationResult;
+use super::signal::Signal;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub request_id: String,
+    pub seq: u64,
+    pub ts: String,
+    #[serde(flatten)]
+    pub body: EventBody,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum EventBody {
+    Started {
+        worker_id: String,
+        attempt: u32,
+        chain_position: u32,
+    },
+    /// User-visible assistant text (coalesced; never dropped by the worker).
+    Delta {
+        text: String,
+    },
+    /// Reasoning text (`reasoning_content`), kept apart from the output.
+    Reasoning {
+        text: String,
+    },
+    ToolCall {
+        call_id: String,
+        name: String,
+        arguments: serde_json::Value,
+    },
+    ToolResult {
+        call_id: String,
+        name: String,
+        /// False when the tool service answered with an error reply.
+        ok: bool,
+        result: serde_json::Value,
+    },
+    Signal {
+        signal: Box<Signal>,
+    },
+    Finished {
+        result: Box<GenerationResult>,
+    },
+    Continued {
+        continuation_request_id: String,
+    },
+}
+
+impl EventBody {
+    pub fn name(&self) -> &'static str {
+        match self {
+            EventBody::Started { .. } => "started",
+            EventBody::Delta { .. } => "delta",
+            EventBody::Reasoning { .. } => "reasoning",
+            EventBody::ToolCall { .. } => "tool_call",
+            EventBody::ToolResult { .. } => "tool_result",
+            EventBody::Signal { .. } => "signal",
+            EventBody::Finished { .. } => "finished",
+            EventBody::Continued { .. } => "continued",
+        }
+    }
+}

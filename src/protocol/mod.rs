@@ -1,0 +1,20 @@
+//! Wire types and codecs: what crosses the bus, with no I/O. Every layer shares these.
+
+pub mod codec;
+pub mod error;
+pub mod event;
+pub mod ids;
+pub mod message;
+pub mod request;
+pub mod result;
+pub mod signal;
+
+pub use codec::Encoding;
+pub use error::{ErrorBody, ErrorCode, ErrorReply, WireError};
+pub use event::{Event, EventBody};
+pub use message::{Content, FunctionCall, Message, Role, ToolCall};
+pub use request::{Checkpoint, GenerationRequest, RequestLimits, ValidationCheck};
+pub use result::{GenerationResult, Reason, RequestState, Timings, Usage};
+pub use signal::{
+    DecisionBlock, DecisionKind, DecisionOption, Severity, Signal, SignalSource, SignalType,
+};

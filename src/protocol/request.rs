@@ -1,0 +1,418 @@
+//! The generation request, decoded strictly: an unknown top-level field is an error, so a typo
+//! never passes silently and an older worker refuses a field it cannot honour.
+
+use serde::{Deserialize, Serialize};
+
+use super::error::WireError;
+use super::ids::{MAX_NAME_LEN, is_valid_name, is_valid_request_id};
+use super::message::{Message, Role};
+
+/// Keys of `options` that the worker itself sets, so a caller may not override them there.
+pub const RESERVED_OPTION_KEYS: &[&str] = &[
+    "model",
+    "messages",
+    "tools",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+];
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct GenerationRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    pub messages: Vec<Message>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_iterations: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub options: serde_json::Map<String, serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_on_decision_request: Option<bool>,
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub validation: Vec<ValidationCheck>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub escalation_threshold: Option<f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checkpoints: Vec<Checkpoint>,
+}
+
+/// One check of the final output; the confidence of a result is the weighted share of checks
+/// that pass.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ValidationCheck {
+    JsonSchema {
+        schema: serde_json::Value,
+        #[serde(default = "one")]
+        weight: f64,
+    },
+    Regex {
+        pattern: String,
+        #[serde(default = "one")]
+        weight: f64,
+    },
+    Contains {
+        text: String,
+        #[serde(default = "one")]
+        weight: f64,
+    },
+    MaxChars {
+        max: usize,
+        #[serde(default = "one")]
+        weight: f64,
+    },
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl ValidationCheck {
+    pub fn weight(&self) -> f64 {
+        match self {
+            ValidationCheck::JsonSchema { weight, .. }
+            | ValidationCheck::Regex { weight, .. }
+            | ValidationCheck::Contains { weight, .. }
+            | ValidationCheck::MaxChars { weight, .. } => *weight,
+        }
+    }
+}
+
+/// A pre-execution checkpoint: fires before the request runs when its conditions hold.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Checkpoint {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prompt_contains: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_attempt: Option<u32>,
+    #[serde(default = "yes")]
+    pub requires_confirmation: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// The bounds a request is checked against on acceptance.
+#[derive(Debug, Clone)]
+pub struct RequestLimits {
+    pub max_metadata_bytes: usize,
+    pub max_tool_iterations: u32,
+    pub max_job_name_len: usize,
+}
+
+impl Default for RequestLimits {
+    fn default() -> Self {
+        RequestLimits {
+            max_metadata_bytes: 4096,
+            max_tool_iterations: 64,
+            max_job_name_len: 256,
+        }
+    }
+}
+
+impl GenerationRequest {
+    /// A request with one user message, for examples and tests.
+    pub fn user(text: impl Into<String>) -> Self {
+        GenerationRequest {
+            messages: vec![Message::user(text)],
+            ..Default::default()
+        }
+    }
+
+    /// Checks everything that can be checked without the worker's tool registry. The error
+    /// names the offending field so a caller can fix it without reading the source.
+    pub fn validate(&self, limits: &RequestLimits) -> Result<(), WireError> {
+        if let Some(id) = &self.request_id
+            && !is_valid_request_id(id)
+        {
+            return Err(WireError::invalid(
+                "request_id must be 1-128 characters of A-Z, a-z, 0-9, '_' or '-'",
+            ));
+        }
+        if let Some(job) = &self.job_name
+            && (job.len() > limits.max_job_name_len || job.chars().any(char::is_control))
+        {
+            return Err(WireError::invalid(format!(
+                "job_name must be at most {} bytes without control characters",
+                limits.max_job_name_len
+            )));
+        }
+        if self.messages.is_empty() {
+            return Err(WireError::invalid(
+                "messages must hold at least one message",
+            ));
+        }
+        for (i, message) in self.messages.iter().enumerate() {
+            validate_message(i, message)?;
+        }
+        let mut seen = std::collections::HashSet::new();
+        for tool in &self.tools {
+            if !is_valid_name(tool) {
+                return Err(WireError::invalid(format!(
+                    "tools: {tool:?} is not a tool name (1-{MAX_NAME_LEN} characters of A-Z, a-z, 0-9, '_' or '-')"
+                )));
+            }
+            if !seen.insert(tool.as_str()) {
+                return Err(WireError::invalid(format!(
+                    "tools: {tool:?} is listed twice"
+                )));
+            }
+        }
+        if let Some(n) = self.tool_iterations
+            && n > limits.max_tool_iterations
+        {
+            return Err(WireError::invalid(format!(
+                "tool_iterations must be at most {}",
+                limits.max_tool_iterations
+            )));
+        }
+        if self.max_tokens == Some(0) {
+            return Err(WireError::invalid("max_tokens must be at least 1"));
+        }
+        if let Some(t) = self.temperature
+            && !(0.0..=2.0).contains(&t)
+        {
+            return Err(WireError::invalid("temperature must be between 0 and 2"));
+        }
+        if let Some(model) = &self.model
+            && (model.is_empty() || model.len() > 256)
+        {
+            return Err(WireError::invalid("model must be 1-256 bytes"));
+        }
+        let reserved: Vec<&str> = RESERVED_OPTION_KEYS
+            .iter()
+            .copied()
+            .filter(|k| self.options.contains_key(*k))
+            .collect();
+        if !reserved.is_empty() {
+            return Err(WireError::invalid(format!(
+                "options may not set {}: the worker sets them (use the request's own fields)",
+                reserved.join(", ")
+            ))
+            .with_detail(serde_json::json!({ "fields": reserved })));
+        }
+        if self.deadline_ms == Some(0) {
+            return Err(WireError::invalid("deadline_ms must be at least 1"));
+        }
+        let metadata_bytes = serde_json::to_vec(&self.metadata).map_or(usize::MAX, |v| v.len());
+        if metadata_bytes > limits.max_metadata_bytes {
+            return Err(WireError::invalid(format!(
+                "metadata is {metadata_bytes} bytes as JSON; at most {} are allowed",
+                limits.max_metadata_bytes
+            )));
+        }
+        if let Some(t) = self.escalation_threshold
+            && !(0.0..=1.0).contains(&t)
+        {
+            return Err(WireError::invalid(
+                "escalation_threshold must be between 0 and 1",
+            ));
+        }
+        for (i, check) in self.validation.iter().enumerate() {
+            validate_check(i, check)?;
+        }
+        for (i, checkpoint) in self.checkpoints.iter().enumerate() {
+            if !is_valid_name(&checkpoint.name) {
+                return Err(WireError::invalid(format!(
+                    "checkpoints[{i}].name must be 1-{MAX_NAME_LEN} characters of A-Z, a-z, 0-9, '_' or '-'"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn validate_message(i: usize, message: &Message) -> Result<(), WireError> {
+    let has_text = message.content.as_ref().is_some_and(|c| !c.is_empty());
+    match message.role {
+        Role::System | Role::User if message.content.is_none() => Err(WireError::invalid(format!(
+            "messages[{i}]: a {} message needs content",
+            message.role.as_str()
+        ))),
+        Role::Tool if message.tool_call_id.is_none() => Err(WireError::invalid(format!(
+            "messages[{i}]: a tool message needs tool_call_id"
+        ))),
+        Role::Assistant if !has_text && message.tool_calls.is_empty() => Err(WireError::invalid(
+            format!("messages[{i}]: an assistant message needs content or tool_calls"),
+        )),
+        _ if !message.tool_calls.is_empty() && message.role != Role::Assistant => {
+            Err(WireError::invalid(format!(
+                "messages[{i}]: only assistant messages carry tool_calls"
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn validate_check(i: usize, check: &ValidationCheck) -> Result<(), WireError> {
+    let weight = check.weight();
+    if !(weight.is_finite() && weight > 0.0) {
+        return Err(WireError::invalid(format!(
+            "validation[{i}].weight must be a positive number"
+        )));
+    }
+    match check {
+        ValidationCheck::Regex { pattern, .. } => regex::Regex::new(pattern)
+            .map(|_| ())
+            .map_err(|e| WireError::invalid(format!("validation[{i}].pattern: {e}"))),
+        ValidationCheck::JsonSchema { schema, .. } => jsonschema::validator_for(schema)
+            .map(|_| ())
+            .map_err(|e| WireError::invalid(format!("validation[{i}].schema: {e}"))),
+        ValidationCheck::Contains { text, .. } if text.is_empty() => Err(WireError::invalid(
+            format!("validation[{i}].text must not be empty"),
+        )),
+        ValidationCheck::MaxChars { max: 0, .. } => Err(WireError::invalid(format!(
+            "validation[{i}].max must be at least 1"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn check(body: serde_json::Value) -> Result<GenerationRequest, String> {
+        let request: GenerationRequest =
+            serde_json::from_value(body).map_err(|e| format!("decode: {e}"))?;
+        request
+            .validate(&RequestLimits::default())
+            .map_err(|e| e.message)?;
+        Ok(request)
+    }
+
+    #[test]
+    fn accepts_the_contract_example() {
+        let request = check(json!({
+            "request_id": "01J0ABC",
+            "job_name": "label",
+            "system": "be brief",
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": ["add"],
+            "tool_iterations": 4,
+            "max_tokens": 1024,
+            "temperature": 0.2,
+            "model": "m",
+            "options": {"top_p": 0.9, "stop": ["x"], "seed": 7, "response_format": {}, "tool_choice": "auto"},
+            "deadline_ms": 120000,
+            "stop_on_decision_request": true,
+            "metadata": {"k": "v"},
+            "validation": [{"kind": "contains", "text": "x", "weight": 1.0}],
+            "escalation_threshold": 0.6,
+            "checkpoints": [{"name": "deploy", "prompt_contains": ["prod"], "requires_confirmation": true}]
+        }))
+        .unwrap();
+        assert_eq!(request.tools, vec!["add"]);
+        assert!(request.checkpoints[0].requires_confirmation);
+    }
+
+    #[test]
+    fn rejects_bad_requests_with_a_reason_naming_the_field() {
+        let user = json!([{"role": "user", "content": "hi"}]);
+        let cases = [
+            (
+                json!({"messages": user, "tool_iteration": 3}),
+                "tool_iteration",
+            ),
+            (json!({"messages": []}), "messages"),
+            (json!({}), "messages"),
+            (json!({"messages": user, "request_id": "a.b"}), "request_id"),
+            (json!({"messages": user, "tools": ["a b"]}), "tools"),
+            (json!({"messages": user, "tools": ["a", "a"]}), "twice"),
+            (
+                json!({"messages": user, "tool_iterations": 1000}),
+                "tool_iterations",
+            ),
+            (json!({"messages": user, "max_tokens": 0}), "max_tokens"),
+            (json!({"messages": user, "temperature": 3.0}), "temperature"),
+            (
+                json!({"messages": user, "options": {"stream": true}}),
+                "stream",
+            ),
+            (
+                json!({"messages": user, "options": {"model": "x"}}),
+                "model",
+            ),
+            (json!({"messages": user, "deadline_ms": 0}), "deadline_ms"),
+            (
+                json!({"messages": user, "metadata": {"k": "x".repeat(5000)}}),
+                "metadata",
+            ),
+            (
+                json!({"messages": user, "escalation_threshold": 2}),
+                "escalation_threshold",
+            ),
+            (
+                json!({"messages": user, "validation": [{"kind": "regex", "pattern": "("}]}),
+                "pattern",
+            ),
+            (
+                json!({"messages": user, "validation": [{"kind": "bogus"}]}),
+                "bogus",
+            ),
+            (
+                json!({"messages": user, "validation": [{"kind": "contains", "text": "x", "weight": 0}]}),
+                "weight",
+            ),
+            (json!({"messages": [{"role": "user"}]}), "content"),
+            (
+                json!({"messages": [{"role": "tool", "content": "x"}]}),
+                "tool_call_id",
+            ),
+            (
+                json!({"messages": [{"role": "wizard", "content": "x"}]}),
+                "wizard",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x", "extra": 1}]}),
+                "extra",
+            ),
+            (
+                json!({"messages": user, "checkpoints": [{"name": "a b"}]}),
+                "checkpoints",
+            ),
+            (json!({"messages": user, "job_name": "a\u{0}b"}), "job_name"),
+        ];
+        for (body, needle) in cases {
+            let err = check(body.clone()).expect_err(&body.to_string());
+            assert!(
+                err.contains(needle),
+                "{body}: {err:?} should mention {needle}"
+            );
+        }
+    }
+
+    #[test]
+    fn content_parts_are_read_as_text() {
+        let request = check(json!({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "one"}, {"type": "image_url", "image_url": {"url": "x"}},
+            {"type": "text", "text": "two"}]}]}))
+        .unwrap();
+        assert_eq!(request.messages[0].text(), "one\ntwo");
+    }
+}

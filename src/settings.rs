@@ -1,0 +1,320 @@
+//! Typed settings: the built-in defaults (config/default.toml, compiled in), then the file named
+//! by `--config` or `GENFLEET_CONFIG`, then `GENFLEET__SECTION__KEY` environment variables.
+//!
+//! Unknown keys are errors in every layer, so a misspelt override fails loudly instead of being
+//! ignored.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::loop_detect::LoopDetectionConfig;
+use crate::protocol::ids::is_valid_name;
+
+/// The defaults shipped with genfleet; the same file users copy to start their own.
+pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
+
+/// Environment variable naming a config file (same as `--config`).
+pub const CONFIG_ENV: &str = "GENFLEET_CONFIG";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub nats: NatsSettings,
+    pub worker: WorkerSettings,
+    pub llm: LlmSettings,
+    pub generation: GenerationSettings,
+    pub tools: ToolSettings,
+    pub limits: LimitSettings,
+    pub loop_detection: LoopDetectionConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatsSettings {
+    pub url: String,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSettings {
+    pub id: String,
+    pub pool: String,
+    pub slots: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolMode {
+    Native,
+    Text,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SystemMessages {
+    Separate,
+    Merged,
+}
+
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmSettings {
+    pub base_url: String,
+    pub api_key: String,
+    pub model: String,
+    pub tool_mode: ToolMode,
+    pub system_messages: SystemMessages,
+    pub connect_timeout_ms: u64,
+    pub idle_timeout_ms: u64,
+    pub retries: u32,
+    pub retry_backoff_ms: u64,
+}
+
+/// Written by hand so the API key can never reach a log line through `{:?}`.
+impl std::fmt::Debug for LlmSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlmSettings")
+            .field("base_url", &self.base_url)
+            .field(
+                "api_key",
+                &if self.api_key.is_empty() {
+                    ""
+                } else {
+                    "<redacted>"
+                },
+            )
+            .field("model", &self.model)
+            .field("tool_mode", &self.tool_mode)
+            .field("system_messages", &self.system_messages)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("idle_timeout_ms", &self.idle_timeout_ms)
+            .field("retries", &self.retries)
+            .field("retry_backoff_ms", &self.retry_backoff_ms)
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenerationSettings {
+    pub default_tool_iterations: u32,
+    pub max_tool_iterations: u32,
+    pub default_max_tokens: u32,
+    pub stop_on_decision_request: bool,
+    pub max_control_turns: u32,
+    pub delta_coalesce_bytes: usize,
+    pub delta_coalesce_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolSettings {
+    pub correction_attempts: u32,
+    pub default_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitSettings {
+    pub max_request_bytes: usize,
+    pub max_metadata_bytes: usize,
+    pub max_output_bytes: usize,
+    pub max_model_signals: u32,
+    pub max_model_signal_bytes: usize,
+    pub max_worker_signal_bytes: usize,
+}
+
+/// A configuration problem, rendered as one line that names the key.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {0}")]
+pub struct SettingsError(pub String);
+
+impl Settings {
+    /// Loads the layers. `file` wins over `GENFLEET_CONFIG`.
+    pub fn load(file: Option<&Path>) -> Result<Settings, SettingsError> {
+        let env_file = std::env::var_os(CONFIG_ENV).map(std::path::PathBuf::from);
+        let file = file.map(Path::to_path_buf).or(env_file);
+        let env = config::Environment::with_prefix("GENFLEET")
+            .separator("__")
+            .try_parsing(true);
+        Self::load_from(file.as_deref(), Some(env))
+    }
+
+    /// The built-in defaults alone (tests, tools that need no configuration).
+    pub fn defaults() -> Settings {
+        Self::load_from(None, None).expect("the built-in defaults are valid")
+    }
+
+    fn load_from(
+        file: Option<&Path>,
+        env: Option<config::Environment>,
+    ) -> Result<Settings, SettingsError> {
+        let mut builder = config::Config::builder().add_source(config::File::from_str(
+            DEFAULT_TOML,
+            config::FileFormat::Toml,
+        ));
+        if let Some(path) = file {
+            if !path.is_file() {
+                return Err(SettingsError(format!(
+                    "config file {} does not exist",
+                    path.display()
+                )));
+            }
+            builder = builder.add_source(config::File::from(path).required(true));
+        }
+        if let Some(env) = env {
+            builder = builder.add_source(env);
+        }
+        let settings: Settings = builder
+            .build()
+            .and_then(|c| c.try_deserialize())
+            .map_err(|e| SettingsError(one_line(&e.to_string())))?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Checks that serde cannot express.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        let fail = |msg: String| Err(SettingsError(msg));
+        if self.worker.slots == 0 {
+            return fail("worker.slots must be at least 1".into());
+        }
+        if !is_valid_name(&self.worker.pool) {
+            return fail(format!(
+                "worker.pool {:?} must be 1-64 characters of A-Z, a-z, 0-9, '_' or '-'",
+                self.worker.pool
+            ));
+        }
+        if !self.worker.id.is_empty() && !is_valid_name(&self.worker.id) {
+            return fail(format!(
+                "worker.id {:?} must be 1-64 characters of A-Z, a-z, 0-9, '_' or '-'",
+                self.worker.id
+            ));
+        }
+        match reqwest::Url::parse(&self.llm.base_url) {
+            Ok(url) if matches!(url.scheme(), "http" | "https") => {}
+            _ => {
+                return fail(format!(
+                    "llm.base_url {:?} is not an http(s) URL",
+                    self.llm.base_url
+                ));
+            }
+        }
+        if self.llm.model.is_empty() {
+            return fail("llm.model must not be empty".into());
+        }
+        if self.generation.default_tool_iterations > self.generation.max_tool_iterations {
+            return fail(
+                "generation.default_tool_iterations is larger than generation.max_tool_iterations"
+                    .into(),
+            );
+        }
+        if self.limits.max_output_bytes == 0 {
+            return fail("limits.max_output_bytes must be at least 1".into());
+        }
+        if let Err(e) = self.loop_detection.validate() {
+            return fail(format!("loop_detection: {e}"));
+        }
+        Ok(())
+    }
+
+    /// The worker id: configured, else `<hostname>-<ulid>`.
+    pub fn worker_id(&self) -> String {
+        if !self.worker.id.is_empty() {
+            return self.worker.id.clone();
+        }
+        let host = std::fs::read_to_string("/etc/hostname")
+            .ok()
+            .map(|h| {
+                h.trim()
+                    .chars()
+                    .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+                    .take(30)
+                    .collect::<String>()
+            })
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "worker".into());
+        format!("{host}-{}", crate::protocol::ids::new_id())
+    }
+}
+
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_toml(extra: &str) -> Result<Settings, SettingsError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, extra).unwrap();
+        Settings::load_from(Some(&path), None)
+    }
+
+    #[test]
+    fn defaults_load() {
+        let s = Settings::defaults();
+        assert_eq!(s.worker.pool, "default");
+        assert_eq!(s.llm.tool_mode, ToolMode::Native);
+        assert!(s.loop_detection.enabled);
+    }
+
+    #[test]
+    fn a_file_overrides_only_what_it_names() {
+        let s = load_toml("[worker]\nslots = 9\n[llm]\ntool_mode = \"text\"\n").unwrap();
+        assert_eq!(s.worker.slots, 9);
+        assert_eq!(s.worker.pool, "default");
+        assert_eq!(s.llm.tool_mode, ToolMode::Text);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        for (toml, needle) in [
+            ("[worker]\nslots = \"many\"\n", "slots"),
+            ("[worker]\nslots = 0\n", "worker.slots"),
+            ("[llm]\nbase_urll = \"x\"\n", "base_urll"),
+            ("[llm]\nbase_url = \"ftp://x\"\n", "llm.base_url"),
+            ("[llm]\ntool_mode = \"telepathy\"\n", "telepathy"),
+            ("[worker]\npool = \"a.b\"\n", "worker.pool"),
+        ] {
+            let err = load_toml(toml).unwrap_err().to_string();
+            assert!(err.contains(needle), "{toml}: {err}");
+            assert!(!err.contains('\n'), "one line: {err}");
+        }
+        let err = Settings::load_from(Some(Path::new("/nonexistent.toml")), None).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent.toml"));
+    }
+
+    #[test]
+    fn environment_overrides() {
+        let env = config::Environment::with_prefix("GENFLEET")
+            .separator("__")
+            .try_parsing(true)
+            .source(Some(
+                [
+                    ("GENFLEET__WORKER__SLOTS".to_string(), "7".to_string()),
+                    (
+                        "GENFLEET__LLM__BASE_URL".to_string(),
+                        "http://h:1/v1".to_string(),
+                    ),
+                    ("GENFLEET_CONFIG".to_string(), "ignored".to_string()),
+                ]
+                .into_iter()
+                .collect(),
+            ));
+        let s = Settings::load_from(None, Some(env)).unwrap();
+        assert_eq!(s.worker.slots, 7);
+        assert_eq!(s.llm.base_url, "http://h:1/v1");
+    }
+
+    #[test]
+    fn api_key_is_not_debug_printed() {
+        let mut s = Settings::defaults();
+        s.llm.api_key = "sk-secret".into();
+        assert!(!format!("{s:?}").contains("sk-secret"));
+    }
+}

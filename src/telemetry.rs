@@ -1,0 +1,24 @@
+//! Logging, set up once per process: human-readable or JSON lines, filtered by `RUST_LOG`
+//! (default `info`).
+
+use clap::ValueEnum;
+use tracing_subscriber::EnvFilter;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum LogFormat {
+    #[default]
+    Human,
+    Json,
+}
+
+/// Installs the global subscriber. Logs go to stderr so stdout stays for command output.
+pub fn init(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Human => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}
