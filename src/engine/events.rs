@@ -4,6 +4,8 @@
 //! does not cost one bus message per token. Nothing is ever dropped here: the sink is a bounded
 //! channel, and a slow consumer slows the generation rather than losing text.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -24,7 +26,9 @@ pub struct Coalescing {
 pub struct EventEmitter {
     request_id: String,
     sink: EventSink,
-    next_seq: u64,
+    /// Shared, so that whoever ends a request after its generation was lost (a panic) goes on
+    /// numbering without a gap.
+    next_seq: Arc<AtomicU64>,
     coalescing: Coalescing,
     pending: String,
     pending_since: Option<Instant>,
@@ -32,10 +36,20 @@ pub struct EventEmitter {
 
 impl EventEmitter {
     pub fn new(request_id: String, sink: EventSink, coalescing: Coalescing) -> Self {
+        Self::continuing(request_id, sink, coalescing, Arc::default())
+    }
+
+    /// An emitter that numbers on from `sequence` (see [`EventEmitter::sequence`]).
+    pub fn continuing(
+        request_id: String,
+        sink: EventSink,
+        coalescing: Coalescing,
+        sequence: Arc<AtomicU64>,
+    ) -> Self {
         EventEmitter {
             request_id,
             sink,
-            next_seq: 0,
+            next_seq: sequence,
             coalescing,
             pending: String::new(),
             pending_since: None,
@@ -82,11 +96,10 @@ impl EventEmitter {
         };
         let event = Event {
             request_id: self.request_id.clone(),
-            seq: self.next_seq,
+            seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
             ts: now_rfc3339(),
             body,
         };
-        self.next_seq += 1;
         if sink.send(event).await.is_err() {
             // Nobody listens any more: stop building events for them.
             self.sink = None;
@@ -96,7 +109,12 @@ impl EventEmitter {
     /// The sequence number the next event will carry (a continuation of the same subject, such
     /// as `continued`, goes on from here).
     pub fn next_seq(&self) -> u64 {
-        self.next_seq
+        self.next_seq.load(Ordering::Relaxed)
+    }
+
+    /// The shared counter, to go on numbering in another emitter.
+    pub fn sequence(&self) -> Arc<AtomicU64> {
+        self.next_seq.clone()
     }
 }
 

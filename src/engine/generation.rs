@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::bios::BiosContext;
 use super::control::{self, REQUEST_DECISION, SignalOrigin};
-use super::events::{EventEmitter, EventSink};
+use super::events::EventEmitter;
 use super::loop_detect::{LoopDetector, LoopVerdict};
 use super::signals::SignalBook;
 use super::text_calls::{self, InvalidCallKind, ParseMode, ParsedItem, TextCallParser};
@@ -123,7 +123,7 @@ impl<'e> Generation<'e> {
         engine: &'e Engine,
         request: GenerationRequest,
         ctx: RequestContext,
-        sink: EventSink,
+        events: EventEmitter,
         cancel: CancellationToken,
     ) -> Self {
         let config = &engine.config;
@@ -134,7 +134,7 @@ impl<'e> Generation<'e> {
             .tool_iterations
             .unwrap_or(config.default_tool_iterations);
         Generation {
-            events: EventEmitter::new(ctx.request_id.clone(), sink, config.coalescing),
+            events,
             signals: SignalBook::new(config.signal_limits),
             loops: LoopDetector::new(&config.loop_detection),
             mode: engine.effective_tool_mode(),

@@ -13,14 +13,15 @@
 //!
 //! The detector runs on every byte of every stream, so it is built to be cheap and
 //! predictable: amortised O(1) work per byte, no allocation per byte, no hash-map operation per
-//! byte, and memory bounded whatever the length of the reply (the text itself is never kept,
-//! only hashes of it and a few hundred bytes for the message). Its verdict is a pure function
-//! of the byte sequence: how the stream is cut into deltas changes when the caller hears about
-//! a loop, never whether or at which byte it is found.
+//! byte, and memory bounded whatever the length of the reply (about 50 KB; the text itself is
+//! never kept, only hashes of it). Its verdict is a pure function of the byte sequence: how the
+//! stream is cut into deltas changes when the caller hears about a loop, never whether or at
+//! which byte it is found.
 //!
-//! Both text detectors share one polynomial prefix hash over the turn's bytes, so the hash of
-//! any recent substring (a line, a window, the text between two occurrences of a window) is
-//! available in O(1) without re-reading the bytes.
+//! Both text detectors share one polynomial prefix hash over all the bytes, so the hash of any
+//! recent substring (a line, a chunk, the text between two occurrences of a chunk) is available
+//! in O(1) without re-reading the bytes, and the last few hundred bytes can even be recovered
+//! from the ring of recent prefix hashes to quote them in a verdict.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -29,18 +30,19 @@ use std::hash::{BuildHasherDefault, DefaultHasher, Hasher};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// Odd base of the prefix hash `P(i) = P(i-1) * BASE + byte + 1` (mod 2^64). Odd keeps the
-/// multiplication a bijection; the `+ 1` keeps NUL bytes from vanishing at the start of a
-/// substring. Collisions between different texts of realistic length are negligible, and a
-/// collision can only add one spurious count, never fire on its own.
+/// Odd base of the prefix hash `P(i) = P(i-1) * BASE + (byte | 0x100)` (mod 2^64). Odd keeps
+/// the multiplication a bijection, so one step can be undone to recover the byte. Collisions
+/// between different texts of realistic length are negligible, and a collision can only add
+/// one spurious count, never fire on its own.
 const BASE: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// Width (in window positions) of the winnowing used to pick chant anchors. Winnowing picks the
 /// smallest window hash among the last `WINNOW` positions, which guarantees at least one anchor
 /// every `WINNOW` bytes whatever the content. A plain "hash is 0 mod 16" rule has no such
 /// guarantee: a 29-byte phrase has only 29 distinct window hashes and, with probability
-/// (15/16)^29 ≈ 15 %, none of them is an anchor, so that loop would never be seen.
-const WINNOW: usize = 16;
+/// (15/16)^29 ≈ 15 %, none of them is an anchor, so that loop would never be seen. Ordinary
+/// text gets an anchor every ~WINNOW/2 bytes, which keeps the table work small.
+const WINNOW: usize = 64;
 
 /// Slots of the direct-mapped table of chant anchors. A loop with a period up to
 /// `chant_max_period` produces about `2 * period / (WINNOW + 1)` anchors per period, each of
@@ -50,11 +52,13 @@ const TABLE_BITS: u32 = 10;
 const TABLE_SLOTS: usize = 1 << TABLE_BITS;
 
 /// Bytes kept from the start of the current line (after its indentation): enough to recognise
-/// a fence or a table row and to quote the line in the verdict, never the whole line.
-const HEAD_BYTES: usize = 256;
+/// a fence or a table row. The verdict quotes the line from the ring of recent prefix hashes
+/// instead, so nothing is copied per delta.
+const HEAD_BYTES: usize = 3;
 
-/// Recent bytes kept for quoting a chant in the verdict.
-const TAIL_BYTES: usize = 128;
+/// Small deltas are gathered up to this many bytes before being analysed (see
+/// [`LoopDetector::push_text`]).
+pub const PENDING_BYTES: usize = 256;
 
 /// The longest quoted text in a verdict, in characters.
 const DETAIL_CHARS: usize = 60;
@@ -63,10 +67,11 @@ const DETAIL_CHARS: usize = 60;
 /// [`LoopDetector::new`], so a bad config can never make memory unbounded.
 const MAX_LINE_WINDOW: usize = 65_536;
 const MIN_CHANT_WINDOW: usize = 8;
-const MAX_CHANT_WINDOW: usize = 1024;
+const MAX_CHANT_WINDOW: usize = 256;
 const MAX_CHANT_PERIOD: usize = 4096;
 
-/// A repeat threshold for lines of at least `min_len` non-whitespace characters.
+/// A repeat threshold for lines of at least `min_len` visible characters (not counting
+/// spaces and control characters).
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct LineTier {
@@ -80,12 +85,12 @@ pub struct LineTier {
 pub struct LoopDetectionConfig {
     /// Off switch: when false nothing ever fires and no work is done.
     pub enabled: bool,
-    /// Lines with fewer non-whitespace characters are never counted: closing braces, `end`,
+    /// Lines with fewer visible characters are never counted: closing braces, `end`,
     /// `---`, `Done.` and the like recur legitimately all the time and carry too little
     /// content to tell a loop from structure.
     pub line_min_chars: usize,
-    /// Repeat thresholds by line length (non-whitespace characters, so indentation does not
-    /// change the tier), in ascending `min_len`; a line uses the last tier it reaches, and a
+    /// Repeat thresholds by line length (visible characters, so indentation does not change
+    /// the tier), in ascending `min_len`; a line uses the last tier it reaches, and a
     /// line shorter than the first tier is not counted. Longer lines get lower thresholds
     /// because a long line repeated verbatim is far less likely to be legitimate than a short
     /// one.
@@ -123,7 +128,7 @@ pub struct LoopDetectionConfig {
 impl Default for LoopDetectionConfig {
     /// Why these numbers:
     ///
-    /// * Lines: 8 to 23 non-whitespace characters need 12 repeats within 256 lines (headings,
+    /// * Lines: 8 to 23 visible characters need 12 repeats within 256 lines (headings,
     ///   labels and boilerplate such as `**Example:**` recur in long answers), 24 to 79 need 8
     ///   (a sentence-sized line repeated 8 times in a short span is not prose any more), 80 and
     ///   more need 5 (a paragraph-sized line verbatim 5 times is a loop). Two lines
@@ -132,9 +137,9 @@ impl Default for LoopDetectionConfig {
     ///   48 for a 17-character line), while a fenced loop still fires after 32 repeats of a
     ///   typical code line.
     /// * Chanting: a 50-byte chunk 10 times back to back (at least ~500 bytes of exact
-    ///   repetition), after gemini-cli's loop detection, but requiring non-overlapping
-    ///   occurrences and identical text between them, which is what keeps numbered steps, list
-    ///   items sharing a prefix and single-line JSON arrays quiet. A repeated unit spanning
+    ///   repetition), requiring non-overlapping occurrences and identical text between them,
+    ///   which is what keeps numbered steps, list items sharing a prefix and single-line JSON
+    ///   arrays quiet. A repeated unit spanning
     ///   lines needs 4 times as many (~2 KB): the line rules own whole lines, chanting only
     ///   backstops loops of lines too short for them.
     /// * Tool calls: 5 identical calls in a row; agents legitimately retry a call once or
@@ -294,6 +299,8 @@ pub struct LoopDetector {
     lines: Lines,
     chant: Chant,
     tools: ToolCalls,
+    /// Small deltas not analysed yet (at most `PENDING_BYTES`).
+    pending: Vec<u8>,
 }
 
 impl LoopDetector {
@@ -309,17 +316,52 @@ impl LoopDetector {
             lines: Lines::new(config),
             chant: Chant::new(config),
             tools: ToolCalls::new(config),
+            pending: Vec::with_capacity(if config.enabled { PENDING_BYTES } else { 0 }),
         }
     }
 
     /// Feeds a piece of visible assistant text. Returns the verdict the first time a loop is
     /// seen.
+    ///
+    /// Deltas are usually a token or two, and analysing a few bytes at a time costs more in
+    /// set-up than in work, so small deltas are gathered (up to [`PENDING_BYTES`]) and
+    /// analysed when the buffer fills or a line ends. A loop is therefore reported at the
+    /// latest with the delta that ends its line, or [`PENDING_BYTES`] later for a chant
+    /// without newlines; the byte it is found at does not change.
+    #[inline]
     pub fn push_text(&mut self, delta: &str) -> Option<LoopVerdict> {
-        if !self.enabled || self.verdict.is_some() || delta.is_empty() {
+        if !self.enabled || self.verdict.is_some() {
             return None;
         }
-        let found = self.scan(delta.as_bytes());
+        let bytes = delta.as_bytes();
+        if self.pending.len() + bytes.len() < PENDING_BYTES && find_newline(bytes).is_none() {
+            self.pending.extend_from_slice(bytes);
+            return None;
+        }
+        self.push_bytes(bytes)
+    }
+
+    #[inline(never)]
+    fn push_bytes(&mut self, bytes: &[u8]) -> Option<LoopVerdict> {
+        let found = if self.pending.len() + bytes.len() <= PENDING_BYTES {
+            self.pending.extend_from_slice(bytes);
+            self.flush()
+        } else {
+            self.flush().or_else(|| self.scan(bytes))
+        };
         self.latch(found)
+    }
+
+    /// Analyses the gathered small deltas.
+    fn flush(&mut self) -> Option<LoopVerdict> {
+        if self.pending.is_empty() {
+            return None;
+        }
+        let pending = std::mem::take(&mut self.pending);
+        let found = self.scan(&pending);
+        self.pending = pending;
+        self.pending.clear();
+        found
     }
 
     /// Marks the end of an assistant turn: a partial last line counts as complete. Returns a
@@ -333,15 +375,17 @@ impl LoopDetector {
         if !self.enabled || self.verdict.is_some() {
             return None;
         }
-        let found = self.lines.finish(self.pos, self.hash);
+        let found = self
+            .flush()
+            .or_else(|| self.lines.finish(self.pos, self.hash, &self.chant.ring));
         self.lines.reset_turn();
         self.chant.reset_turn(self.pos);
         self.latch(found)
     }
 
     /// Feeds one tool call the model made. Arguments are compared canonically (object keys in
-    /// any order; a string holding a JSON object or array, as OpenAI-style APIs send it, is
-    /// parsed first), so cosmetic differences do not hide a repeat.
+    /// any order; a string holding a JSON object or array, as chat-completion APIs send it,
+    /// is parsed first), so cosmetic differences do not hide a repeat.
     pub fn push_tool_call(&mut self, name: &str, arguments: &Value) -> Option<LoopVerdict> {
         if !self.enabled || self.verdict.is_some() {
             return None;
@@ -355,7 +399,9 @@ impl LoopDetector {
         self.verdict.as_ref()
     }
 
-    /// How many bytes of text had been fed when the loop was found (for logs).
+    /// The offset, in bytes of all the text fed, of the byte at which the loop was found (for
+    /// logs; for a tool-call loop, the text fed until then). It does not depend on how the
+    /// text was split into deltas.
     pub fn fired_at(&self) -> Option<u64> {
         self.fired_at
     }
@@ -367,62 +413,225 @@ impl LoopDetector {
         Some(verdict)
     }
 
-    /// The per-byte loop. Everything here is a handful of arithmetic operations and
-    /// predictable branches; the rare events (end of line, a new chant anchor) leave the loop.
-    /// Processing stops at the byte that completes a loop, so `pos` says exactly where.
+    /// Text goes by segments ending at a newline: the line bookkeeping is done once per
+    /// segment with slice operations, and only the rolling hash and the winnowing run per
+    /// byte. Processing stops at the byte that completes a loop, so `pos` says exactly where
+    /// it was found whatever the deltas.
     fn scan(&mut self, bytes: &[u8]) -> Option<LoopVerdict> {
-        let mut pos = self.pos;
-        let mut hash = self.hash;
-        let lines = &mut self.lines;
-        let chant = &mut self.chant;
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let newline = find_newline(rest);
+            let (segment, after) = rest.split_at(newline.map_or(rest.len(), |i| i + 1));
+            rest = after;
+            let content = &segment[..newline.unwrap_or(segment.len())];
+            let last_solid = self.lines.note(content, self.pos);
+            if let Some(verdict) = self.hash_segment(segment, last_solid) {
+                return Some(verdict);
+            }
+            if newline.is_some()
+                && let Some(verdict) = self.lines.finish(self.pos, self.hash, &self.chant.ring)
+            {
+                return Some(verdict);
+            }
+        }
+        None
+    }
+
+    /// The per-byte loop: the prefix hash, the chunk hash and the winnowing, with the hot
+    /// state in locals and fixed-size rings (no bounds checks). `last_solid` is the index of
+    /// the segment's last non-blank byte (or `usize::MAX`), whose prefix hash ends the line.
+    fn hash_segment(&mut self, segment: &[u8], last_solid: usize) -> Option<LoopVerdict> {
+        let Self {
+            pos: stored_pos,
+            hash: stored_hash,
+            lines,
+            chant,
+            ..
+        } = self;
+        let start_pos = *stored_pos;
+        let start_hash = *stored_hash;
+        let mut pos = start_pos;
+        let mut hash = start_hash;
+        if segment.last() == Some(&b'\n') {
+            // Ahead of its byte, so anchors recorded in this segment already know of it.
+            chant.push_newline(pos + segment.len() as u64);
+        }
+        let floor = chant.turn_start + chant.width;
+        let width = chant.width;
+        let base_pow_width = chant.base_pow_width;
+        let mut min_key = chant.min_key;
+        let mut min_pos = chant.min_pos;
+        let mut expires = min_pos + WINNOW as u64;
         let mut found = None;
-        for &byte in bytes {
+        // The first `width` bytes of a turn have no complete chunk yet.
+        let warmup = (floor.saturating_sub(pos + 1) as usize).min(segment.len());
+        let (early, main) = segment.split_at(warmup);
+        for &byte in early {
             pos += 1;
-            hash = hash.wrapping_mul(BASE).wrapping_add(u64::from(byte) + 1);
-            chant.ring[pos as usize & chant.ring_mask] = hash;
-            if byte == b'\n' {
-                chant.last_newline = pos;
-                found = lines.finish(pos, hash);
-                if found.is_some() {
-                    break;
+            hash = next_hash(hash, byte);
+            chant.ring[pos as usize % RING] = hash;
+            chant.keys[pos as usize % WINNOW] = u32::MAX;
+        }
+        // Runs end where the current minimum expires, so the byte loop itself only watches
+        // for a new minimum (one comparison); an expired minimum is replaced by scanning the
+        // WINNOW keys again, which in ordinary text happens every ~WINNOW bytes. Ties go to
+        // the newest position, so the anchor of a repetition advances by one period per
+        // period instead of expiring.
+        let base = pos;
+        let end = pos + main.len() as u64;
+        'runs: while pos < end {
+            // (A minimum left over from an earlier turn has expired already.)
+            let stop = if expires > pos { end.min(expires) } else { end };
+            for &byte in &main[(pos - base) as usize..(stop - base) as usize] {
+                pos += 1;
+                hash = next_hash(hash, byte);
+                let at = pos as usize % RING;
+                chant.ring[at] = hash;
+                let old = chant.ring[(pos - width) as usize % RING];
+                let value = hash.wrapping_sub(old.wrapping_mul(base_pow_width));
+                let key = winnow_key(value);
+                chant.keys[pos as usize % WINNOW] = key;
+                if key <= min_key {
+                    min_key = key;
+                    min_pos = pos;
+                    expires = pos + WINNOW as u64;
+                    found = chant.record(pos, pos, lines.in_fence);
+                    if found.is_some() {
+                        break 'runs;
+                    }
                 }
             }
-            // Written as selects rather than branches: in prose, space and non-space alternate
-            // every few bytes and a mispredicted branch would cost more than all of this.
-            let solid = !is_blank(byte);
-            lines.started |= solid;
-            lines.end_pos = if solid { pos } else { lines.end_pos };
-            lines.end_hash = if solid { hash } else { lines.end_hash };
-            // Count characters, not UTF-8 continuation bytes.
-            lines.chars += u64::from(solid & (byte & 0xC0 != 0x80));
-            chant.last_non_space = if solid { pos } else { chant.last_non_space };
-            // The head has one spare byte at the end that absorbs writes once it is full.
-            lines.head[lines.head_len.min(HEAD_BYTES)] = byte;
-            lines.head_len += usize::from(lines.started & (lines.head_len < HEAD_BYTES));
-            chant.tail[pos as usize % TAIL_BYTES] = byte;
-            if pos >= chant.turn_start + chant.width {
-                found = chant.step(pos, hash, lines.in_fence);
+            if pos == expires {
+                (min_key, min_pos) = chant.window_min(pos);
+                expires = min_pos + WINNOW as u64;
+                found = chant.record(min_pos, pos, lines.in_fence);
                 if found.is_some() {
                     break;
                 }
             }
         }
-        self.pos = pos;
-        self.hash = hash;
+        *stored_pos = pos;
+        *stored_hash = hash;
+        chant.min_key = min_key;
+        chant.min_pos = min_pos;
+        if found.is_none() && last_solid != usize::MAX {
+            let end = start_pos + last_solid as u64 + 1;
+            lines.end_hash = if pos - end < (RING - 1) as u64 {
+                chant.ring[end as usize % RING]
+            } else {
+                // A long run of trailing blanks pushed it out of the ring: rehash.
+                segment[..=last_solid]
+                    .iter()
+                    .fold(start_hash, |h, &b| next_hash(h, b))
+            };
+        }
         found
     }
 }
 
-/// ASCII whitespace, `\n` included. `\r` is here so CRLF line ends and trailing blanks do not
-/// make otherwise identical lines differ. A bit test rather than a chain of comparisons.
+/// The winnowing order: the high half of the chunk hash (the best-mixed bits of a
+/// polynomial hash), which is plenty to order chunks and halves the memory touched.
 #[inline]
-fn is_blank(byte: u8) -> bool {
-    const MASK: u64 = 1 << b' ' | 1 << b'\t' | 1 << b'\n' | 1 << b'\r' | 1 << 0x0B | 1 << 0x0C;
-    (byte < 64) & ((MASK >> (byte & 63)) & 1 == 1)
+fn winnow_key(value: u64) -> u32 {
+    (value >> 32) as u32
 }
 
-/// `BASE^exp` by squaring: O(log exp), called once per line or chant anchor, never per byte.
+/// The byte at position `p`, recovered from two consecutive prefix hashes (both must still
+/// be in the ring): quoting needs the text, and keeping it a second time would cost a store
+/// per byte.
+fn byte_at(ring: &[u64; RING], p: u64) -> u8 {
+    let step =
+        ring[p as usize % RING].wrapping_sub(ring[(p - 1) as usize % RING].wrapping_mul(BASE));
+    (step - 0x100) as u8
+}
+
+/// One step of the prefix hash `P(i) = P(i-1) * BASE + (byte | 0x100)`. The `| 0x100` keeps
+/// NUL bytes from vanishing at the start of a substring, and the step can be undone exactly
+/// ([`byte_at`]).
+#[inline]
+fn next_hash(hash: u64, byte: u8) -> u64 {
+    hash.wrapping_mul(BASE)
+        .wrapping_add(u64::from(byte) | 0x100)
+}
+
+/// The first `\n`, eight bytes at a time (a zero-byte test on `word ^ 0x0a0a..`): most bytes
+/// are not newlines, and a byte-by-byte search would cost as much as the hashing.
+#[inline]
+fn find_newline(bytes: &[u8]) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    const NEWLINES: u64 = ONES * b'\n' as u64;
+    let mut chunks = bytes.chunks_exact(8);
+    let mut offset = 0;
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let word = u64::from_le_bytes(word) ^ NEWLINES;
+        let zero = word.wrapping_sub(ONES) & !word & HIGHS;
+        if zero != 0 {
+            return Some(offset + (zero.trailing_zeros() / 8) as usize);
+        }
+        offset += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|&b| b == b'\n')
+        .map(|i| offset + i)
+}
+
+/// ASCII space and control characters (tab, `\r`, `\n`, ...): invisible, so they never make a
+/// line count and trailing ones (a CRLF's `\r`) do not make otherwise identical lines differ.
+/// One comparison, which also makes the character count below cheap.
+#[inline]
+fn is_blank(byte: u8) -> bool {
+    byte <= b' '
+}
+
+/// Visible characters in `bytes`: bytes that are neither blank nor UTF-8 continuation bytes,
+/// counted eight at a time.
+fn count_chars(bytes: &[u8]) -> u64 {
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    const LOWS: u64 = 0x7F7F_7F7F_7F7F_7F7F;
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    let mut chunks = bytes.chunks_exact(8);
+    let mut total = 0;
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let x = u64::from_le_bytes(word);
+        // High bit of each byte: above 0x20 (non-ASCII bytes all are) ...
+        let visible = x | (((x & LOWS) + 0x5F5F_5F5F_5F5F_5F5F) & HIGHS);
+        // ... and not 10xxxxxx (bit 6 is moved onto bit 7 to test it).
+        let continuation = x & !(x << 1);
+        let counted = (visible & !continuation & HIGHS) >> 7;
+        total += counted.wrapping_mul(ONES) >> 56;
+    }
+    total
+        + chunks
+            .remainder()
+            .iter()
+            .map(|&b| u64::from(!is_blank(b) & (b & 0xC0 != 0x80)))
+            .sum::<u64>()
+}
+
+/// `BASE^k` for the lengths of most lines, built at compile time.
+const POWERS: [u64; 1024] = {
+    let mut table = [1u64; 1024];
+    let mut k = 1;
+    while k < 1024 {
+        table[k] = table[k - 1].wrapping_mul(BASE);
+        k += 1;
+    }
+    table
+};
+
+/// `BASE^exp`: a table lookup for short lengths, else by squaring (O(log exp)); called once
+/// per line or chant chain step, never per byte.
 fn base_pow(mut exp: u64) -> u64 {
+    if exp < POWERS.len() as u64 {
+        return POWERS[exp as usize];
+    }
     let mut result: u64 = 1;
     let mut factor = BASE;
     while exp > 0 {
@@ -493,16 +702,18 @@ struct Lines {
     counts: HashMap<u64, u32, BuildHasherDefault<PremixedHasher>>,
     in_fence: bool,
     /// The current line: its text is the bytes after `start_pos` up to `end_pos` (the last
-    /// non-space byte), and the prefix hashes at both ends give its hash without storing it.
+    /// non-blank byte), and the prefix hashes at both ends give its hash without storing it.
     start_pos: u64,
     start_hash: u64,
     end_pos: u64,
     end_hash: u64,
-    /// Non-whitespace characters so far.
+    /// Visible characters so far.
     chars: u64,
-    /// Whether a non-space byte has been seen (blank lines are never counted).
+    /// Whether a non-blank byte has been seen (blank lines are never counted).
     started: bool,
-    head: [u8; HEAD_BYTES + 1],
+    /// Position of the first non-blank byte.
+    first_pos: u64,
+    head: [u8; HEAD_BYTES],
     head_len: usize,
 }
 
@@ -533,15 +744,20 @@ impl Lines {
             end_hash: 0,
             chars: 0,
             started: false,
-            head: [0; HEAD_BYTES + 1],
+            first_pos: 0,
+            head: [0; HEAD_BYTES],
             head_len: 0,
         }
     }
 
     /// Ends the current line at `pos` (whose prefix hash is `hash`); the next line starts
-    /// after it.
-    fn finish(&mut self, pos: u64, hash: u64) -> Option<LoopVerdict> {
-        let found = if self.started { self.count() } else { None };
+    /// after it. `ring` holds the latest prefix hashes, to quote the line.
+    fn finish(&mut self, pos: u64, hash: u64, ring: &[u64; RING]) -> Option<LoopVerdict> {
+        let found = if self.started {
+            self.count(pos, ring)
+        } else {
+            None
+        };
         self.started = false;
         self.chars = 0;
         self.head_len = 0;
@@ -550,15 +766,45 @@ impl Lines {
         found
     }
 
+    /// Takes in a piece of the current line (no newline) that starts after position
+    /// `start`; returns the index of its last non-blank byte, or `usize::MAX`.
+    fn note(&mut self, content: &[u8], start: u64) -> usize {
+        let Some(last) = content.iter().rposition(|&b| !is_blank(b)) else {
+            if self.started {
+                self.keep_head(content);
+            }
+            return usize::MAX;
+        };
+        let from = if self.started {
+            0
+        } else {
+            let from = content.iter().position(|&b| !is_blank(b)).unwrap_or(0);
+            self.first_pos = start + from as u64 + 1;
+            from
+        };
+        self.started = true;
+        self.keep_head(&content[from..]);
+        self.chars += count_chars(&content[from..=last]);
+        self.end_pos = start + last as u64 + 1;
+        last
+    }
+
+    fn keep_head(&mut self, bytes: &[u8]) {
+        for &b in bytes.iter().take(HEAD_BYTES - self.head_len) {
+            self.head[self.head_len] = b;
+            self.head_len += 1;
+        }
+    }
+
     fn reset_turn(&mut self) {
         self.recent.clear();
         self.counts.clear();
         self.in_fence = false;
     }
 
-    fn count(&mut self) -> Option<LoopVerdict> {
+    fn count(&mut self, pos: u64, ring: &[u64; RING]) -> Option<LoopVerdict> {
         let head = &self.head[..self.head_len];
-        if head.starts_with(b"```") {
+        if head == b"```" {
             self.in_fence = !self.in_fence;
             return None;
         }
@@ -603,48 +849,42 @@ impl Lines {
         if (n as usize) < threshold {
             return None;
         }
+        // The line is quoted from the ring of recent prefix hashes; of a line too long for
+        // it, only the end is left, which repeats just as well.
+        let oldest = (pos + 2).saturating_sub(RING as u64);
+        let from = self.first_pos.max(oldest);
+        let text: Vec<u8> = (from..=self.end_pos).map(|p| byte_at(ring, p)).collect();
+        let cut = if from > self.first_pos { "…" } else { "" };
         Some(LoopVerdict {
             kind: LoopKind::RepeatedLine,
-            detail: format!(
-                "line repeated {n} times{place}: {}",
-                quote(&self.head[..self.head_len])
-            ),
+            detail: format!("line repeated {n} times{place}: {cut}{}", quote(&text)),
         })
     }
-}
-
-/// A chunk position: remembered for the last `2 * WINNOW` positions so the one the winnowing
-/// picks can be looked at.
-#[derive(Clone, Copy, Default)]
-struct Window {
-    /// Hash of the `width` bytes ending here.
-    value: u64,
-    /// Prefix hash here, to hash the text between two occurrences later.
-    hash: u64,
-    /// The last non-whitespace byte and the last newline at or before here.
-    non_space: u64,
-    newline: u64,
 }
 
 /// The last occurrence of one anchored chunk and the chain of identical repeats ending there.
 #[derive(Clone, Copy, Default)]
 struct Slot {
+    /// Chunk hash.
     key: u64,
+    /// Position and prefix hash of the last counted occurrence.
     pos: u64,
     hash: u64,
-    /// Distance and text hash between the last two counted occurrences.
-    gap: u64,
+    /// Text hash and distance between the last two counted occurrences.
     segment: u64,
+    gap: u32,
     count: u32,
 }
 
 /// Text repeated back to back, inside a line or across lines ("chanting").
 ///
-/// A `width`-byte chunk is hashed at every byte with the rolling prefix hash, but only chunks
-/// at content-defined anchors are looked up, so the table is touched every ~8 bytes rather
-/// than every byte. Anchors are chosen by winnowing (the smallest chunk hash in the last
-/// [`WINNOW`] positions), which depends only on the text, so a repeated text yields the same
-/// anchors in every repetition, and which never leaves a gap longer than [`WINNOW`].
+/// After gemini-cli's loop detection (a 50-character chunk seen 10 times close together),
+/// made incremental. A `width`-byte chunk is hashed at every byte with the rolling prefix
+/// hash, but only chunks at content-defined anchors are looked up, so the table is touched
+/// every ~`WINNOW / 2` bytes rather than every byte. Anchors are chosen by winnowing (the
+/// smallest chunk hash in the last [`WINNOW`] positions), which depends only on the text, so
+/// a repeated text yields the same anchors in every repetition, and which never leaves a gap
+/// longer than [`WINNOW`].
 ///
 /// An occurrence only counts when it does not overlap the previous counted one and the text
 /// between them is identical to the text between the two before (same distance, same hash).
@@ -656,9 +896,11 @@ struct Chant {
     width: u64,
     /// `BASE^width`, to drop the byte leaving the window.
     base_pow_width: u64,
-    /// Prefix hashes of the last positions (power-of-two ring longer than `width`).
-    ring: Box<[u64]>,
-    ring_mask: usize,
+    /// Prefix hashes of the last `RING` positions (index: position mod `RING`).
+    ring: [u64; RING],
+    /// Positions of the last newlines (more than can follow an anchor still to be recorded).
+    newlines: [u64; NEWLINES],
+    newline_count: usize,
     repeats: usize,
     fence_multiplier: usize,
     multiline_multiplier: usize,
@@ -667,49 +909,43 @@ struct Chant {
     max_gap: u64,
     /// Windows must start at or after this position (the start of the turn).
     turn_start: u64,
-    last_non_space: u64,
-    last_newline: u64,
-    windows: [Window; 2 * WINNOW],
-    /// Winnowing by block minima: `block` holds the keys of the current aligned block of
-    /// `WINNOW` positions, `prefix` their running minimum, `suffix` the suffix minima of the
-    /// previous block. The minimum of the last `WINNOW` positions is then
-    /// `min(prefix, suffix[next])`: two branch-free `min`s per byte plus one pass per block,
-    /// where a monotonic queue mispredicts a branch on most bytes.
-    block: [u64; WINNOW],
-    suffix: [u64; WINNOW],
-    prefix: u64,
-    /// Key of the last anchor chosen, so each anchor is recorded once.
-    selected: u64,
-    tail: [u8; TAIL_BYTES],
+    /// Winnowing keys of the last `WINNOW` positions (`u32::MAX` before the turn's first
+    /// chunk), and the current minimum among them.
+    keys: [u32; WINNOW],
+    min_key: u32,
+    min_pos: u64,
     /// Allocated on the first anchor, so short replies and disabled detectors never pay.
     table: Vec<Slot>,
 }
+
+/// Bytes of the repeated text quoted in a chant verdict (at most).
+const QUOTE_BYTES: usize = 96;
+/// Prefix hashes kept (a power of two): an anchor is recorded up to `WINNOW` positions
+/// after it and then needs the prefix hashes of the `width` bytes before it (its chunk hash,
+/// the blank check) or of the `QUOTE_BYTES` before it (the quote).
+const RING: usize = (MAX_CHANT_WINDOW + QUOTE_BYTES + WINNOW + 2).next_power_of_two();
+const NEWLINES: usize = 2 * WINNOW;
 
 impl Chant {
     fn new(config: &LoopDetectionConfig) -> Self {
         let width = config
             .chant_window_chars
             .clamp(MIN_CHANT_WINDOW, MAX_CHANT_WINDOW);
-        let ring_len = (width + 1).next_power_of_two();
         let max_period = config.chant_max_period.clamp(1, MAX_CHANT_PERIOD);
         Self {
             width: width as u64,
             base_pow_width: base_pow(width as u64),
-            ring: vec![0; ring_len].into_boxed_slice(),
-            ring_mask: ring_len - 1,
+            ring: [0; RING],
+            newlines: [0; NEWLINES],
+            newline_count: 0,
             repeats: config.chant_repeats.max(2),
             fence_multiplier: config.fence_multiplier.max(1),
             multiline_multiplier: config.chant_multiline_multiplier.max(1),
             max_gap: (max_period + width) as u64,
             turn_start: 0,
-            last_non_space: 0,
-            last_newline: 0,
-            windows: [Window::default(); 2 * WINNOW],
-            block: [u64::MAX; WINNOW],
-            suffix: [u64::MAX; WINNOW],
-            prefix: u64::MAX,
-            selected: u64::MAX,
-            tail: [0; TAIL_BYTES],
+            keys: [u32::MAX; WINNOW],
+            min_key: u32::MAX,
+            min_pos: 0,
             table: Vec::new(),
         }
     }
@@ -718,94 +954,81 @@ impl Chant {
     /// table is not cleared: entries older than `turn_start` are simply treated as empty).
     fn reset_turn(&mut self, pos: u64) {
         self.turn_start = pos;
-        self.block = [u64::MAX; WINNOW];
-        self.suffix = [u64::MAX; WINNOW];
-        self.prefix = u64::MAX;
-        self.selected = u64::MAX;
+        self.keys = [u32::MAX; WINNOW];
+        self.min_key = u32::MAX;
+        self.min_pos = 0;
     }
 
-    /// One byte: hash the window ending here and run the winnowing.
-    #[inline]
-    fn step(&mut self, pos: u64, hash: u64, in_fence: bool) -> Option<LoopVerdict> {
-        let old = self.ring[(pos - self.width) as usize & self.ring_mask];
-        let value = hash.wrapping_sub(old.wrapping_mul(self.base_pow_width));
-        self.windows[pos as usize % (2 * WINNOW)] = Window {
-            value,
-            hash,
-            non_space: self.last_non_space,
-            newline: self.last_newline,
-        };
-        // Order by the high half of the chunk hash, ties to the older position (the low half
-        // of the key). Which of equal chunks wins does not matter as long as it is the same
-        // rule every time: in a repetition the anchor then advances by one period per period.
-        // The position wraps every 4 GiB, which can misplace a single anchor there.
-        let key = (value & 0xFFFF_FFFF_0000_0000) | (pos & 0xFFFF_FFFF);
-        let j = pos as usize % WINNOW;
-        self.block[j] = key;
-        self.prefix = if j == 0 { key } else { self.prefix.min(key) };
-        if j == WINNOW - 1 {
-            let mut m = u64::MAX;
-            for k in (0..WINNOW).rev() {
-                m = m.min(self.block[k]);
-                self.suffix[k] = m;
-            }
-        }
-        // For j < WINNOW - 1, suffix[j + 1] covers the previous block's part of the window;
-        // at a block end the window is the block itself and suffix[0] equals prefix.
-        let chosen = self.prefix.min(self.suffix[(j + 1) % WINNOW]);
-        if chosen == self.selected {
-            return None;
-        }
-        self.selected = chosen;
-        let anchor_pos = pos - u64::from((pos as u32).wrapping_sub(chosen as u32));
-        let window = self.windows[anchor_pos as usize % (2 * WINNOW)];
-        if anchor_pos - window.non_space >= self.width {
-            // Only whitespace: runs of blanks are left to the line rules.
-            return None;
-        }
-        self.record(anchor_pos, window, in_fence)
+    fn push_newline(&mut self, pos: u64) {
+        self.newlines[self.newline_count % NEWLINES] = pos;
+        self.newline_count += 1;
     }
 
+    /// Whether a newline lies in `(from, to]`; `to` is an anchor still in reach.
+    fn newline_between(&self, from: u64, to: u64) -> bool {
+        let kept = self.newline_count.min(NEWLINES);
+        (1..=kept)
+            .map(|back| self.newlines[(self.newline_count - back) % NEWLINES])
+            .find(|&nl| nl <= to)
+            .is_some_and(|nl| nl > from)
+    }
+
+    /// The smallest key among the `WINNOW` positions ending at `pos`, and its newest
+    /// position (searched back from the newest).
     #[inline(never)]
-    fn record(&mut self, anchor_pos: u64, anchor: Window, in_fence: bool) -> Option<LoopVerdict> {
+    fn window_min(&self, pos: u64) -> (u32, u64) {
+        let min = self.keys.iter().fold(u32::MAX, |m, &k| m.min(k));
+        let back = (0..WINNOW as u64)
+            .find(|&back| self.keys[(pos - back) as usize % WINNOW] == min)
+            .unwrap_or(0);
+        (min, pos - back)
+    }
+
+    /// A new anchor at `anchor_pos` (`now` is the current position): extend or restart the
+    /// chain of its chunk, and judge it.
+    #[inline(never)]
+    fn record(&mut self, anchor_pos: u64, now: u64, in_fence: bool) -> Option<LoopVerdict> {
+        debug_assert!(now - anchor_pos < WINNOW as u64);
+        let hash = self.ring[anchor_pos as usize % RING];
+        let before = self.ring[(anchor_pos - self.width) as usize % RING];
+        let value = hash.wrapping_sub(before.wrapping_mul(self.base_pow_width));
         if self.table.is_empty() {
             self.table = vec![Slot::default(); TABLE_SLOTS];
         }
-        let index = (mix(anchor.value) >> (64 - TABLE_BITS)) as usize;
+        let index = (mix(value) >> (64 - TABLE_BITS)) as usize;
         let floor = self.turn_start + self.width;
         let slot = &mut self.table[index];
-        if slot.key != anchor.value || slot.pos < floor || anchor_pos - slot.pos > self.max_gap {
+        if slot.key != value || slot.pos < floor || anchor_pos - slot.pos > self.max_gap {
             *slot = Slot {
-                key: anchor.value,
+                key: value,
                 pos: anchor_pos,
-                hash: anchor.hash,
-                gap: 0,
+                hash,
                 segment: 0,
+                gap: 0,
                 count: 1,
             };
             return None;
         }
+        // At most `max_gap`, which fits 32 bits.
         let gap = anchor_pos - slot.pos;
         if gap < self.width {
             // Overlaps the last counted occurrence: a short period; wait for a disjoint one.
             return None;
         }
-        let segment = anchor
-            .hash
-            .wrapping_sub(slot.hash.wrapping_mul(base_pow(gap)));
-        if slot.count >= 2 && slot.gap == gap && slot.segment == segment {
-            slot.count += 1;
+        let segment = hash.wrapping_sub(slot.hash.wrapping_mul(base_pow(gap)));
+        if slot.count >= 2 && u64::from(slot.gap) == gap && slot.segment == segment {
+            slot.count = slot.count.saturating_add(1);
         } else {
             slot.count = 2;
-            slot.gap = gap;
+            slot.gap = gap as u32;
             slot.segment = segment;
         }
         slot.pos = anchor_pos;
-        slot.hash = anchor.hash;
+        slot.hash = hash;
         let count = slot.count;
         // Multipliers do not compound: a fenced loop of short lines is held to the higher of
         // the two bars, not their product.
-        let multiline = anchor.newline > anchor_pos - gap;
+        let multiline = self.newline_between(anchor_pos - gap, anchor_pos);
         let fence = if in_fence { self.fence_multiplier } else { 1 };
         let multiline = if multiline {
             self.multiline_multiplier
@@ -816,11 +1039,18 @@ impl Chant {
         if (count as usize) < threshold {
             return None;
         }
+        // Runs of blanks are left to the line rules. Checked only here, at the rare moment a
+        // chain is long enough, rather than for every anchor.
+        let blank =
+            (anchor_pos - self.width + 1..=anchor_pos).all(|p| is_blank(byte_at(&self.ring, p)));
+        if blank {
+            return None;
+        }
         // The anchor is at most WINNOW bytes behind the current byte, so the repeated text
-        // before it is still in `tail`.
-        let n = gap.min((TAIL_BYTES - WINNOW) as u64);
+        // before it is still in the ring.
+        let n = gap.min(QUOTE_BYTES as u64);
         let quoted: Vec<u8> = (anchor_pos - n + 1..=anchor_pos)
-            .map(|p| self.tail[p as usize % TAIL_BYTES])
+            .map(|p| byte_at(&self.ring, p))
             .collect();
         let span = u64::from(count - 1) * gap + self.width;
         let place = if in_fence { " in a code block" } else { "" };
@@ -1325,8 +1555,8 @@ mod tests {
         d.lines.recent.capacity() * 8
             + d.lines.counts.capacity() * 12
             + d.lines.tiers.capacity() * 16
-            + d.chant.ring.len() * 8
             + d.chant.table.capacity() * std::mem::size_of::<Slot>()
+            + d.pending.capacity()
             + std::mem::size_of::<LoopDetector>()
     }
 
@@ -1336,8 +1566,11 @@ mod tests {
         assert!(d.lines.recent.capacity() <= 2 * config.line_window + 8);
         assert!(d.lines.counts.capacity() <= 4 * config.line_window + 8);
         assert!(d.chant.table.len() <= TABLE_SLOTS);
-        assert!(d.chant.ring.len() <= 2 * config.chant_window_chars + 2);
+        assert!(d.chant.newline_count <= d.pos as usize);
         assert!(d.lines.head_len <= HEAD_BYTES);
+        assert!(d.pending.len() < PENDING_BYTES);
+        assert!(d.pending.capacity() <= PENDING_BYTES);
+        assert!(std::mem::size_of::<LoopDetector>() < 8 * 1024);
         assert!(footprint(d) < 128 * 1024, "footprint {}", footprint(d));
     }
 
@@ -1404,7 +1637,7 @@ mod tests {
 
     #[test]
     fn line_thresholds_by_length() {
-        // 8..24 non-space chars: 12 repeats.
+        // 8..24 visible chars: 12 repeats.
         let short = "Checking again.\n";
         assert_eq!(run_whole(&short.repeat(11)).0, None);
         assert!(run_whole(&short.repeat(12)).0.is_some());
@@ -1527,6 +1760,67 @@ mod tests {
         for _ in 0..10 {
             assert_eq!(d.push_text(&"round and round we go, ".repeat(10)), None);
             assert_eq!(d.end_turn(), None);
+        }
+    }
+
+    #[test]
+    fn a_line_loop_is_reported_with_the_delta_that_ends_the_line() {
+        let stream = &vectors().cases[0].stream;
+        let mut d = LoopDetector::new(&LoopDetectionConfig::default());
+        let mut fed = 0;
+        for piece in chars_of(stream) {
+            fed += piece.len();
+            if let Some(verdict) = d.push_text(piece) {
+                assert_eq!(verdict.kind, LoopKind::RepeatedLine);
+                assert_eq!(fed, stream.len(), "reported at the newline of the 8th line");
+                assert_eq!(d.fired_at(), Some(stream.len() as u64));
+                return;
+            }
+        }
+        panic!("never fired");
+    }
+
+    #[test]
+    fn a_chant_is_reported_soon_after_the_byte_that_completes_it() {
+        let stream = &vectors().cases[4].stream;
+        let mut d = LoopDetector::new(&LoopDetectionConfig::default());
+        let mut fed = 0u64;
+        for piece in chars_of(stream) {
+            fed += piece.len() as u64;
+            if let Some(verdict) = d.push_text(piece) {
+                assert_eq!(verdict.kind, LoopKind::Chanting);
+                let at = d.fired_at().unwrap();
+                assert!(at <= fed && fed <= at + PENDING_BYTES as u64, "{at} {fed}");
+                assert!(
+                    verdict.detail.contains("and then we go around again,"),
+                    "{}",
+                    verdict.detail
+                );
+                return;
+            }
+        }
+        panic!("never fired");
+    }
+
+    proptest! {
+        #[test]
+        fn char_count_matches_the_plain_definition(bytes in prop::collection::vec(any::<u8>(), 0..100)) {
+            let plain = bytes.iter().filter(|&&b| b > b' ' && b & 0xC0 != 0x80).count() as u64;
+            prop_assert_eq!(count_chars(&bytes), plain);
+        }
+
+        #[test]
+        fn bytes_are_recovered_from_the_prefix_hashes(text in "[a-z \n\u{e9}\u{6570}]{0,400}") {
+            let mut d = LoopDetector::new(&LoopDetectionConfig::default());
+            prop_assert_eq!(d.push_text(&text), None);
+            prop_assert_eq!(d.end_turn(), None);
+            let bytes = text.as_bytes();
+            prop_assert_eq!(d.pos, bytes.len() as u64);
+            // The ring holds the last RING - 1 bytes.
+            let kept = bytes.len().saturating_sub(RING - 1);
+            for (i, &b) in bytes.iter().enumerate().skip(kept) {
+                prop_assert_eq!(byte_at(&d.chant.ring, (i + 1) as u64), b);
+            }
         }
     }
 

@@ -200,11 +200,16 @@ impl Engine {
         &self,
         request: GenerationRequest,
         context: RequestContext,
-        sink: EventSink,
+        events: EventEmitter,
         cancel: CancellationToken,
     ) -> Finished {
-        generation::Generation::new(self, request, context, sink, cancel)
+        generation::Generation::new(self, request, context, events, cancel)
             .run()
             .await
+    }
+
+    /// An emitter for a request's events, coalescing as configured.
+    pub fn emitter(&self, request_id: &str, sink: EventSink) -> EventEmitter {
+        EventEmitter::new(request_id.to_string(), sink, self.config.coalescing)
     }
 }

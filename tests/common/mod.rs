@@ -218,7 +218,7 @@ impl Harness {
     ) -> (GenerationResult, Vec<Event>) {
         let (tx, mut rx) = mpsc::channel(1024);
         let id = request.request_id.clone().unwrap_or_else(|| "req-1".into());
-        let context = RequestContext::new(id, "worker-1", "default");
+        let context = RequestContext::new(id.clone(), "worker-1", "default");
         let collector = tokio::spawn(async move {
             let mut events = Vec::new();
             while let Some(event) = rx.recv().await {
@@ -228,7 +228,8 @@ impl Harness {
         });
         let finished = tokio::time::timeout(
             Duration::from_secs(30),
-            self.engine.run(request, context, Some(tx), cancel),
+            self.engine
+                .run(request, context, self.engine.emitter(&id, Some(tx)), cancel),
         )
         .await
         .expect("a generation ends well within 30 s");
