@@ -3,6 +3,7 @@
 //! See ARCHITECTURE.md for the bird's-eye view. Layers, each knowing only the one below:
 //! `cli` → `bus` → `actors` → `engine` → (`llm`, `tools`); `protocol` is shared by all.
 
+pub mod actors;
 pub mod cli;
 pub mod engine;
 pub mod llm;

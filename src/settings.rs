@@ -42,6 +42,9 @@ pub struct WorkerSettings {
     pub id: String,
     pub pool: String,
     pub slots: u32,
+    pub drain_timeout_ms: u64,
+    pub cancel_wait_ms: u64,
+    pub max_retained_results: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
