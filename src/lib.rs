@@ -4,6 +4,7 @@
 //! `cli` → `bus` → `actors` → `engine` → (`llm`, `tools`); `protocol` is shared by all.
 
 pub mod actors;
+pub mod bus;
 pub mod cli;
 pub mod engine;
 pub mod llm;

@@ -2,11 +2,10 @@ use clap::Parser;
 
 use genfleet::cli::Cli;
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    genfleet::telemetry::init(cli.log_format);
-    match cli.run().await {
+    genfleet::telemetry::init(cli.log_format, cli.default_log_level());
+    match cli.run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             // One line: the error and its causes.

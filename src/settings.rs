@@ -21,6 +21,8 @@ pub const CONFIG_ENV: &str = "GENFLEET_CONFIG";
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     pub nats: NatsSettings,
+    pub subjects: SubjectSettings,
+    pub jetstream: JetStreamSettings,
     pub worker: WorkerSettings,
     pub llm: LlmSettings,
     pub generation: GenerationSettings,
@@ -29,11 +31,63 @@ pub struct Settings {
     pub loop_detection: LoopDetectionConfig,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NatsSettings {
     pub url: String,
     pub name: String,
+    pub token: String,
+    pub user: String,
+    pub password: String,
+    pub nkey_seed_file: String,
+    pub credentials_file: String,
+    pub tls_ca_file: String,
+    pub tls_cert_file: String,
+    pub tls_key_file: String,
+    pub tls_required: bool,
+    pub connect_timeout_ms: u64,
+    pub request_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubjectSettings {
+    pub gen_prefix: String,
+    pub signals_prefix: String,
+    pub tools_prefix: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JetStreamSettings {
+    pub signals_stream: String,
+    pub results_bucket: String,
+    pub replicas: usize,
+    pub results_ttl_ms: u64,
+    pub signals_max_age_ms: u64,
+    pub running_refresh_ms: u64,
+}
+
+/// Written by hand so secrets never reach a log line through `{:?}`.
+impl std::fmt::Debug for NatsSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secret = |s: &str| if s.is_empty() { "" } else { "<redacted>" };
+        f.debug_struct("NatsSettings")
+            .field("url", &self.url)
+            .field("name", &self.name)
+            .field("token", &secret(&self.token))
+            .field("user", &self.user)
+            .field("password", &secret(&self.password))
+            .field("nkey_seed_file", &self.nkey_seed_file)
+            .field("credentials_file", &self.credentials_file)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_cert_file", &self.tls_cert_file)
+            .field("tls_key_file", &self.tls_key_file)
+            .field("tls_required", &self.tls_required)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("request_timeout_ms", &self.request_timeout_ms)
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -211,6 +265,26 @@ impl Settings {
         if self.generation.default_tool_iterations > self.generation.max_tool_iterations {
             return fail(
                 "generation.default_tool_iterations is larger than generation.max_tool_iterations"
+                    .into(),
+            );
+        }
+        for (key, prefix) in [
+            ("subjects.gen_prefix", &self.subjects.gen_prefix),
+            ("subjects.signals_prefix", &self.subjects.signals_prefix),
+            ("subjects.tools_prefix", &self.subjects.tools_prefix),
+        ] {
+            let tokens_ok = prefix
+                .split('.')
+                .all(|t| !t.is_empty() && !t.contains(['*', '>', ' ', '\t']));
+            if !tokens_ok {
+                return fail(format!("{key} {prefix:?} is not a valid subject prefix"));
+            }
+        }
+        if self.jetstream.running_refresh_ms == 0
+            || self.jetstream.running_refresh_ms * 2 > self.jetstream.results_ttl_ms
+        {
+            return fail(
+                "jetstream.running_refresh_ms must be at least 1 and at most half of jetstream.results_ttl_ms"
                     .into(),
             );
         }

@@ -1,5 +1,5 @@
 //! Logging, set up once per process: human-readable or JSON lines, filtered by `RUST_LOG`
-//! (default `info`).
+//! (default `info` for services, `warn` for one-shot commands).
 
 use clap::ValueEnum;
 use tracing_subscriber::EnvFilter;
@@ -11,9 +11,11 @@ pub enum LogFormat {
     Json,
 }
 
-/// Installs the global subscriber. Logs go to stderr so stdout stays for command output.
-pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+/// Installs the global subscriber at `default_level` unless `RUST_LOG` says otherwise. Logs go
+/// to stderr so stdout stays for command output.
+pub fn init(format: LogFormat, default_level: &str) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

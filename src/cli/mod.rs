@@ -2,6 +2,8 @@
 //! dispatches, and turns an error into one line and a non-zero exit status.
 
 mod mock_llm;
+mod requests;
+mod worker;
 
 use std::path::PathBuf;
 
@@ -28,14 +30,48 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run one worker (the main job) until SIGTERM or Ctrl-C, then drain.
+    Worker(worker::WorkerArgs),
+    /// Start a generation request on a worker of a pool.
+    Submit(requests::SubmitArgs),
+    /// Show the state of a request.
+    Status(requests::IdArgs),
+    /// Read (and release) the result of a request.
+    Result(requests::ResultArgs),
+    /// Cancel a running request.
+    Cancel(requests::IdArgs),
     /// Serve a scripted OpenAI-compatible chat completions API (for tests, demos, benchmarks).
     MockLlm(mock_llm::MockLlmArgs),
 }
 
 impl Cli {
-    pub async fn run(self) -> anyhow::Result<()> {
+    /// The log level when RUST_LOG is unset: services narrate, one-shot commands stay quiet.
+    pub fn default_log_level(&self) -> &'static str {
         match self.command {
-            Command::MockLlm(args) => mock_llm::run(args).await,
+            Command::Worker(_) | Command::MockLlm(_) => "info",
+            _ => "warn",
+        }
+    }
+
+    /// Runs the command. The worker builds its own runtime (actix on a multi-threaded tokio);
+    /// every other command runs on a plain tokio runtime.
+    pub fn run(self) -> anyhow::Result<()> {
+        let settings = || crate::settings::Settings::load(self.config.as_deref());
+        match self.command {
+            Command::Worker(args) => worker::run(settings()?, args),
+            command => {
+                let runtime = tokio::runtime::Runtime::new()?;
+                runtime.block_on(async move {
+                    match command {
+                        Command::Submit(args) => requests::submit(settings()?, args).await,
+                        Command::Status(args) => requests::status(settings()?, args).await,
+                        Command::Result(args) => requests::result(settings()?, args).await,
+                        Command::Cancel(args) => requests::cancel(settings()?, args).await,
+                        Command::MockLlm(args) => mock_llm::run(args).await,
+                        Command::Worker(_) => unreachable!("handled above"),
+                    }
+                })
+            }
         }
     }
 }

@@ -2,6 +2,8 @@
 //! OpenAI-compatible client, scripted tools, and helpers to run a request and collect its events.
 #![allow(dead_code)]
 
+pub mod nats;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,0 +1,224 @@
+//! JetStream streams and key-value buckets: created on start when absent, never changed or
+//! deleted (a worker must not touch user data), with settings that work on nats-server 2.9.
+//!
+//! Buckets are created through their stream (`KV_<bucket>`) rather than `create_key_value`,
+//! whose account query fails to parse a 2.9 server's reply; `get_key_value` then opens them.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv, stream};
+use serde::{Deserialize, Serialize};
+
+use super::BusError;
+use crate::protocol::{GenerationResult, RequestState};
+use crate::settings::{JetStreamSettings, SubjectSettings};
+
+/// The streams and buckets a worker uses.
+#[derive(Clone)]
+pub struct Stores {
+    pub jetstream: jetstream::Context,
+    pub results: kv::Store,
+}
+
+impl Stores {
+    pub async fn ensure(
+        jetstream: jetstream::Context,
+        settings: &JetStreamSettings,
+        subjects: &SubjectSettings,
+    ) -> Result<Stores, BusError> {
+        let ttl = Duration::from_millis(settings.results_ttl_ms);
+        let results = ensure_bucket(
+            &jetstream,
+            &settings.results_bucket,
+            1,
+            ttl,
+            settings.replicas,
+        )
+        .await?;
+        ensure_stream(
+            &jetstream,
+            stream::Config {
+                name: settings.signals_stream.clone(),
+                description: Some("genfleet signals for managers".into()),
+                subjects: vec![format!("{}.>", subjects.signals_prefix)],
+                retention: stream::RetentionPolicy::Limits,
+                max_age: Duration::from_millis(settings.signals_max_age_ms),
+                num_replicas: settings.replicas,
+                ..Default::default()
+            },
+        )
+        .await?;
+        Ok(Stores { jetstream, results })
+    }
+}
+
+async fn ensure_stream(js: &jetstream::Context, config: stream::Config) -> Result<(), BusError> {
+    let name = config.name.clone();
+    if js.get_stream(&name).await.is_ok() {
+        return Ok(());
+    }
+    match js.create_stream(config).await {
+        Ok(_) => {
+            tracing::info!(message = "created stream", stream = %name);
+            Ok(())
+        }
+        // Another worker created it meanwhile.
+        Err(_) if js.get_stream(&name).await.is_ok() => Ok(()),
+        Err(error) => Err(BusError::Setup(format!(
+            "cannot create stream {name}: {error}"
+        ))),
+    }
+}
+
+/// Opens a bucket, creating its stream first when it does not exist.
+pub async fn ensure_bucket(
+    js: &jetstream::Context,
+    bucket: &str,
+    history: i64,
+    max_age: Duration,
+    replicas: usize,
+) -> Result<kv::Store, BusError> {
+    if let Ok(store) = js.get_key_value(bucket).await {
+        return Ok(store);
+    }
+    ensure_stream(
+        js,
+        stream::Config {
+            name: format!("KV_{bucket}"),
+            description: Some(format!("genfleet key-value bucket {bucket}")),
+            subjects: vec![format!("$KV.{bucket}.>")],
+            max_messages_per_subject: history,
+            max_age,
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
+            discard: stream::DiscardPolicy::New,
+            num_replicas: replicas,
+            ..Default::default()
+        },
+    )
+    .await?;
+    js.get_key_value(bucket)
+        .await
+        .map_err(|e| BusError::Setup(format!("cannot open bucket {bucket}: {e}")))
+}
+
+/// A request's live record (`req.<id>`): where it runs, refreshed while it runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LiveRecord {
+    pub request_id: String,
+    pub state: RequestState,
+    pub worker_id: String,
+    pub attempt: u32,
+    #[serde(default)]
+    pub durable: bool,
+}
+
+/// What `res.<id>` holds: the result until it is read, then a small tombstone that keeps
+/// redeliveries from running the request again until the bucket's TTL drops it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum StoredResult {
+    Released { released: bool, state: RequestState },
+    Result(Box<GenerationResult>),
+}
+
+pub fn live_key(request_id: &str) -> String {
+    format!("req.{request_id}")
+}
+
+pub fn result_key(request_id: &str) -> String {
+    format!("res.{request_id}")
+}
+
+/// How storing a result went.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Stored {
+    Stored,
+    /// Another runner of the same request stored first; its result stands.
+    AlreadyStored,
+}
+
+impl Stores {
+    /// Stores a terminal result create-if-absent: of two runners of one request, the first
+    /// result stored wins.
+    pub async fn store_result(&self, result: &GenerationResult) -> Result<Stored, BusError> {
+        let body = serde_json::to_vec(&StoredResult::Result(Box::new(result.clone())))
+            .expect("results serialize");
+        match self
+            .results
+            .create(result_key(&result.request_id), body.into())
+            .await
+        {
+            Ok(_) => {
+                let _ = self.results.purge(live_key(&result.request_id)).await;
+                Ok(Stored::Stored)
+            }
+            Err(error) if error.kind() == kv::CreateErrorKind::AlreadyExists => {
+                Ok(Stored::AlreadyStored)
+            }
+            Err(error) => Err(BusError::Store(format!("cannot store the result: {error}"))),
+        }
+    }
+
+    pub async fn put_live(&self, record: &LiveRecord) -> Result<(), BusError> {
+        let body = serde_json::to_vec(record).expect("records serialize");
+        self.results
+            .put(live_key(&record.request_id), body.into())
+            .await
+            .map(|_| ())
+            .map_err(|e| BusError::Store(format!("cannot write the request record: {e}")))
+    }
+
+    pub async fn live(&self, request_id: &str) -> Result<Option<LiveRecord>, BusError> {
+        let entry = self
+            .results
+            .get(live_key(request_id))
+            .await
+            .map_err(|e| BusError::Store(e.to_string()))?;
+        Ok(entry.and_then(|bytes| serde_json::from_slice(&bytes).ok()))
+    }
+
+    /// The stored result (or its tombstone) with its revision.
+    pub async fn stored(&self, request_id: &str) -> Result<Option<(StoredResult, u64)>, BusError> {
+        let entry = self
+            .results
+            .entry(result_key(request_id))
+            .await
+            .map_err(|e| BusError::Store(e.to_string()))?;
+        Ok(entry.and_then(|entry| {
+            if entry.operation != kv::Operation::Put {
+                return None;
+            }
+            serde_json::from_slice(&entry.value)
+                .ok()
+                .map(|v| (v, entry.revision))
+        }))
+    }
+
+    /// Replaces the result with its tombstone if it is still at `revision`; of concurrent
+    /// readers exactly one succeeds.
+    pub async fn release(
+        &self,
+        request_id: &str,
+        state: RequestState,
+        revision: u64,
+    ) -> Result<bool, BusError> {
+        let body = serde_json::to_vec(&StoredResult::Released {
+            released: true,
+            state,
+        })
+        .expect("tombstones serialize");
+        match self
+            .results
+            .update(result_key(request_id), body.into(), revision)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(false),
+            Err(error) => Err(BusError::Store(format!(
+                "cannot release the result: {error}"
+            ))),
+        }
+    }
+}

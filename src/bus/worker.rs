@@ -1,0 +1,693 @@
+//! `genfleet worker`: one worker on the bus. It subscribes to its pool's submit subject only
+//! while a slot is free, answers status, result and cancel for any request of the fleet from
+//! the shared stores, publishes events and signals, and drains on shutdown.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::Addr;
+use futures_util::StreamExt;
+use serde::Deserialize;
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
+
+use super::reply::{decode, respond};
+use super::store::{LiveRecord, Stored, StoredResult, Stores};
+use super::subjects::Subjects;
+use super::tools::BusToolRunner;
+use super::{BusError, connect};
+use crate::actors::{
+    Cancel, CancelReply, Capacity, Drain, Placement, Submit, Supervisor, SupervisorConfig,
+    SupervisorHandle,
+};
+use crate::engine::{DefaultBios, Engine, EngineConfig};
+use crate::llm::OpenAiBackend;
+use crate::protocol::{
+    ErrorCode, Event, EventBody, GenerationRequest, RequestState, Signal, WireError,
+};
+use crate::settings::Settings;
+use crate::tools::ToolCatalog;
+
+/// Requests handled at once per subscription; past it, messages wait in the client's bounded
+/// subscription buffer.
+const MAX_IN_FLIGHT: usize = 256;
+/// Events waiting to be published before generations wait for the publisher.
+const EVENT_BUFFER: usize = 4096;
+
+/// A running worker, started on its own thread with its own actix system (tests and embedding).
+pub struct WorkerHandle {
+    pub worker_id: String,
+    shutdown: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<(), BusError>>>,
+}
+
+impl WorkerHandle {
+    /// Starts a worker and waits until it serves (its stores exist and it listens).
+    pub fn spawn(settings: Settings) -> Result<WorkerHandle, BusError> {
+        let worker_id = settings.worker_id();
+        let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let id = worker_id.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("genfleet-worker-{id}"))
+            .spawn(move || {
+                actix::System::with_tokio_rt(|| {
+                    tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(2)
+                        .enable_all()
+                        .build()
+                        .expect("a tokio runtime")
+                })
+                .block_on(async move {
+                    let shutdown = async {
+                        let _ = shutdown_rx.await;
+                    };
+                    run(settings, id, shutdown, Some(ready_tx)).await
+                })
+            })
+            .map_err(|e| BusError::Setup(format!("cannot start the worker thread: {e}")))?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(WorkerHandle {
+                worker_id,
+                shutdown: Some(shutdown_tx),
+                thread: Some(thread),
+            }),
+            Ok(Err(error)) => Err(error),
+            // The thread ended without a word: report how.
+            Err(_) => match thread.join() {
+                Ok(Err(error)) => Err(error),
+                Ok(Ok(())) => Err(BusError::Setup(
+                    "the worker stopped before it was ready".into(),
+                )),
+                Err(_) => Err(BusError::Setup("the worker thread panicked".into())),
+            },
+        }
+    }
+
+    /// Drains and stops the worker, waiting for it.
+    pub fn stop(mut self) -> Result<(), BusError> {
+        self.stop_inner()
+    }
+
+    fn stop_inner(&mut self) -> Result<(), BusError> {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        match self.thread.take() {
+            Some(thread) => thread
+                .join()
+                .map_err(|_| BusError::Setup("the worker thread panicked".into()))?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for WorkerHandle {
+    fn drop(&mut self) {
+        let _ = self.stop_inner();
+    }
+}
+
+/// Shared by the worker's tasks.
+struct Shared {
+    settings: Settings,
+    worker_id: String,
+    client: async_nats::Client,
+    subjects: Subjects,
+    stores: Stores,
+    supervisor: Addr<Supervisor>,
+    /// Requests running here, for the refresh of their records.
+    running: Mutex<HashMap<String, LiveRecord>>,
+    in_flight: Arc<Semaphore>,
+}
+
+/// Runs a worker until `shutdown` resolves, then drains. Must run inside an actix system.
+pub async fn run(
+    settings: Settings,
+    worker_id: String,
+    shutdown: impl std::future::Future<Output = ()>,
+    ready: Option<std::sync::mpsc::Sender<Result<(), BusError>>>,
+) -> Result<(), BusError> {
+    let started = start(settings, worker_id).await;
+    let (shared, handle, tasks) = match started {
+        Ok(parts) => {
+            if let Some(ready) = &ready {
+                let _ = ready.send(Ok(()));
+            }
+            parts
+        }
+        Err(error) => {
+            if let Some(ready) = ready {
+                let _ = ready.send(Err(BusError::Setup(error.to_string())));
+            }
+            return Err(error);
+        }
+    };
+    shutdown.await;
+    tracing::info!(message = "draining", worker_id = %shared.worker_id);
+    let deadline = Duration::from_millis(shared.settings.worker.drain_timeout_ms);
+    let report = shared
+        .supervisor
+        .send(Drain { deadline })
+        .await
+        .map_err(|e| BusError::Setup(format!("the supervisor stopped: {e}")))?;
+    if !report.cancelled.is_empty() {
+        tracing::warn!(
+            message = "the drain deadline cancelled requests",
+            count = report.cancelled.len()
+        );
+    }
+    // Let the last results and events go out.
+    let mut capacity = handle.capacity.clone();
+    let _ = tokio::time::timeout(deadline, capacity.wait_for(|c| c.busy == 0)).await;
+    drop(handle);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for task in tasks {
+        task.abort();
+    }
+    // Bounded: with NATS gone there is nothing to flush to.
+    let _ = tokio::time::timeout(Duration::from_secs(2), shared.client.flush()).await;
+    tracing::info!(message = "stopped", worker_id = %shared.worker_id);
+    Ok(())
+}
+
+type Started = (
+    Arc<Shared>,
+    SupervisorHandle,
+    Vec<tokio::task::JoinHandle<()>>,
+);
+
+async fn start(settings: Settings, worker_id: String) -> Result<Started, BusError> {
+    let client = connect::connect(&settings.nats, connect::ConnectPurpose::Worker)
+        .await
+        .map_err(|e| BusError::Setup(e.to_string()))?;
+    let jetstream = async_nats::jetstream::new(client.clone());
+    let stores = Stores::ensure(jetstream, &settings.jetstream, &settings.subjects).await?;
+    let subjects = Subjects::new(&settings.subjects);
+    let backend = OpenAiBackend::new(&settings.llm).map_err(|e| BusError::Setup(e.to_string()))?;
+    let runner = BusToolRunner::new(client.clone(), subjects.clone());
+    let engine = Engine::new(
+        EngineConfig::from_settings(&settings),
+        Arc::new(backend),
+        Arc::new(runner),
+        Arc::new(DefaultBios),
+    );
+    engine.set_catalog(ToolCatalog::default());
+    let (events_tx, events_rx) = mpsc::channel(EVENT_BUFFER);
+    let handle = Supervisor::start(
+        SupervisorConfig::from_settings(&settings, worker_id.clone()),
+        Arc::new(engine),
+        Some(events_tx),
+    );
+    let shared = Arc::new(Shared {
+        worker_id: worker_id.clone(),
+        client: client.clone(),
+        subjects: subjects.clone(),
+        stores,
+        supervisor: handle.addr.clone(),
+        running: Mutex::new(HashMap::new()),
+        in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+        settings,
+    });
+    let mut tasks = Vec::new();
+    tasks.push(tokio::spawn(publish_events(shared.clone(), events_rx)));
+    tasks.push(tokio::spawn(serve_submits(
+        shared.clone(),
+        handle.capacity.clone(),
+    )));
+    for verb in ["status", "result", "cancel"] {
+        let subject = subjects.any(verb);
+        let sub = client
+            .queue_subscribe(subject.clone(), subjects.any_group().to_string())
+            .await
+            .map_err(|e| BusError::Setup(format!("cannot subscribe to {subject}: {e}")))?;
+        tasks.push(tokio::spawn(serve_any(shared.clone(), verb, sub)));
+    }
+    let own_cancel = client
+        .subscribe(subjects.worker_cancel(&worker_id))
+        .await
+        .map_err(|e| BusError::Setup(e.to_string()))?;
+    tasks.push(tokio::spawn(serve_own_cancels(shared.clone(), own_cancel)));
+    tasks.push(tokio::spawn(refresh_records(shared.clone())));
+    let service = start_service(&shared, handle.capacity.clone()).await?;
+    tasks.push(tokio::spawn(async move {
+        // The service lives as long as this task; it is stopped with the worker.
+        let _service = service;
+        std::future::pending::<()>().await;
+    }));
+    tracing::info!(
+        message = "worker ready",
+        worker_id = %worker_id,
+        pool = %shared.settings.worker.pool,
+        slots = shared.settings.worker.slots
+    );
+    Ok((shared, handle, tasks))
+}
+
+/// Registers with the NATS service API so `$SRV.PING/INFO/STATS` find this worker; the stats
+/// carry its slots.
+async fn start_service(
+    shared: &Arc<Shared>,
+    capacity: watch::Receiver<Capacity>,
+) -> Result<async_nats::service::Service, BusError> {
+    use async_nats::service::ServiceExt;
+    let metadata = HashMap::from([
+        ("pool".to_string(), shared.settings.worker.pool.clone()),
+        (
+            "slots".to_string(),
+            shared.settings.worker.slots.to_string(),
+        ),
+        ("worker_id".to_string(), shared.worker_id.clone()),
+    ]);
+    let service = shared
+        .client
+        .service_builder()
+        .description("genfleet generation worker")
+        .metadata(metadata)
+        .stats_handler(move |_endpoint, _stats| {
+            let c = *capacity.borrow();
+            serde_json::json!({"slots": c.total, "busy": c.busy, "free": c.free(), "draining": c.draining})
+        })
+        .start("genfleet", env!("CARGO_PKG_VERSION"))
+        .await
+        .map_err(|e| BusError::Setup(format!("cannot register the service: {e}")))?;
+    // One endpoint per worker, so STATS has a place for the slot data; it answers with the
+    // worker's capacity.
+    let mut endpoint = service
+        .endpoint_builder()
+        .name("capacity")
+        .queue_group(format!("genfleet-capacity-{}", shared.worker_id))
+        .add(format!(
+            "{}.worker.{}.capacity",
+            shared.settings.subjects.gen_prefix, shared.worker_id
+        ))
+        .await
+        .map_err(|e| BusError::Setup(format!("cannot add the service endpoint: {e}")))?;
+    let supervisor = shared.supervisor.clone();
+    tokio::spawn(async move {
+        while let Some(request) = endpoint.next().await {
+            let stats = supervisor.send(crate::actors::Stats).await;
+            let body = match stats {
+                Ok(stats) => serde_json::to_vec(&stats).unwrap_or_default(),
+                Err(_) => b"{}".to_vec(),
+            };
+            let _ = request.respond(Ok(body.into())).await;
+        }
+    });
+    Ok(service)
+}
+
+/// Subscribes to the pool's submit subject only while a slot is free. Leaving the queue group
+/// drains the subscription: every submit that reached this worker is answered.
+async fn serve_submits(shared: Arc<Shared>, mut capacity: watch::Receiver<Capacity>) {
+    let subject = shared.subjects.submit(&shared.settings.worker.pool);
+    let group = shared.subjects.submit_group(&shared.settings.worker.pool);
+    loop {
+        if capacity.wait_for(|c| c.free() > 0).await.is_err() {
+            return;
+        }
+        let mut sub = match shared
+            .client
+            .queue_subscribe(subject.clone(), group.clone())
+            .await
+        {
+            Ok(sub) => sub,
+            Err(error) => {
+                tracing::error!(message = "cannot subscribe to submits; retrying", %error);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        loop {
+            tokio::select! {
+                message = sub.next() => match message {
+                    Some(message) => spawn_handler(&shared, handle_submit(shared.clone(), message)).await,
+                    None => break,
+                },
+                changed = capacity.changed() => {
+                    if changed.is_err() || capacity.borrow().free() == 0 {
+                        let _ = sub.unsubscribe().await;
+                        while let Some(message) = sub.next().await {
+                            spawn_handler(&shared, handle_submit(shared.clone(), message)).await;
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs a handler as its own task, at most [`MAX_IN_FLIGHT`] at once per worker.
+async fn spawn_handler(
+    shared: &Arc<Shared>,
+    handler: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let Ok(permit) = shared.in_flight.clone().acquire_owned().await else {
+        return;
+    };
+    tokio::spawn(async move {
+        handler.await;
+        drop(permit);
+    });
+}
+
+async fn handle_submit(shared: Arc<Shared>, message: async_nats::Message) {
+    let reply = submit(&shared, &message).await;
+    respond(&shared.client, &message, reply).await;
+}
+
+async fn submit(
+    shared: &Shared,
+    message: &async_nats::Message,
+) -> Result<crate::actors::Accepted, WireError> {
+    let request: GenerationRequest = decode(message, shared.settings.limits.max_request_bytes)?;
+    let accepted = shared
+        .supervisor
+        .send(Submit {
+            request,
+            placement: Placement::default(),
+        })
+        .await
+        .map_err(|_| WireError::new(ErrorCode::Internal, "the worker is stopping"))??;
+    let record = LiveRecord {
+        request_id: accepted.request_id.clone(),
+        state: RequestState::Running,
+        worker_id: shared.worker_id.clone(),
+        attempt: 1,
+        durable: false,
+    };
+    if let Err(error) = shared.stores.put_live(&record).await {
+        tracing::warn!(message = "could not record a running request", %error, request_id = %record.request_id);
+    }
+    shared
+        .running
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(record.request_id.clone(), record);
+    Ok(accepted)
+}
+
+/// Publishes events in order; a `finished` event goes out only after its result is stored, and
+/// signals also go to their own subjects (captured by the signals stream).
+async fn publish_events(shared: Arc<Shared>, mut events: mpsc::Receiver<Event>) {
+    while let Some(event) = events.recv().await {
+        match &event.body {
+            EventBody::Finished { result } => {
+                store_result(&shared, result).await;
+                shared
+                    .running
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&result.request_id);
+            }
+            EventBody::Signal { signal } => publish_signal(&shared, signal).await,
+            _ => {}
+        }
+        let subject = shared.subjects.events(&event.request_id);
+        let body = serde_json::to_vec(&event).expect("events serialize");
+        if let Err(error) = shared.client.publish(subject, body.into()).await {
+            tracing::warn!(message = "could not publish an event", %error, request_id = %event.request_id);
+        }
+    }
+}
+
+async fn store_result(shared: &Shared, result: &crate::protocol::GenerationResult) {
+    let mut delay = Duration::from_millis(50);
+    for attempt in 1..=8 {
+        match shared.stores.store_result(result).await {
+            Ok(Stored::Stored) => return,
+            Ok(Stored::AlreadyStored) => {
+                tracing::warn!(message = "another runner stored this request's result first; this one is discarded", request_id = %result.request_id);
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(message = "storing a result failed; retrying", %error, attempt, request_id = %result.request_id);
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+    tracing::error!(message = "gave up storing a result", request_id = %result.request_id);
+}
+
+async fn publish_signal(shared: &Shared, signal: &Signal) {
+    let subject = shared.subjects.signal(signal.kind, &signal.code);
+    let body = serde_json::to_vec(signal).expect("signals serialize");
+    let jetstream = &shared.stores.jetstream;
+    let published = match jetstream.publish(subject, body.into()).await {
+        Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+        Err(error) => Err(error.to_string()),
+    };
+    if let Err(error) = published {
+        tracing::warn!(message = "a signal was not stored in its stream", %error, request_id = %signal.request_id);
+    }
+}
+
+/// Keeps the records of running requests alive within the bucket's TTL.
+async fn refresh_records(shared: Arc<Shared>) {
+    let every = Duration::from_millis(shared.settings.jetstream.running_refresh_ms);
+    loop {
+        tokio::time::sleep(every).await;
+        let records: Vec<LiveRecord> = shared
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for record in records {
+            let _ = shared.stores.put_live(&record).await;
+        }
+    }
+}
+
+async fn serve_any(shared: Arc<Shared>, verb: &'static str, mut sub: async_nats::Subscriber) {
+    while let Some(message) = sub.next().await {
+        let shared2 = shared.clone();
+        spawn_handler(&shared, async move {
+            let request_id = Subjects::request_id_of(&message.subject).to_string();
+            match verb {
+                "status" => {
+                    let reply = status(&shared2, &request_id).await;
+                    respond(&shared2.client, &message, reply).await;
+                }
+                "result" => {
+                    let reply = result(&shared2, &request_id, &message).await;
+                    respond(&shared2.client, &message, reply).await;
+                }
+                _ => {
+                    let reply = cancel(&shared2, &request_id).await;
+                    respond(&shared2.client, &message, reply).await;
+                }
+            }
+        })
+        .await;
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, Deserialize)]
+pub struct StatusReply {
+    pub request_id: String,
+    pub state: RequestState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+}
+
+fn store_error(error: BusError) -> WireError {
+    WireError::new(ErrorCode::Internal, error.to_string())
+}
+
+fn not_found(request_id: &str) -> WireError {
+    WireError::new(
+        ErrorCode::NotFound,
+        format!("request {request_id} is not known (or its result was already read)"),
+    )
+}
+
+async fn status(shared: &Shared, request_id: &str) -> Result<StatusReply, WireError> {
+    if !crate::protocol::ids::is_valid_request_id(request_id) {
+        return Err(WireError::invalid(
+            "the subject does not end in a valid request id",
+        ));
+    }
+    match shared
+        .stores
+        .stored(request_id)
+        .await
+        .map_err(store_error)?
+    {
+        Some((StoredResult::Result(result), _)) => {
+            return Ok(StatusReply {
+                request_id: request_id.into(),
+                state: result.state,
+                worker_id: Some(result.worker_id.clone()),
+                attempt: Some(result.attempt),
+            });
+        }
+        Some((StoredResult::Released { state, .. }, _)) => {
+            return Ok(StatusReply {
+                request_id: request_id.into(),
+                state,
+                worker_id: None,
+                attempt: None,
+            });
+        }
+        None => {}
+    }
+    match shared.stores.live(request_id).await.map_err(store_error)? {
+        Some(record) => Ok(StatusReply {
+            request_id: request_id.into(),
+            state: record.state,
+            worker_id: Some(record.worker_id),
+            attempt: Some(record.attempt),
+        }),
+        None => Err(not_found(request_id)),
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResultOptions {
+    #[serde(default = "yes")]
+    release: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+async fn result(
+    shared: &Shared,
+    request_id: &str,
+    message: &async_nats::Message,
+) -> Result<crate::protocol::GenerationResult, WireError> {
+    if !crate::protocol::ids::is_valid_request_id(request_id) {
+        return Err(WireError::invalid(
+            "the subject does not end in a valid request id",
+        ));
+    }
+    let options: ResultOptions = if message.payload.is_empty() {
+        ResultOptions { release: true }
+    } else {
+        decode(message, 4096)?
+    };
+    match shared
+        .stores
+        .stored(request_id)
+        .await
+        .map_err(store_error)?
+    {
+        Some((StoredResult::Result(result), revision)) => {
+            if !options.release {
+                return Ok(*result);
+            }
+            if shared
+                .stores
+                .release(request_id, result.state, revision)
+                .await
+                .map_err(store_error)?
+            {
+                Ok(*result)
+            } else {
+                Err(not_found(request_id))
+            }
+        }
+        Some((StoredResult::Released { .. }, _)) => Err(not_found(request_id)),
+        None => match shared.stores.live(request_id).await.map_err(store_error)? {
+            Some(record) => Err(WireError::new(
+                ErrorCode::NotReady,
+                format!("request {request_id} is {}", record.state.as_str()),
+            )
+            .with_detail(serde_json::json!({"state": record.state}))),
+            None => Err(not_found(request_id)),
+        },
+    }
+}
+
+async fn cancel(shared: &Shared, request_id: &str) -> Result<CancelReply, WireError> {
+    if !crate::protocol::ids::is_valid_request_id(request_id) {
+        return Err(WireError::invalid(
+            "the subject does not end in a valid request id",
+        ));
+    }
+    if let Some((stored, _)) = shared
+        .stores
+        .stored(request_id)
+        .await
+        .map_err(store_error)?
+    {
+        let state = match stored {
+            StoredResult::Result(result) => result.state,
+            StoredResult::Released { state, .. } => state,
+        };
+        return Err(WireError::new(
+            ErrorCode::AlreadyFinished,
+            format!("request {request_id} already ended"),
+        )
+        .with_detail(serde_json::json!({"state": state})));
+    }
+    let Some(record) = shared.stores.live(request_id).await.map_err(store_error)? else {
+        return Err(not_found(request_id));
+    };
+    if record.worker_id == shared.worker_id {
+        return cancel_here(shared, request_id).await;
+    }
+    // Another worker runs it: forward and relay its answer.
+    let wait =
+        Duration::from_millis(shared.settings.worker.cancel_wait_ms) + Duration::from_secs(2);
+    let subject = shared.subjects.worker_cancel(&record.worker_id);
+    let reply = tokio::time::timeout(
+        wait,
+        shared
+            .client
+            .request(subject, request_id.to_string().into()),
+    )
+    .await;
+    match reply {
+        Ok(Ok(message)) => {
+            if let Ok(reply) = serde_json::from_slice::<CancelReply>(&message.payload) {
+                return Ok(reply);
+            }
+            match serde_json::from_slice::<crate::protocol::ErrorReply>(&message.payload) {
+                Ok(error) => Err(error.into()),
+                Err(_) => Err(WireError::new(
+                    ErrorCode::Internal,
+                    "the running worker sent an unreadable answer",
+                )),
+            }
+        }
+        Ok(Err(error)) => Err(WireError::new(
+            ErrorCode::Internal,
+            format!("worker {} does not answer: {error}", record.worker_id),
+        )),
+        Err(_) => Err(WireError::new(
+            ErrorCode::Internal,
+            format!("worker {} did not answer in time", record.worker_id),
+        )),
+    }
+}
+
+async fn cancel_here(shared: &Shared, request_id: &str) -> Result<CancelReply, WireError> {
+    shared
+        .supervisor
+        .send(Cancel {
+            request_id: request_id.to_string(),
+        })
+        .await
+        .map_err(|_| WireError::new(ErrorCode::Internal, "the worker is stopping"))?
+}
+
+async fn serve_own_cancels(shared: Arc<Shared>, mut sub: async_nats::Subscriber) {
+    while let Some(message) = sub.next().await {
+        let shared2 = shared.clone();
+        spawn_handler(&shared, async move {
+            let request_id = String::from_utf8_lossy(&message.payload).to_string();
+            let reply = cancel_here(&shared2, &request_id).await;
+            respond(&shared2.client, &message, reply).await;
+        })
+        .await;
+    }
+}

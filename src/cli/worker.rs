@@ -1,0 +1,41 @@
+//! `genfleet worker`: the main job, one worker on the bus until SIGTERM or Ctrl-C, then a
+//! drain.
+
+use clap::Args;
+
+use crate::bus::worker;
+use crate::settings::Settings;
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {}
+
+pub fn run(settings: Settings, _args: WorkerArgs) -> anyhow::Result<()> {
+    let worker_id = settings.worker_id();
+    actix::System::with_tokio_rt(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime")
+    })
+    .block_on(async move {
+        worker::run(settings, worker_id, shutdown_signal(), None).await?;
+        Ok(())
+    })
+}
+
+/// SIGTERM (Kubernetes) or SIGINT (Ctrl-C).
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

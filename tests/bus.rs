@@ -1,0 +1,389 @@
+//! The worker on a real nats-server with the mock backend: the subjects of the wire contract
+//! that this worker serves, in both encodings.
+
+mod common;
+
+use std::time::Duration;
+
+use common::nats::NatsServer;
+use futures_util::StreamExt;
+use genfleet::bus::client::Client;
+use genfleet::bus::subjects::Subjects;
+use genfleet::bus::worker::WorkerHandle;
+use genfleet::llm::mock::{MockServer, Script};
+use genfleet::protocol::{Encoding, ErrorCode, EventBody, GenerationRequest, Reason, RequestState};
+use genfleet::settings::Settings;
+use serde_json::json;
+
+/// Fields drop in order: workers drain while NATS is still up, the server goes last.
+struct Fleet {
+    workers: Vec<WorkerHandle>,
+    client: Client,
+    mock: MockServer,
+    nats: NatsServer,
+}
+
+fn settings(nats: &NatsServer, mock: &MockServer, slots: u32) -> Settings {
+    let mut s = Settings::defaults();
+    s.nats.url = nats.url();
+    s.llm.base_url = mock.base_url();
+    s.worker.slots = slots;
+    s.worker.drain_timeout_ms = 2000;
+    s.generation.delta_coalesce_ms = 0;
+    s
+}
+
+async fn fleet(script: &str, workers: usize, slots: u32) -> Fleet {
+    fleet_with(script, workers, slots, |_| {}).await
+}
+
+async fn fleet_with(
+    script: &str,
+    workers: usize,
+    slots: u32,
+    tune: impl Fn(&mut Settings),
+) -> Fleet {
+    let nats = NatsServer::start().await;
+    let mock = MockServer::start(Script::from_toml_str(script).unwrap())
+        .await
+        .unwrap();
+    let mut handles = Vec::new();
+    for _ in 0..workers {
+        let mut s = settings(&nats, &mock, slots);
+        tune(&mut s);
+        handles.push(
+            tokio::task::spawn_blocking(move || WorkerHandle::spawn(s))
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let client = Client::connect(&settings(&nats, &mock, slots))
+        .await
+        .unwrap()
+        .with_timeout(Duration::from_secs(10));
+    Fleet {
+        workers: handles,
+        client,
+        mock,
+        nats,
+    }
+}
+
+fn req(id: &str, text: &str) -> GenerationRequest {
+    let mut r = GenerationRequest::user(text);
+    r.request_id = Some(id.into());
+    r
+}
+
+async fn wait_terminal(client: &Client, id: &str) -> genfleet::protocol::GenerationResult {
+    for _ in 0..500 {
+        match client.result(id, false).await {
+            Ok(result) => return result,
+            Err(e) if e.code() == Some(ErrorCode::NotReady) => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Err(e) => panic!("{id}: {e}"),
+        }
+    }
+    panic!("{id} never finished");
+}
+
+#[tokio::test]
+async fn submit_streams_events_and_stores_the_result_for_any_worker() {
+    let f = fleet("[[rules]]\nreply = \"Hello from the fleet.\"\n", 1, 2).await;
+    let mut events = Box::pin(f.client.follow("r1").await.unwrap());
+    let accepted = f.client.submit("default", &req("r1", "hi")).await.unwrap();
+    assert_eq!(
+        (accepted.request_id.as_str(), accepted.state),
+        ("r1", RequestState::Running)
+    );
+    assert_eq!(accepted.worker_id, f.workers[0].worker_id);
+    let mut seen = Vec::new();
+    while let Ok(Some(event)) = tokio::time::timeout(Duration::from_secs(10), events.next()).await {
+        let done = matches!(event.body, EventBody::Finished { .. });
+        seen.push(event);
+        if done {
+            break;
+        }
+    }
+    let names: Vec<&str> = seen.iter().map(|e| e.body.name()).collect();
+    assert_eq!(names.first(), Some(&"started"));
+    assert_eq!(names.last(), Some(&"finished"));
+    assert_eq!(
+        seen.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        (0..seen.len() as u64).collect::<Vec<_>>()
+    );
+    // `finished` goes out after the result is stored.
+    let status = f.client.status("r1").await.unwrap();
+    assert_eq!(status.state, RequestState::Completed);
+    let peek = f.client.result("r1", false).await.unwrap();
+    assert_eq!(peek.output, "Hello from the fleet.");
+    let read = f.client.result("r1", true).await.unwrap();
+    assert_eq!(read, peek);
+    assert_eq!(
+        f.client.result("r1", true).await.unwrap_err().code(),
+        Some(ErrorCode::NotFound)
+    );
+    // The tombstone keeps the state.
+    assert_eq!(
+        f.client.status("r1").await.unwrap().state,
+        RequestState::Completed
+    );
+    assert_eq!(
+        f.client.status("nope").await.unwrap_err().code(),
+        Some(ErrorCode::NotFound)
+    );
+}
+
+#[tokio::test]
+async fn messagepack_requests_get_messagepack_replies() {
+    let f = fleet("[[rules]]\nreply = \"packed\"\n", 1, 1).await;
+    let client = f.client.clone().with_encoding(Encoding::MsgPack);
+    let result = client
+        .run("default", req("m1", "x"), Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(result.output, "packed");
+    // A raw MessagePack request, checked byte for byte.
+    let body = rmp_serde::to_vec_named(
+        &json!({"messages": [{"role": "user", "content": "y"}], "request_id": "m2"}),
+    )
+    .unwrap();
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Content-Type", "application/msgpack");
+    let reply = f
+        .client
+        .nats()
+        .request_with_headers("gen.submit.default", headers, body.into())
+        .await
+        .unwrap();
+    assert_eq!(
+        reply
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Content-Type"))
+            .map(|v| v.as_str()),
+        Some("application/msgpack")
+    );
+    let accepted: serde_json::Value = rmp_serde::from_slice(&reply.payload).unwrap();
+    assert_eq!(accepted["request_id"], "m2");
+    wait_terminal(&f.client, "m2").await;
+}
+
+#[tokio::test]
+async fn bad_input_gets_clear_error_replies_and_the_worker_goes_on() {
+    let f = fleet_with("[[rules]]\nreply = \"fine\"\n", 1, 1, |s| {
+        s.limits.max_request_bytes = 4096
+    })
+    .await;
+    let nats = f.client.nats();
+    let cases: Vec<(bytes::Bytes, ErrorCode, &str)> = vec![
+        (
+            b"not json".to_vec().into(),
+            ErrorCode::InvalidRequest,
+            "JSON",
+        ),
+        (
+            br#"{"messages": [{"role": "user", "content": "x"}], "bogus": 1}"#
+                .to_vec()
+                .into(),
+            ErrorCode::InvalidRequest,
+            "bogus",
+        ),
+        (
+            br#"{"messages": []}"#.to_vec().into(),
+            ErrorCode::InvalidRequest,
+            "messages",
+        ),
+        (
+            br#"{"messages": [{"role": "user", "content": "x"}], "tools": ["nope"]}"#
+                .to_vec()
+                .into(),
+            ErrorCode::InvalidRequest,
+            "nope",
+        ),
+        (vec![b' '; 5000].into(), ErrorCode::PayloadTooLarge, "bytes"),
+    ];
+    for (body, code, needle) in cases {
+        let reply = nats.request("gen.submit.default", body).await.unwrap();
+        let error: genfleet::protocol::ErrorReply = serde_json::from_slice(&reply.payload).unwrap();
+        assert_eq!(error.error.code, code, "{}", error.error.message);
+        assert!(
+            error.error.message.contains(needle),
+            "{}",
+            error.error.message
+        );
+        let headers = reply.headers.unwrap();
+        assert!(headers.get("Nats-Service-Error-Code").is_some());
+    }
+    let reply = nats.request("gen.result.a.b", "".into()).await;
+    assert!(reply.is_err() || !reply.unwrap().payload.is_empty());
+    let result = f
+        .client
+        .run("default", req("after", "x"), Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(result.output, "fine");
+}
+
+#[tokio::test]
+async fn a_full_worker_leaves_the_queue_group_and_no_responders_means_no_slot() {
+    let f = fleet(
+        "[[rules]]\nreply = \"a b c d e f g h\"\ndelay_ms = 100\n",
+        1,
+        1,
+    )
+    .await;
+    f.client.submit("default", &req("busy", "x")).await.unwrap();
+    let err = f
+        .client
+        .submit("default", &req("second", "x"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::NoSlotAvailable), "{err}");
+    let done = wait_terminal(&f.client, "busy").await;
+    assert_eq!(done.reason, Reason::Stop);
+    // The slot is free again and the worker back in the group.
+    let mut accepted = None;
+    for _ in 0..50 {
+        if let Ok(a) = f.client.submit("default", &req("third", "x")).await {
+            accepted = Some(a);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(accepted.is_some());
+    wait_terminal(&f.client, "third").await;
+    assert_eq!(
+        f.client
+            .submit("other-pool", &req("x1", "x"))
+            .await
+            .unwrap_err()
+            .code(),
+        Some(ErrorCode::NoSlotAvailable)
+    );
+}
+
+#[tokio::test]
+async fn two_workers_share_a_pool_and_cancel_reaches_the_one_running_the_request() {
+    let f = fleet(
+        "[[rules]]\nreply = \"a b c d e f g h i j k l m n o p q r s t\"\ndelay_ms = 100\n",
+        2,
+        1,
+    )
+    .await;
+    f.client.submit("default", &req("c1", "x")).await.unwrap();
+    f.client.submit("default", &req("c2", "x")).await.unwrap();
+    let owners: Vec<String> = vec![
+        f.client.status("c1").await.unwrap().worker_id.unwrap(),
+        f.client.status("c2").await.unwrap().worker_id.unwrap(),
+    ];
+    assert_ne!(owners[0], owners[1], "one request per worker");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Whichever worker receives the cancel, the owner cancels.
+    for id in ["c1", "c2"] {
+        let reply = f.client.cancel(id).await.unwrap();
+        assert_eq!(reply.state, RequestState::Cancelled, "{id}");
+        let result = f.client.result(id, true).await.unwrap();
+        assert_eq!(result.reason, Reason::Cancelled);
+        assert!(
+            !result.output.is_empty() && result.output.len() < 40,
+            "partial: {:?}",
+            result.output
+        );
+    }
+    let err = f.client.cancel("c1").await.unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::AlreadyFinished));
+    assert_eq!(
+        f.client.cancel("ghost").await.unwrap_err().code(),
+        Some(ErrorCode::NotFound)
+    );
+    let status = f.client.status("c2").await.unwrap();
+    assert_eq!(status.state, RequestState::Cancelled);
+}
+
+#[tokio::test]
+async fn signals_are_published_and_captured_by_the_signals_stream() {
+    let script = r#"
+[[rules]]
+reply = "Need a call."
+tool_calls = [{ name = "request_decision", arguments = { question = "Which?", options = [{ id = "a", label = "A" }, { id = "b", label = "B" }] } }]
+"#;
+    let f = fleet(script, 1, 1).await;
+    let mut signals = f.client.nats().subscribe("signals.>").await.unwrap();
+    let result = f
+        .client
+        .run("default", req("s1", "x"), Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(result.reason, Reason::DecisionRequested);
+    let message = tokio::time::timeout(Duration::from_secs(5), signals.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        message.subject.as_str(),
+        "signals.decision_request.NEEDS_MANAGER_DECISION"
+    );
+    let signal: genfleet::protocol::Signal = serde_json::from_slice(&message.payload).unwrap();
+    assert_eq!(signal.request_id, "s1");
+    assert!(signal.decision.is_some());
+    let js = async_nats::jetstream::new(f.client.nats().clone());
+    let mut stream = js.get_stream("GENFLEET_SIGNALS").await.unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, 1);
+}
+
+#[tokio::test]
+async fn the_service_api_finds_every_worker_with_its_slots() {
+    let f = fleet("[[rules]]\nreply = \"x\"\n", 2, 3).await;
+    let nats = f.client.nats();
+    let inbox = nats.new_inbox();
+    let mut replies = nats.subscribe(inbox.clone()).await.unwrap();
+    nats.publish_with_reply("$SRV.INFO.genfleet", inbox, "".into())
+        .await
+        .unwrap();
+    let mut infos = Vec::new();
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(500), replies.next()).await {
+        infos.push(serde_json::from_slice::<serde_json::Value>(&m.payload).unwrap());
+    }
+    assert_eq!(infos.len(), 2, "{infos:?}");
+    assert!(
+        infos
+            .iter()
+            .all(|i| i["metadata"]["pool"] == "default" && i["metadata"]["slots"] == "3")
+    );
+    let stats = nats
+        .request(
+            format!("$SRV.STATS.genfleet.{}", infos[0]["id"].as_str().unwrap()),
+            "".into(),
+        )
+        .await
+        .unwrap();
+    let stats: serde_json::Value = serde_json::from_slice(&stats.payload).unwrap();
+    assert_eq!(stats["endpoints"][0]["data"]["slots"], 3);
+    assert_eq!(stats["endpoints"][0]["data"]["free"], 3);
+    let _ = &f.mock;
+    let _ = &f.nats;
+}
+
+#[tokio::test]
+async fn shutdown_drains_running_requests_and_another_worker_serves_the_result() {
+    let mut f = fleet("[[rules]]\nreply = \"a b c d e\"\ndelay_ms = 60\n", 2, 1).await;
+    f.client.submit("default", &req("d1", "x")).await.unwrap();
+    let owner = f.client.status("d1").await.unwrap().worker_id.unwrap();
+    let index = f.workers.iter().position(|w| w.worker_id == owner).unwrap();
+    let worker = f.workers.remove(index);
+    tokio::task::spawn_blocking(move || worker.stop())
+        .await
+        .unwrap()
+        .unwrap();
+    // The drain let the request finish; its result is in the shared store.
+    let result = f.client.result("d1", true).await.unwrap();
+    assert_eq!(
+        (result.reason, result.output.as_str()),
+        (Reason::Stop, "a b c d e")
+    );
+    assert_eq!(result.worker_id, owner);
+    let _ = Subjects::request_id_of("x");
+}
