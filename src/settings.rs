@@ -60,12 +60,16 @@ pub struct SubjectSettings {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JetStreamSettings {
+    pub queue_stream: String,
     pub signals_stream: String,
     pub results_bucket: String,
     pub replicas: usize,
     pub results_ttl_ms: u64,
     pub signals_max_age_ms: u64,
     pub running_refresh_ms: u64,
+    pub queue_duplicate_window_ms: u64,
+    pub queue_ack_wait_ms: u64,
+    pub queue_max_deliver: i64,
 }
 
 /// Written by hand so secrets never reach a log line through `{:?}`.
@@ -285,6 +289,12 @@ impl Settings {
         {
             return fail(
                 "jetstream.running_refresh_ms must be at least 1 and at most half of jetstream.results_ttl_ms"
+                    .into(),
+            );
+        }
+        if self.jetstream.queue_ack_wait_ms < 300 || self.jetstream.queue_max_deliver < 1 {
+            return fail(
+                "jetstream.queue_ack_wait_ms must be at least 300 and jetstream.queue_max_deliver at least 1"
                     .into(),
             );
         }

@@ -43,6 +43,14 @@ impl ClientError {
     }
 }
 
+/// A request the queue accepted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Queued {
+    pub request_id: String,
+    /// It was published before, within the duplicate window, and kept once.
+    pub duplicate: bool,
+}
+
 #[derive(Clone)]
 pub struct Client {
     nats: async_nats::Client,
@@ -140,6 +148,40 @@ impl Client {
                 other => return other,
             }
         }
+    }
+
+    /// Puts a request on the durable queue of `pool`; it runs when a worker of the pool has a
+    /// free slot, survives worker failures, and is kept once however often it is published
+    /// within the stream's duplicate window. A request id is generated when absent.
+    pub async fn enqueue(
+        &self,
+        pool: &str,
+        request: &GenerationRequest,
+    ) -> Result<Queued, ClientError> {
+        let mut request = request.clone();
+        let request_id = request
+            .request_id
+            .get_or_insert_with(crate::protocol::ids::new_id)
+            .clone();
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", request_id.as_str());
+        if self.encoding == Encoding::MsgPack {
+            headers.insert(CONTENT_TYPE_HEADER, self.encoding.content_type());
+        }
+        let body = self.encoding.encode(&request);
+        let jetstream = async_nats::jetstream::new(self.nats.clone());
+        let ack = jetstream
+            .publish_with_headers(self.subjects.queue(pool, &request_id), headers, body.into())
+            .await
+            .map_err(|e| ClientError::Transport(e.to_string()))?
+            .await
+            .map_err(|e| {
+                ClientError::Transport(format!("the queue did not take the request: {e}"))
+            })?;
+        Ok(Queued {
+            request_id,
+            duplicate: ack.duplicate,
+        })
     }
 
     /// The request's events as they are published (subscribe before submitting, with a request

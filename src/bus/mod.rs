@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod connect;
+pub mod queue;
 mod reply;
 pub mod store;
 pub mod subjects;

@@ -18,6 +18,7 @@ use crate::settings::{JetStreamSettings, SubjectSettings};
 pub struct Stores {
     pub jetstream: jetstream::Context,
     pub results: kv::Store,
+    pub queue: stream::Stream,
 }
 
 impl Stores {
@@ -48,7 +49,30 @@ impl Stores {
             },
         )
         .await?;
-        Ok(Stores { jetstream, results })
+        ensure_stream(
+            &jetstream,
+            stream::Config {
+                name: settings.queue_stream.clone(),
+                description: Some("genfleet durable requests".into()),
+                subjects: vec![format!("{}.queue.>", subjects.gen_prefix)],
+                retention: stream::RetentionPolicy::WorkQueue,
+                duplicate_window: Duration::from_millis(settings.queue_duplicate_window_ms),
+                num_replicas: settings.replicas,
+                ..Default::default()
+            },
+        )
+        .await?;
+        let queue = jetstream
+            .get_stream(&settings.queue_stream)
+            .await
+            .map_err(|e| {
+                BusError::Setup(format!("cannot open stream {}: {e}", settings.queue_stream))
+            })?;
+        Ok(Stores {
+            jetstream,
+            results,
+            queue,
+        })
     }
 }
 

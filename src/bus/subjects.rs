@@ -29,6 +29,21 @@ impl Subjects {
         format!("genfleet-submit-{pool}")
     }
 
+    /// `gen.queue.<pool>.<request_id>`: the durable queue.
+    pub fn queue(&self, pool: &str, request_id: &str) -> String {
+        format!("{}.queue.{pool}.{request_id}", self.gen_prefix)
+    }
+
+    /// Every pool's queue subject of one request (to find it while it waits).
+    pub fn queued(&self, request_id: &str) -> String {
+        format!("{}.queue.*.{request_id}", self.gen_prefix)
+    }
+
+    /// A pool's whole queue, the filter of its consumer.
+    pub fn pool_queue(&self, pool: &str) -> String {
+        format!("{}.queue.{pool}.>", self.gen_prefix)
+    }
+
     pub fn events(&self, request_id: &str) -> String {
         format!("{}.events.{request_id}", self.gen_prefix)
     }

@@ -2,7 +2,7 @@
 //! while a slot is free, answers status, result and cancel for any request of the fleet from
 //! the shared stores, publishes events and signals, and drains on shutdown.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use super::reply::{decode, respond};
 use super::store::{LiveRecord, Stored, StoredResult, Stores};
 use super::subjects::Subjects;
 use super::tools::BusToolRunner;
-use super::{BusError, connect};
+use super::{BusError, connect, queue};
 use crate::actors::{
     Cancel, CancelReply, Capacity, Drain, Placement, Submit, Supervisor, SupervisorConfig,
     SupervisorHandle,
@@ -23,7 +23,7 @@ use crate::actors::{
 use crate::engine::{DefaultBios, Engine, EngineConfig};
 use crate::llm::OpenAiBackend;
 use crate::protocol::{
-    ErrorCode, Event, EventBody, GenerationRequest, RequestState, Signal, WireError,
+    ErrorCode, Event, EventBody, GenerationRequest, Reason, RequestState, Signal, WireError,
 };
 use crate::settings::Settings;
 use crate::tools::ToolCatalog;
@@ -109,16 +109,40 @@ impl Drop for WorkerHandle {
 }
 
 /// Shared by the worker's tasks.
-struct Shared {
-    settings: Settings,
-    worker_id: String,
-    client: async_nats::Client,
-    subjects: Subjects,
-    stores: Stores,
-    supervisor: Addr<Supervisor>,
+pub(super) struct Shared {
+    pub(super) settings: Settings,
+    pub(super) worker_id: String,
+    pub(super) client: async_nats::Client,
+    pub(super) subjects: Subjects,
+    pub(super) stores: Stores,
+    pub(super) supervisor: Addr<Supervisor>,
+    pub(super) capacity: watch::Receiver<Capacity>,
     /// Requests running here, for the refresh of their records.
     running: Mutex<HashMap<String, LiveRecord>>,
+    /// The queue messages of durable requests running here, until their result is stored.
+    durable: Mutex<HashMap<String, async_nats::jetstream::Message>>,
+    /// Requests a caller cancelled (so a drain's cancellation, which hands a durable request
+    /// back, is told apart).
+    cancelled_by_callers: Mutex<HashSet<String>>,
     in_flight: Arc<Semaphore>,
+}
+
+impl Shared {
+    pub(super) fn lock_running(&self) -> std::sync::MutexGuard<'_, HashMap<String, LiveRecord>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn lock_durable(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, async_nats::jetstream::Message>> {
+        self.durable.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_cancelled(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.cancelled_by_callers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// Runs a worker until `shutdown` resolves, then drains. Must run inside an actix system.
@@ -205,7 +229,10 @@ async fn start(settings: Settings, worker_id: String) -> Result<Started, BusErro
         subjects: subjects.clone(),
         stores,
         supervisor: handle.addr.clone(),
+        capacity: handle.capacity.clone(),
         running: Mutex::new(HashMap::new()),
+        durable: Mutex::new(HashMap::new()),
+        cancelled_by_callers: Mutex::new(HashSet::new()),
         in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
         settings,
     });
@@ -215,6 +242,14 @@ async fn start(settings: Settings, worker_id: String) -> Result<Started, BusErro
         shared.clone(),
         handle.capacity.clone(),
     )));
+    let consumer = queue::pool_consumer(&shared).await?;
+    tasks.push(tokio::spawn(queue::serve_queue(
+        shared.clone(),
+        consumer,
+        handle.capacity.clone(),
+    )));
+    tasks.push(tokio::spawn(queue::keep_alive(shared.clone())));
+    queue::watch_exhausted(shared.clone()).await?;
     for verb in ["status", "result", "cancel"] {
         let subject = subjects.any(verb);
         let sub = client
@@ -381,9 +416,7 @@ async fn submit(
         tracing::warn!(message = "could not record a running request", %error, request_id = %record.request_id);
     }
     shared
-        .running
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+        .lock_running()
         .insert(record.request_id.clone(), record);
     Ok(accepted)
 }
@@ -394,12 +427,18 @@ async fn publish_events(shared: Arc<Shared>, mut events: mpsc::Receiver<Event>) 
     while let Some(event) = events.recv().await {
         match &event.body {
             EventBody::Finished { result } => {
+                let id = &result.request_id;
+                shared.lock_running().remove(id);
+                let by_caller = shared.lock_cancelled().remove(id);
+                let durable = shared.lock_durable().contains_key(id);
+                if durable && result.reason == Reason::Cancelled && !by_caller {
+                    // A drain cancelled it: hand it back for another worker, store nothing.
+                    queue::settle(&shared, id, true).await;
+                    tracing::info!(message = "handed a durable request back to the queue", request_id = %id);
+                    continue;
+                }
                 store_result(&shared, result).await;
-                shared
-                    .running
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&result.request_id);
+                queue::settle(&shared, id, false).await;
             }
             EventBody::Signal { signal } => publish_signal(&shared, signal).await,
             _ => {}
@@ -449,13 +488,7 @@ async fn refresh_records(shared: Arc<Shared>) {
     let every = Duration::from_millis(shared.settings.jetstream.running_refresh_ms);
     loop {
         tokio::time::sleep(every).await;
-        let records: Vec<LiveRecord> = shared
-            .running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let records: Vec<LiveRecord> = shared.lock_running().values().cloned().collect();
         for record in records {
             let _ = shared.stores.put_live(&record).await;
         }
@@ -537,12 +570,23 @@ async fn status(shared: &Shared, request_id: &str) -> Result<StatusReply, WireEr
         }
         None => {}
     }
-    match shared.stores.live(request_id).await.map_err(store_error)? {
-        Some(record) => Ok(StatusReply {
+    if let Some(record) = shared.stores.live(request_id).await.map_err(store_error)? {
+        return Ok(StatusReply {
             request_id: request_id.into(),
             state: record.state,
             worker_id: Some(record.worker_id),
             attempt: Some(record.attempt),
+        });
+    }
+    match queue::find_queued(shared, request_id)
+        .await
+        .map_err(store_error)?
+    {
+        Some(_) => Ok(StatusReply {
+            request_id: request_id.into(),
+            state: RequestState::Queued,
+            worker_id: None,
+            attempt: None,
         }),
         None => Err(not_found(request_id)),
     }
@@ -596,13 +640,13 @@ async fn result(
             }
         }
         Some((StoredResult::Released { .. }, _)) => Err(not_found(request_id)),
-        None => match shared.stores.live(request_id).await.map_err(store_error)? {
-            Some(record) => Err(WireError::new(
+        None => match status(shared, request_id).await {
+            Ok(status) => Err(WireError::new(
                 ErrorCode::NotReady,
-                format!("request {request_id} is {}", record.state.as_str()),
+                format!("request {request_id} is {}", status.state.as_str()),
             )
-            .with_detail(serde_json::json!({"state": record.state}))),
-            None => Err(not_found(request_id)),
+            .with_detail(serde_json::json!({"state": status.state}))),
+            Err(error) => Err(error),
         },
     }
 }
@@ -630,6 +674,18 @@ async fn cancel(shared: &Shared, request_id: &str) -> Result<CancelReply, WireEr
         .with_detail(serde_json::json!({"state": state})));
     }
     let Some(record) = shared.stores.live(request_id).await.map_err(store_error)? else {
+        if let Some(sequence) = queue::find_queued(shared, request_id)
+            .await
+            .map_err(store_error)?
+            && queue::cancel_queued(shared, request_id, sequence)
+                .await
+                .map_err(store_error)?
+        {
+            return Ok(CancelReply {
+                request_id: request_id.into(),
+                state: RequestState::Cancelled,
+            });
+        }
         return Err(not_found(request_id));
     };
     if record.worker_id == shared.worker_id {
@@ -671,6 +727,7 @@ async fn cancel(shared: &Shared, request_id: &str) -> Result<CancelReply, WireEr
 }
 
 async fn cancel_here(shared: &Shared, request_id: &str) -> Result<CancelReply, WireError> {
+    shared.lock_cancelled().insert(request_id.to_string());
     shared
         .supervisor
         .send(Cancel {

@@ -22,6 +22,10 @@ pub struct SubmitArgs {
     /// Pool to submit to (default: worker.pool).
     #[arg(long)]
     pub pool: Option<String>,
+    /// Put the request on the durable queue instead (it runs when a slot frees, survives worker
+    /// failures).
+    #[arg(long)]
+    pub durable: bool,
     /// Print the output as it streams, then wait for the result.
     #[arg(long)]
     pub follow: bool,
@@ -69,6 +73,15 @@ pub async fn submit(settings: Settings, args: SubmitArgs) -> anyhow::Result<()> 
         .clone()
         .unwrap_or_else(|| settings.worker.pool.clone());
     let client = Client::connect(&settings).await?;
+    if args.durable && !args.follow {
+        let queued = client.enqueue(&pool, &request).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&queued)?);
+        } else {
+            println!("{} QUEUED", queued.request_id);
+        }
+        return Ok(());
+    }
     if !args.follow {
         let accepted = client.submit(&pool, &request).await?;
         if args.json {
@@ -83,7 +96,11 @@ pub async fn submit(settings: Settings, args: SubmitArgs) -> anyhow::Result<()> 
         .get_or_insert_with(crate::protocol::ids::new_id)
         .clone();
     let mut events = Box::pin(client.follow(&request_id).await?);
-    client.submit(&pool, &request).await?;
+    if args.durable {
+        client.enqueue(&pool, &request).await?;
+    } else {
+        client.submit(&pool, &request).await?;
+    }
     let wait = Duration::from_secs(args.wait_secs);
     let finished = tokio::time::timeout(wait, async {
         let mut stdout = std::io::stdout();

@@ -1,0 +1,376 @@
+//! The durable queue: stream `GENFLEET_QUEUE` (work-queue retention), one durable pull
+//! consumer per pool. A worker pulls only as many messages as it has free slots, keeps long
+//! generations alive with in-progress acks, stores the result and then acks. A worker that dies
+//! leaves its message to be redelivered to another (`attempt` + 1); when deliveries run out, a
+//! worker stores FAILED `worker_lost` and removes the message.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_nats::jetstream::{self, AckKind, consumer};
+use futures_util::StreamExt;
+use tokio::sync::watch;
+
+use super::BusError;
+use super::reply::encoding_of;
+use super::store::LiveRecord;
+use super::subjects::Subjects;
+use super::worker::Shared;
+use crate::actors::{Capacity, Placement, Submit};
+use crate::protocol::ids::is_valid_request_id;
+use crate::protocol::{
+    ErrorCode, GenerationRequest, GenerationResult, Reason, RequestState, Timings, Usage,
+};
+
+/// The durable consumer of a pool.
+pub fn consumer_name(pool: &str) -> String {
+    format!("genfleet-{pool}")
+}
+
+pub(super) async fn pool_consumer(shared: &Shared) -> Result<consumer::PullConsumer, BusError> {
+    let pool = &shared.settings.worker.pool;
+    let js = &shared.settings.jetstream;
+    shared
+        .stores
+        .queue
+        .get_or_create_consumer(
+            &consumer_name(pool),
+            consumer::pull::Config {
+                durable_name: Some(consumer_name(pool)),
+                description: Some(format!("genfleet workers of pool {pool}")),
+                filter_subject: shared.subjects.pool_queue(pool),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: Duration::from_millis(js.queue_ack_wait_ms),
+                max_deliver: js.queue_max_deliver,
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| {
+            BusError::Setup(format!(
+                "cannot open the queue consumer of pool {pool}: {e}"
+            ))
+        })
+}
+
+/// Pulls as many messages as there are free slots, for as long as the worker runs.
+pub(super) async fn serve_queue(
+    shared: Arc<Shared>,
+    consumer: consumer::PullConsumer,
+    mut capacity: watch::Receiver<Capacity>,
+) {
+    loop {
+        if capacity.wait_for(|c| c.free() > 0).await.is_err() {
+            return;
+        }
+        let free = capacity.borrow().free() as usize;
+        let batch = consumer
+            .fetch()
+            .max_messages(free)
+            .expires(Duration::from_secs(1))
+            .messages()
+            .await;
+        let mut batch = match batch {
+            Ok(batch) => batch,
+            Err(error) => {
+                tracing::warn!(message = "pulling from the queue failed; retrying", %error);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        while let Some(message) = batch.next().await {
+            match message {
+                Ok(message) => handle(&shared, message).await,
+                Err(error) => tracing::debug!(message = "queue pull ended", %error),
+            }
+        }
+    }
+}
+
+async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
+    let Ok(info) = message.info() else {
+        tracing::warn!(message = "a queue message without JetStream metadata was ignored");
+        return;
+    };
+    let attempt = u32::try_from(info.delivered).unwrap_or(u32::MAX).max(1);
+    let queued_for = since(info.published.unix_timestamp_nanos());
+    let request_id = Subjects::request_id_of(&message.subject).to_string();
+    if !is_valid_request_id(&request_id) {
+        tracing::warn!(message = "a queue message with an invalid request id was removed", subject = %message.subject);
+        let _ = message.ack_with(AckKind::Term).await;
+        return;
+    }
+    // A request that already ended (or whose result was read) never runs again.
+    match shared.stores.stored(&request_id).await {
+        Ok(Some(_)) => {
+            let _ = message.ack().await;
+            return;
+        }
+        Ok(None) => {}
+        Err(error) => {
+            tracing::warn!(message = "cannot read the request's record; handing the message back", %error);
+            let _ = message
+                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                .await;
+            return;
+        }
+    }
+    let request: GenerationRequest = match encoding_of(&message.message).decode(&message.payload) {
+        Ok(request) => request,
+        Err(error) => return refuse(shared, message, &request_id, attempt, error.message).await,
+    };
+    if request.request_id.as_deref() != Some(request_id.as_str()) {
+        let detail = format!(
+            "the body's request_id ({}) must equal the subject's ({request_id})",
+            request.request_id.as_deref().unwrap_or("absent")
+        );
+        return refuse(shared, message, &request_id, attempt, detail).await;
+    }
+    let accepted_at = Instant::now()
+        .checked_sub(queued_for)
+        .unwrap_or_else(Instant::now);
+    let mut capacity = shared.capacity.clone();
+    loop {
+        let submitted = shared
+            .supervisor
+            .send(Submit {
+                request: request.clone(),
+                placement: Placement {
+                    attempt: Some(attempt),
+                    accepted_at: Some(accepted_at),
+                    durable: true,
+                    ..Placement::default()
+                },
+            })
+            .await;
+        match submitted {
+            Ok(Ok(_)) => break,
+            Ok(Err(error)) if error.code == ErrorCode::NoSlotAvailable => {
+                // An interactive submit took the slot meanwhile: wait for one (unless draining).
+                if capacity.borrow().draining {
+                    let _ = message.ack_with(AckKind::Nak(None)).await;
+                    return;
+                }
+                let _ = message.ack_with(AckKind::Progress).await;
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(1),
+                    capacity.wait_for(|c| c.free() > 0),
+                )
+                .await;
+            }
+            Ok(Err(error)) if error.code == ErrorCode::DuplicateRequestId => {
+                // Already running here (a redelivery after a missed keep-alive); the running copy acks.
+                return;
+            }
+            Ok(Err(error)) => {
+                return refuse(shared, message, &request_id, attempt, error.message).await;
+            }
+            Err(_) => {
+                let _ = message.ack_with(AckKind::Nak(None)).await;
+                return;
+            }
+        }
+    }
+    let record = LiveRecord {
+        request_id: request_id.clone(),
+        state: RequestState::Running,
+        worker_id: shared.worker_id.clone(),
+        attempt,
+        durable: true,
+    };
+    if let Err(error) = shared.stores.put_live(&record).await {
+        tracing::warn!(message = "could not record a running request", %error, request_id = %request_id);
+    }
+    shared.lock_running().insert(request_id.clone(), record);
+    shared.lock_durable().insert(request_id, message);
+}
+
+/// How long ago a JetStream timestamp (ns since the epoch) was.
+fn since(published_nanos: i128) -> Duration {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos() as i128;
+    Duration::from_nanos(u64::try_from(now - published_nanos).unwrap_or(0))
+}
+
+/// An undecodable or invalid durable request: FAILED `invalid_request` under the subject's id,
+/// and the message is terminated (it would fail the same way anywhere).
+async fn refuse(
+    shared: &Shared,
+    message: jetstream::Message,
+    request_id: &str,
+    attempt: u32,
+    detail: String,
+) {
+    tracing::warn!(message = "refused a durable request", request_id = %request_id, %detail);
+    let mut result = unrun_result(
+        request_id,
+        Reason::InvalidRequest,
+        detail,
+        &shared.worker_id,
+    );
+    result.attempt = attempt;
+    let _ = shared.stores.store_result(&result).await;
+    let _ = message.ack_with(AckKind::Term).await;
+}
+
+/// The result of a request that never ran (refused, cancelled while queued, deliveries
+/// exhausted).
+pub(super) fn unrun_result(
+    request_id: &str,
+    reason: Reason,
+    detail: String,
+    worker_id: &str,
+) -> GenerationResult {
+    GenerationResult {
+        request_id: request_id.to_string(),
+        root_request_id: request_id.to_string(),
+        parent_request_id: None,
+        job_name: None,
+        state: reason.state(),
+        reason,
+        detail: Some(detail),
+        output: String::new(),
+        reasoning: String::new(),
+        messages: Vec::new(),
+        signals: Vec::new(),
+        signals_dropped: 0,
+        tool_iterations_used: 0,
+        usage: Usage::default(),
+        worker_id: worker_id.to_string(),
+        attempt: 0,
+        chain_position: 1,
+        truncated: false,
+        metadata: Default::default(),
+        timings_ms: Timings::default(),
+    }
+}
+
+/// Keeps running durable requests' deliveries alive well inside the ack wait.
+pub(super) async fn keep_alive(shared: Arc<Shared>) {
+    let every = Duration::from_millis(shared.settings.jetstream.queue_ack_wait_ms / 3);
+    loop {
+        tokio::time::sleep(every).await;
+        let messages: Vec<jetstream::Message> = shared.lock_durable().values().cloned().collect();
+        for message in messages {
+            let _ = message.ack_with(AckKind::Progress).await;
+        }
+    }
+}
+
+/// Ends a durable message once its result is stored (or hands it back when a drain cancelled
+/// it).
+pub(super) async fn settle(shared: &Shared, request_id: &str, handed_back: bool) {
+    let message = shared.lock_durable().remove(request_id);
+    if let Some(message) = message {
+        let kind = if handed_back {
+            AckKind::Nak(None)
+        } else {
+            AckKind::Ack
+        };
+        if let Err(error) = message.double_ack_with(kind).await {
+            tracing::warn!(message = "could not settle a queue message", %error, request_id = %request_id);
+        }
+    }
+}
+
+/// Where a queued request waits: the stream sequence of its message.
+pub(super) async fn find_queued(
+    shared: &Shared,
+    request_id: &str,
+) -> Result<Option<u64>, BusError> {
+    let mut subjects = shared
+        .stores
+        .queue
+        .info_with_subjects(shared.subjects.queued(request_id))
+        .await
+        .map_err(|e| BusError::Store(format!("cannot look into the queue: {e}")))?;
+    let Some(Ok((subject, _))) = subjects.next().await else {
+        return Ok(None);
+    };
+    match shared
+        .stores
+        .queue
+        .get_last_raw_message_by_subject(&subject)
+        .await
+    {
+        Ok(message) => Ok(Some(message.sequence)),
+        Err(_) => Ok(None),
+    }
+}
+
+/// Cancels a request still waiting in the queue: the message is removed and never runs.
+pub(super) async fn cancel_queued(
+    shared: &Shared,
+    request_id: &str,
+    sequence: u64,
+) -> Result<bool, BusError> {
+    let removed = shared
+        .stores
+        .queue
+        .delete_message(sequence)
+        .await
+        .map_err(|e| BusError::Store(format!("cannot remove the queued request: {e}")))?;
+    if removed {
+        let result = unrun_result(
+            request_id,
+            Reason::Cancelled,
+            "cancelled while queued".into(),
+            &shared.worker_id,
+        );
+        shared.stores.store_result(&result).await?;
+    }
+    Ok(removed)
+}
+
+/// Listens for the consumer's max-deliveries advisories: the request is given up as FAILED
+/// `worker_lost` and its message removed.
+pub(super) async fn watch_exhausted(shared: Arc<Shared>) -> Result<(), BusError> {
+    let subject = format!(
+        "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.{}",
+        shared.settings.jetstream.queue_stream,
+        consumer_name(&shared.settings.worker.pool)
+    );
+    let mut sub = shared
+        .client
+        .queue_subscribe(subject, "genfleet-exhausted".into())
+        .await
+        .map_err(|e| BusError::Setup(e.to_string()))?;
+    tokio::spawn(async move {
+        while let Some(message) = sub.next().await {
+            let Ok(advisory) = serde_json::from_slice::<serde_json::Value>(&message.payload) else {
+                continue;
+            };
+            let Some(sequence) = advisory.get("stream_seq").and_then(|s| s.as_u64()) else {
+                continue;
+            };
+            let deliveries = advisory
+                .get("deliveries")
+                .and_then(|d| d.as_u64())
+                .unwrap_or(0);
+            let Ok(stored) = shared.stores.queue.get_raw_message(sequence).await else {
+                continue;
+            };
+            let request_id = Subjects::request_id_of(&stored.subject).to_string();
+            if is_valid_request_id(&request_id) {
+                let mut result = unrun_result(
+                    &request_id,
+                    Reason::WorkerLost,
+                    format!(
+                        "deliveries exhausted: {deliveries} workers took the request and none finished it"
+                    ),
+                    &shared.worker_id,
+                );
+                result.attempt = u32::try_from(deliveries).unwrap_or(u32::MAX);
+                if let Err(error) = shared.stores.store_result(&result).await {
+                    tracing::warn!(message = "could not store a worker_lost result", %error, request_id = %request_id);
+                    continue;
+                }
+                tracing::warn!(message = "a durable request ran out of deliveries", request_id = %request_id, deliveries);
+            }
+            let _ = shared.stores.queue.delete_message(sequence).await;
+        }
+    });
+    Ok(())
+}

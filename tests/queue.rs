@@ -1,0 +1,281 @@
+//! The durable queue on a real nats-server: runs when a slot frees, survives a worker killed
+//! mid-generation (attempt 2 on another worker), cancels while queued, refuses bad messages.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::nats::NatsServer;
+use genfleet::bus::client::Client;
+use genfleet::bus::worker::WorkerHandle;
+use genfleet::llm::mock::{MockServer, Script};
+use genfleet::protocol::{ErrorCode, GenerationRequest, Reason, RequestState};
+use genfleet::settings::Settings;
+
+fn settings(nats: &NatsServer, mock: &MockServer) -> Settings {
+    let mut s = Settings::defaults();
+    s.nats.url = nats.url();
+    s.llm.base_url = mock.base_url();
+    s.worker.slots = 1;
+    s.worker.drain_timeout_ms = 300;
+    s.jetstream.queue_ack_wait_ms = 1500;
+    s
+}
+
+async fn spawn_worker(s: Settings) -> WorkerHandle {
+    tokio::task::spawn_blocking(move || WorkerHandle::spawn(s))
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+fn req(id: &str) -> GenerationRequest {
+    let mut r = GenerationRequest::user("go");
+    r.request_id = Some(id.into());
+    r
+}
+
+async fn terminal(
+    client: &Client,
+    id: &str,
+    within: Duration,
+) -> genfleet::protocol::GenerationResult {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match client.result(id, false).await {
+            Ok(r) => return r,
+            Err(e)
+                if tokio::time::Instant::now() < deadline
+                    && matches!(
+                        e.code(),
+                        Some(ErrorCode::NotReady)
+                            | Some(ErrorCode::NotFound)
+                            | Some(ErrorCode::NoSlotAvailable)
+                    ) =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("{id}: {e}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn queued_requests_run_when_a_worker_is_there_and_duplicates_are_kept_once() {
+    let nats = NatsServer::start().await;
+    let mock =
+        MockServer::start(Script::from_toml_str("[[rules]]\nreply = \"durable done\"\n").unwrap())
+            .await
+            .unwrap();
+    let client = Client::new(
+        nats.client().await,
+        genfleet::bus::subjects::Subjects::new(&Settings::defaults().subjects),
+    );
+    // A first worker creates the stream; stop it so requests wait.
+    let first = spawn_worker(settings(&nats, &mock)).await;
+    tokio::task::spawn_blocking(move || first.stop())
+        .await
+        .unwrap()
+        .unwrap();
+    let queued = client.enqueue("default", &req("q1")).await.unwrap();
+    assert!(!queued.duplicate);
+    assert!(
+        client
+            .enqueue("default", &req("q1"))
+            .await
+            .unwrap()
+            .duplicate
+    );
+    client.enqueue("default", &req("q2")).await.unwrap();
+    client.enqueue("default", &req("q3")).await.unwrap();
+    // No worker: nobody answers status; start one and they all run, one slot at a time.
+    let worker = spawn_worker(settings(&nats, &mock)).await;
+    // Cancel q3 while it still waits (the worker has one slot; q1 and q2 go first).
+    let _ = client.cancel("q3").await;
+    for id in ["q1", "q2"] {
+        let r = terminal(&client, id, Duration::from_secs(10)).await;
+        assert_eq!(
+            (r.state, r.output.as_str(), r.attempt),
+            (RequestState::Completed, "durable done", 1),
+            "{id}"
+        );
+    }
+    let r3 = terminal(&client, "q3", Duration::from_secs(10)).await;
+    assert!(
+        matches!(r3.reason, Reason::Cancelled | Reason::Stop),
+        "{r3:?}"
+    );
+    let js = async_nats::jetstream::new(client.nats().clone());
+    let mut stream = js.get_stream("GENFLEET_QUEUE").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        stream.info().await.unwrap().state.messages,
+        0,
+        "every message acked or removed"
+    );
+    drop(worker);
+}
+
+#[tokio::test]
+async fn a_queued_request_shows_queued_and_cancelling_it_means_it_never_runs() {
+    let nats = NatsServer::start().await;
+    let mock = MockServer::start(
+        Script::from_toml_str("[[rules]]\nreply = \"a b c d e f g h i j\"\ndelay_ms = 200\n")
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let worker = spawn_worker(settings(&nats, &mock)).await;
+    let client = Client::connect(&settings(&nats, &mock)).await.unwrap();
+    client.enqueue("default", &req("long")).await.unwrap();
+    // The single slot is busy with `long`; `waiting` stays in the queue.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    client.enqueue("default", &req("waiting")).await.unwrap();
+    assert_eq!(
+        client.status("waiting").await.unwrap().state,
+        RequestState::Queued
+    );
+    let err = client.result("waiting", true).await.unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::NotReady));
+    let reply = client.cancel("waiting").await.unwrap();
+    assert_eq!(reply.state, RequestState::Cancelled);
+    let r = client.result("waiting", true).await.unwrap();
+    assert_eq!(
+        (r.reason, r.detail.as_deref()),
+        (Reason::Cancelled, Some("cancelled while queued"))
+    );
+    client.cancel("long").await.unwrap();
+    drop(worker);
+}
+
+#[tokio::test]
+async fn a_message_whose_id_does_not_match_its_subject_is_stored_as_invalid_request() {
+    let nats = NatsServer::start().await;
+    let mock = MockServer::start(Script::echo()).await.unwrap();
+    let worker = spawn_worker(settings(&nats, &mock)).await;
+    let client = Client::connect(&settings(&nats, &mock)).await.unwrap();
+    let js = async_nats::jetstream::new(client.nats().clone());
+    let body = serde_json::to_vec(&req("other")).unwrap();
+    js.publish("gen.queue.default.mismatch", body.into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    js.publish("gen.queue.default.garbled", "{not json".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    for id in ["mismatch", "garbled"] {
+        let r = terminal(&client, id, Duration::from_secs(10)).await;
+        assert_eq!(
+            (r.state, r.reason),
+            (RequestState::Failed, Reason::InvalidRequest),
+            "{id}"
+        );
+    }
+    drop(worker);
+}
+
+/// A worker as its own process, so the test can kill it with SIGKILL.
+struct WorkerProcess(Child);
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn worker_process(s: &Settings, id: &str) -> WorkerProcess {
+    let child = Command::new(env!("CARGO_BIN_EXE_genfleet"))
+        .arg("worker")
+        .env("GENFLEET__NATS__URL", &s.nats.url)
+        .env("GENFLEET__LLM__BASE_URL", &s.llm.base_url)
+        .env("GENFLEET__WORKER__SLOTS", "1")
+        .env("GENFLEET__WORKER__ID", id)
+        .env(
+            "GENFLEET__JETSTREAM__QUEUE_ACK_WAIT_MS",
+            s.jetstream.queue_ack_wait_ms.to_string(),
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("genfleet worker starts");
+    WorkerProcess(child)
+}
+
+#[tokio::test]
+async fn a_worker_killed_mid_generation_leaves_the_request_to_another_as_attempt_two() {
+    let nats = NatsServer::start().await;
+    let mock = MockServer::start(
+        Script::from_toml_str(
+            "[[rules]]\nreply = \"one two three four five six\"\ndelay_ms = 150\n",
+        )
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let s = settings(&nats, &mock);
+    let mut doomed = worker_process(&s, "doomed");
+    let client = Client::connect(&s).await.unwrap();
+    // Wait for the doomed worker to serve before enqueueing, so it takes the request.
+    for _ in 0..100 {
+        if client
+            .nats()
+            .request("$SRV.PING.genfleet", "".into())
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    client.enqueue("default", &req("survivor")).await.unwrap();
+    for _ in 0..100 {
+        if client.status("survivor").await.ok().map(|s| s.state) == Some(RequestState::Running) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    doomed.0.kill().unwrap();
+    doomed.0.wait().unwrap();
+    let _rescuer = spawn_worker(s.clone()).await;
+    let r = terminal(&client, "survivor", Duration::from_secs(20)).await;
+    assert_eq!((r.state, r.attempt), (RequestState::Completed, 2), "{r:?}");
+    assert_eq!(r.output, "one two three four five six");
+    assert_ne!(r.worker_id, "doomed");
+}
+
+#[tokio::test]
+async fn a_drain_hands_a_running_durable_request_back_to_another_worker() {
+    let nats = NatsServer::start().await;
+    let mock = MockServer::start(
+        Script::from_toml_str("[[rules]]\nreply = \"p q r s t u v w\"\ndelay_ms = 150\n").unwrap(),
+    )
+    .await
+    .unwrap();
+    let s = settings(&nats, &mock);
+    let leaving = spawn_worker(s.clone()).await;
+    let client = Client::connect(&s).await.unwrap();
+    client.enqueue("default", &req("handed")).await.unwrap();
+    for _ in 0..100 {
+        if client.status("handed").await.ok().map(|s| s.state) == Some(RequestState::Running) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let staying = spawn_worker(s.clone()).await;
+    // The drain deadline (300 ms) passes before the request ends: it is handed back.
+    tokio::task::spawn_blocking(move || leaving.stop())
+        .await
+        .unwrap()
+        .unwrap();
+    let r = terminal(&client, "handed", Duration::from_secs(20)).await;
+    assert_eq!(
+        (r.state, r.attempt, r.worker_id.as_str()),
+        (RequestState::Completed, 2, staying.worker_id.as_str()),
+        "{r:?}"
+    );
+}
