@@ -23,6 +23,7 @@ pub struct Settings {
     pub nats: NatsSettings,
     pub subjects: SubjectSettings,
     pub jetstream: JetStreamSettings,
+    pub decisions: DecisionSettings,
     pub worker: WorkerSettings,
     pub llm: LlmSettings,
     pub generation: GenerationSettings,
@@ -55,6 +56,15 @@ pub struct SubjectSettings {
     pub gen_prefix: String,
     pub signals_prefix: String,
     pub tools_prefix: String,
+    pub decisions_prefix: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionSettings {
+    pub bucket: String,
+    pub ttl_ms: u64,
+    pub max_chain: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -276,6 +286,7 @@ impl Settings {
             ("subjects.gen_prefix", &self.subjects.gen_prefix),
             ("subjects.signals_prefix", &self.subjects.signals_prefix),
             ("subjects.tools_prefix", &self.subjects.tools_prefix),
+            ("subjects.decisions_prefix", &self.subjects.decisions_prefix),
         ] {
             let tokens_ok = prefix
                 .split('.')

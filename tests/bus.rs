@@ -387,3 +387,137 @@ async fn shutdown_drains_running_requests_and_another_worker_serves_the_result()
     assert_eq!(result.worker_id, owner);
     let _ = Subjects::request_id_of("x");
 }
+
+const DECIDE: &str = r#"
+[[rules]]
+when_last_user_contains = "Decision chosen"
+reply = "Proceeding: {{last_user}}"
+[[rules]]
+reply = "Two ways to go."
+tool_calls = [{ name = "request_decision", arguments = { question = "Which path?", options = [{ id = "fast", label = "Fast" }, { id = "safe", label = "Safe" }], default_option = "safe" } }]
+"#;
+
+#[tokio::test]
+async fn a_decision_answer_starts_a_continuation_with_the_choice_injected() {
+    let f = fleet(DECIDE, 1, 2).await;
+    let mut signals = f.client.nats().subscribe("signals.>").await.unwrap();
+    let mut events = Box::pin(f.client.follow("orig").await.unwrap());
+    let mut original = req("orig", "Plan the migration.");
+    original.system = Some("Be careful.".into());
+    original.job_name = Some("migrate".into());
+    let first = f
+        .client
+        .run("default", original, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(first.reason, Reason::DecisionRequested);
+    let decision = first.signals[0].decision.clone().unwrap();
+    assert!(decision.expires_at.is_some());
+    let request_signal = tokio::time::timeout(Duration::from_secs(5), signals.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        request_signal.subject.as_str(),
+        "signals.decision_request.NEEDS_MANAGER_DECISION"
+    );
+    let nats = f.client.nats();
+    let ask = |body: serde_json::Value| {
+        let nats = nats.clone();
+        let subject = format!("decisions.{}", decision.decision_id);
+        async move {
+            let reply = nats
+                .request(subject, serde_json::to_vec(&body).unwrap().into())
+                .await
+                .unwrap();
+            serde_json::from_slice::<serde_json::Value>(&reply.payload).unwrap()
+        }
+    };
+    let bad = ask(json!({"option_id": "warp"})).await;
+    assert_eq!(bad["error"]["code"], "INVALID_OPTION");
+    assert_eq!(
+        bad["error"]["detail"]["valid_options"],
+        json!(["fast", "safe"])
+    );
+    let reply =
+        ask(json!({"option_id": "fast", "rationale": "deadline", "decided_by": "ops"})).await;
+    assert_eq!(reply["outcome"], "continued", "{reply}");
+    let continuation = reply["continuation_request_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The same answer again: the same continuation (and no second run).
+    let again = ask(json!({"option_id": "fast"})).await;
+    assert_eq!(again["continuation_request_id"], continuation.as_str());
+    let other = ask(json!({"option_id": "safe"})).await;
+    assert_eq!(other["error"]["code"], "ALREADY_DECIDED");
+    assert_eq!(other["error"]["detail"]["decided_by"], "ops");
+    assert_eq!(
+        ask(json!({"option_id": "fast", "x": 1})).await["error"]["code"],
+        "INVALID_REQUEST"
+    );
+    let unknown = nats
+        .request("decisions.nosuch", b"{\"option_id\":\"a\"}".to_vec().into())
+        .await
+        .unwrap();
+    assert!(String::from_utf8_lossy(&unknown.payload).contains("NOT_FOUND"));
+
+    let next = wait_terminal(&f.client, &continuation).await;
+    assert_eq!(
+        (next.state, next.chain_position, next.tool_iterations_used),
+        (RequestState::Completed, 2, 0)
+    );
+    assert_eq!(next.parent_request_id.as_deref(), Some("orig"));
+    assert_eq!(next.root_request_id, "orig");
+    assert_eq!(next.job_name.as_deref(), Some("migrate"));
+    assert!(
+        next.output.contains("Decision chosen: Fast (fast)") && next.output.contains("deadline"),
+        "{}",
+        next.output
+    );
+    let asked = f.mock.requests().last().unwrap().clone();
+    assert_eq!(
+        asked["messages"][1]["content"], "Be careful.",
+        "the caller system is restated"
+    );
+    let status = f.client.status("orig").await.unwrap();
+    assert_eq!(
+        status.continuation_request_id.as_deref(),
+        Some(continuation.as_str())
+    );
+    // `continued` on the original's subject, after `finished`, numbered on.
+    let mut seen = Vec::new();
+    while let Ok(Some(event)) = tokio::time::timeout(Duration::from_secs(3), events.next()).await {
+        let done = matches!(event.body, EventBody::Continued { .. });
+        seen.push(event);
+        if done {
+            break;
+        }
+    }
+    let names: Vec<&str> = seen.iter().map(|e| e.body.name()).collect();
+    assert_eq!(
+        &names[names.len() - 2..],
+        ["finished", "continued"],
+        "{names:?}"
+    );
+    assert_eq!(
+        seen.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        (0..seen.len() as u64).collect::<Vec<_>>()
+    );
+    // The outcome signal says who chose what.
+    let mut decided = None;
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(3), signals.next()).await {
+        if m.subject.as_str() == "signals.outcome.DECIDED" {
+            decided = Some(serde_json::from_slice::<serde_json::Value>(&m.payload).unwrap());
+            break;
+        }
+    }
+    let decided = decided.expect("signals.outcome.DECIDED");
+    assert_eq!(
+        (
+            decided["meta"]["option_id"].as_str(),
+            decided["meta"]["decided_by"].as_str()
+        ),
+        (Some("fast"), Some("ops"))
+    );
+}

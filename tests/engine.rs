@@ -967,3 +967,32 @@ async fn an_unknown_tool_in_the_request_is_an_invalid_request() {
     );
     assert!(h.backend_requests().is_empty());
 }
+
+#[tokio::test]
+async fn a_decision_request_at_the_chain_limit_fails_the_request() {
+    let h = Harness::new(DECIDE_AND_ADD).await;
+    let (result, _) = h
+        .run_at(
+            request(json!({"messages": user("go"), "tools": ["add"]})),
+            CancellationToken::new(),
+            5,
+        )
+        .await;
+    assert_eq!(
+        (result.state, result.reason),
+        (RequestState::Failed, Reason::ToolExecutionError)
+    );
+    assert_eq!(result.detail.as_deref(), Some("decision chain limit"));
+    assert!(
+        result.signals[0].decision.is_none(),
+        "nothing left to answer"
+    );
+    let (result, _) = h
+        .run_at(
+            request(json!({"messages": user("go"), "tools": ["add"]})),
+            CancellationToken::new(),
+            4,
+        )
+        .await;
+    assert_eq!(result.reason, Reason::DecisionRequested);
+}

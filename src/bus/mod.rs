@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod connect;
+pub mod decisions;
 pub mod queue;
 mod reply;
 pub mod store;

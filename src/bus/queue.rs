@@ -12,10 +12,11 @@ use futures_util::StreamExt;
 use tokio::sync::watch;
 
 use super::BusError;
+use super::decisions::{CHAIN_HEADER, PARENT_HEADER, ROOT_HEADER};
 use super::reply::encoding_of;
 use super::store::LiveRecord;
 use super::subjects::Subjects;
-use super::worker::Shared;
+use super::worker::{Asked, Shared};
 use crate::actors::{Capacity, Placement, Submit};
 use crate::protocol::ids::is_valid_request_id;
 use crate::protocol::{
@@ -129,6 +130,30 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
     let accepted_at = Instant::now()
         .checked_sub(queued_for)
         .unwrap_or_else(Instant::now);
+    let header = |name: &str| {
+        message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(name))
+            .map(|v| v.as_str().to_string())
+    };
+    let parent_request_id = header(PARENT_HEADER).filter(|id| is_valid_request_id(id));
+    let root_request_id = header(ROOT_HEADER)
+        .filter(|id| is_valid_request_id(id))
+        .unwrap_or_else(|| request_id.clone());
+    let chain_position = header(CHAIN_HEADER)
+        .and_then(|p| p.parse::<u32>().ok())
+        .filter(|p| *p >= 1)
+        .unwrap_or(1);
+    // On record before the generation can raise a decision about it.
+    let had = shared.lock_asked().insert(
+        request_id.clone(),
+        Asked {
+            request: request.clone(),
+            root_request_id: root_request_id.clone(),
+            chain_position,
+        },
+    );
     let mut capacity = shared.capacity.clone();
     loop {
         let submitted = shared
@@ -136,10 +161,12 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
             .send(Submit {
                 request: request.clone(),
                 placement: Placement {
+                    root_request_id: Some(root_request_id.clone()),
+                    parent_request_id: parent_request_id.clone(),
+                    chain_position: Some(chain_position),
                     attempt: Some(attempt),
                     accepted_at: Some(accepted_at),
                     durable: true,
-                    ..Placement::default()
                 },
             })
             .await;
@@ -148,6 +175,7 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
             Ok(Err(error)) if error.code == ErrorCode::NoSlotAvailable => {
                 // An interactive submit took the slot meanwhile: wait for one (unless draining).
                 if capacity.borrow().draining {
+                    restore_asked(shared, &request_id, had);
                     let _ = message.ack_with(AckKind::Nak(None)).await;
                     return;
                 }
@@ -160,12 +188,15 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
             }
             Ok(Err(error)) if error.code == ErrorCode::DuplicateRequestId => {
                 // Already running here (a redelivery after a missed keep-alive); the running copy acks.
+                restore_asked(shared, &request_id, had);
                 return;
             }
             Ok(Err(error)) => {
+                restore_asked(shared, &request_id, had);
                 return refuse(shared, message, &request_id, attempt, error.message).await;
             }
             Err(_) => {
+                restore_asked(shared, &request_id, had);
                 let _ = message.ack_with(AckKind::Nak(None)).await;
                 return;
             }
@@ -183,6 +214,14 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
     }
     shared.lock_running().insert(request_id.clone(), record);
     shared.lock_durable().insert(request_id, message);
+}
+
+/// Puts back what was recorded as asked under `request_id` before a refused attempt.
+fn restore_asked(shared: &Shared, request_id: &str, previous: Option<Asked>) {
+    match previous {
+        Some(previous) => shared.lock_asked().insert(request_id.to_string(), previous),
+        None => shared.lock_asked().remove(request_id),
+    };
 }
 
 /// How long ago a JetStream timestamp (ns since the epoch) was.

@@ -8,6 +8,7 @@ pub struct Subjects {
     gen_prefix: String,
     signals_prefix: String,
     tools_prefix: String,
+    decisions_prefix: String,
 }
 
 impl Subjects {
@@ -16,6 +17,7 @@ impl Subjects {
             gen_prefix: settings.gen_prefix.clone(),
             signals_prefix: settings.signals_prefix.clone(),
             tools_prefix: settings.tools_prefix.clone(),
+            decisions_prefix: settings.decisions_prefix.clone(),
         }
     }
 
@@ -84,6 +86,11 @@ impl Subjects {
         format!("{}.{name}", self.tools_prefix)
     }
 
+    /// `decisions.<decision_id>`: a manager's answer.
+    pub fn decision(&self, decision_id: &str) -> String {
+        format!("{}.{decision_id}", self.decisions_prefix)
+    }
+
     /// Everything the signals stream captures.
     pub fn all_signals(&self) -> String {
         format!("{}.>", self.signals_prefix)
@@ -105,6 +112,7 @@ mod tests {
             gen_prefix: "t.gen".into(),
             signals_prefix: "t.sig".into(),
             tools_prefix: "t.tools".into(),
+            decisions_prefix: "t.dec".into(),
         });
         assert_eq!(s.submit("p"), "t.gen.submit.p");
         assert_eq!(s.events("r"), "t.gen.events.r");

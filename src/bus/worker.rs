@@ -11,6 +11,7 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
+use super::decisions::{DecisionAnswer, DecisionRecord, Decisions};
 use super::reply::{decode, respond};
 use super::store::{LiveRecord, Stored, StoredResult, Stores};
 use super::subjects::Subjects;
@@ -117,6 +118,10 @@ pub(super) struct Shared {
     pub(super) stores: Stores,
     pub(super) supervisor: Addr<Supervisor>,
     pub(super) capacity: watch::Receiver<Capacity>,
+    decisions: Decisions,
+    /// What each request running here asked, and its place in its chain: a decision it raises
+    /// restates it in the continuation.
+    asked: Mutex<HashMap<String, Asked>>,
     /// Requests running here, for the refresh of their records.
     running: Mutex<HashMap<String, LiveRecord>>,
     /// The queue messages of durable requests running here, until their result is stored.
@@ -127,7 +132,19 @@ pub(super) struct Shared {
     in_flight: Arc<Semaphore>,
 }
 
+/// A running request as it was asked.
+#[derive(Clone)]
+pub(super) struct Asked {
+    pub(super) request: GenerationRequest,
+    pub(super) root_request_id: String,
+    pub(super) chain_position: u32,
+}
+
 impl Shared {
+    pub(super) fn lock_asked(&self) -> std::sync::MutexGuard<'_, HashMap<String, Asked>> {
+        self.asked.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub(super) fn lock_running(&self) -> std::sync::MutexGuard<'_, HashMap<String, LiveRecord>> {
         self.running.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -207,6 +224,7 @@ async fn start(settings: Settings, worker_id: String) -> Result<Started, BusErro
         .map_err(|e| BusError::Setup(e.to_string()))?;
     let jetstream = async_nats::jetstream::new(client.clone());
     let stores = Stores::ensure(jetstream, &settings.jetstream, &settings.subjects).await?;
+    let decisions = Decisions::open(&stores.jetstream, &settings).await?;
     let subjects = Subjects::new(&settings.subjects);
     let backend = OpenAiBackend::new(&settings.llm).map_err(|e| BusError::Setup(e.to_string()))?;
     let runner = BusToolRunner::new(client.clone(), subjects.clone());
@@ -230,6 +248,8 @@ async fn start(settings: Settings, worker_id: String) -> Result<Started, BusErro
         stores,
         supervisor: handle.addr.clone(),
         capacity: handle.capacity.clone(),
+        decisions,
+        asked: Mutex::new(HashMap::new()),
         running: Mutex::new(HashMap::new()),
         durable: Mutex::new(HashMap::new()),
         cancelled_by_callers: Mutex::new(HashSet::new()),
@@ -258,6 +278,11 @@ async fn start(settings: Settings, worker_id: String) -> Result<Started, BusErro
             .map_err(|e| BusError::Setup(format!("cannot subscribe to {subject}: {e}")))?;
         tasks.push(tokio::spawn(serve_any(shared.clone(), verb, sub)));
     }
+    let answers = client
+        .queue_subscribe(subjects.decision("*"), "genfleet-decisions".to_string())
+        .await
+        .map_err(|e| BusError::Setup(e.to_string()))?;
+    tasks.push(tokio::spawn(serve_decisions(shared.clone(), answers)));
     let own_cancel = client
         .subscribe(subjects.worker_cancel(&worker_id))
         .await
@@ -396,15 +421,39 @@ async fn submit(
     shared: &Shared,
     message: &async_nats::Message,
 ) -> Result<crate::actors::Accepted, WireError> {
-    let request: GenerationRequest = decode(message, shared.settings.limits.max_request_bytes)?;
-    let accepted = shared
+    let mut request: GenerationRequest = decode(message, shared.settings.limits.max_request_bytes)?;
+    // The id is fixed here so what was asked is on record before the generation can raise a
+    // decision about it.
+    let request_id = request
+        .request_id
+        .get_or_insert_with(crate::protocol::ids::new_id)
+        .clone();
+    let asked = Asked {
+        request: request.clone(),
+        root_request_id: request_id.clone(),
+        chain_position: 1,
+    };
+    let known = shared.lock_asked().insert(request_id.clone(), asked);
+    let submitted = shared
         .supervisor
         .send(Submit {
             request,
             placement: Placement::default(),
         })
         .await
-        .map_err(|_| WireError::new(ErrorCode::Internal, "the worker is stopping"))??;
+        .map_err(|_| WireError::new(ErrorCode::Internal, "the worker is stopping"))
+        .and_then(|r| r);
+    let accepted = match submitted {
+        Ok(accepted) => accepted,
+        Err(error) => {
+            // Refused: put back whatever ran under this id before (a duplicate).
+            match known {
+                Some(previous) => shared.lock_asked().insert(request_id, previous),
+                None => shared.lock_asked().remove(&request_id),
+            };
+            return Err(error);
+        }
+    };
     let record = LiveRecord {
         request_id: accepted.request_id.clone(),
         state: RequestState::Running,
@@ -429,6 +478,7 @@ async fn publish_events(shared: Arc<Shared>, mut events: mpsc::Receiver<Event>) 
             EventBody::Finished { result } => {
                 let id = &result.request_id;
                 shared.lock_running().remove(id);
+                shared.lock_asked().remove(id);
                 let by_caller = shared.lock_cancelled().remove(id);
                 let durable = shared.lock_durable().contains_key(id);
                 if durable && result.reason == Reason::Cancelled && !by_caller {
@@ -440,7 +490,12 @@ async fn publish_events(shared: Arc<Shared>, mut events: mpsc::Receiver<Event>) 
                 store_result(&shared, result).await;
                 queue::settle(&shared, id, false).await;
             }
-            EventBody::Signal { signal } => publish_signal(&shared, signal).await,
+            EventBody::Signal { signal } => {
+                if let Some(decision) = &signal.decision {
+                    record_decision(&shared, signal, decision, event.seq).await;
+                }
+                publish_signal(&shared, signal).await
+            }
             _ => {}
         }
         let subject = shared.subjects.events(&event.request_id);
@@ -527,6 +582,20 @@ pub struct StatusReply {
     pub worker_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt: Option<u32>,
+    /// Set once a decision this request raised was answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continuation_request_id: Option<String>,
+}
+
+/// The continuation started by answering this request's decision, if any.
+async fn continuation(shared: &Shared, request_id: &str) -> Option<String> {
+    let value = shared
+        .stores
+        .results
+        .get(format!("cont.{request_id}"))
+        .await
+        .ok()??;
+    String::from_utf8(value.to_vec()).ok()
 }
 
 fn store_error(error: BusError) -> WireError {
@@ -558,6 +627,7 @@ async fn status(shared: &Shared, request_id: &str) -> Result<StatusReply, WireEr
                 state: result.state,
                 worker_id: Some(result.worker_id.clone()),
                 attempt: Some(result.attempt),
+                continuation_request_id: continuation(shared, request_id).await,
             });
         }
         Some((StoredResult::Released { state, .. }, _)) => {
@@ -566,6 +636,7 @@ async fn status(shared: &Shared, request_id: &str) -> Result<StatusReply, WireEr
                 state,
                 worker_id: None,
                 attempt: None,
+                continuation_request_id: continuation(shared, request_id).await,
             });
         }
         None => {}
@@ -576,6 +647,7 @@ async fn status(shared: &Shared, request_id: &str) -> Result<StatusReply, WireEr
             state: record.state,
             worker_id: Some(record.worker_id),
             attempt: Some(record.attempt),
+            continuation_request_id: None,
         });
     }
     match queue::find_queued(shared, request_id)
@@ -587,6 +659,7 @@ async fn status(shared: &Shared, request_id: &str) -> Result<StatusReply, WireEr
             state: RequestState::Queued,
             worker_id: None,
             attempt: None,
+            continuation_request_id: None,
         }),
         None => Err(not_found(request_id)),
     }
@@ -747,4 +820,69 @@ async fn serve_own_cancels(shared: Arc<Shared>, mut sub: async_nats::Subscriber)
         })
         .await;
     }
+}
+
+/// Stores a pending decision before its signal goes out, so a fast manager finds it.
+async fn record_decision(
+    shared: &Shared,
+    signal: &Signal,
+    decision: &crate::protocol::DecisionBlock,
+    seq: u64,
+) {
+    let Some(asked) = shared.lock_asked().get(&signal.request_id).cloned() else {
+        tracing::warn!(message = "a decision for a request not running here was not recorded", request_id = %signal.request_id);
+        return;
+    };
+    let record = DecisionRecord {
+        decision_id: decision.decision_id.clone(),
+        request_id: signal.request_id.clone(),
+        root_request_id: asked.root_request_id,
+        chain_position: asked.chain_position,
+        pool: signal.pool.clone(),
+        decision: decision.clone(),
+        signal: signal.clone(),
+        request: asked.request,
+        // A decision request ends the generation: its signal is the generation's last event,
+        // `finished` follows, and `continued` comes after that.
+        continued_seq: seq + 2,
+        answer: None,
+    };
+    if let Err(error) = shared.decisions.record(&record).await {
+        tracing::error!(message = "could not store a pending decision", %error, decision_id = %record.decision_id);
+    }
+}
+
+async fn serve_decisions(shared: Arc<Shared>, mut sub: async_nats::Subscriber) {
+    while let Some(message) = sub.next().await {
+        let shared2 = shared.clone();
+        spawn_handler(&shared, async move {
+            let decision_id = Subjects::request_id_of(&message.subject).to_string();
+            let reply = answer_decision(&shared2, &decision_id, &message).await;
+            respond(&shared2.client, &message, reply).await;
+        })
+        .await;
+    }
+}
+
+async fn answer_decision(
+    shared: &Shared,
+    decision_id: &str,
+    message: &async_nats::Message,
+) -> Result<super::decisions::DecisionReply, WireError> {
+    let answer: DecisionAnswer = decode(message, 64 * 1024)?;
+    let (reply, asking) = shared
+        .decisions
+        .answer(&shared.client, &shared.worker_id, decision_id, answer)
+        .await?;
+    if let Some(continuation) = &reply.continuation_request_id {
+        let _ = shared
+            .stores
+            .results
+            .put(
+                format!("cont.{asking}"),
+                continuation.clone().into_bytes().into(),
+            )
+            .await;
+    }
+    Ok(reply)
 }

@@ -236,10 +236,26 @@ impl<'e> Generation<'e> {
                     problems.extend(arg_problems);
                     continue;
                 }
-                let awaits = call.name == REQUEST_DECISION && self.stop_on_decision();
+                let wants_decision = call.name == REQUEST_DECISION && self.stop_on_decision();
+                let at_chain_limit = self.ctx.chain_position >= self.engine.config.max_chain;
+                let awaits = wants_decision && !at_chain_limit;
                 match control::to_signal(&call.name, &call.arguments, &self.origin(), awaits) {
-                    Ok(signal) => {
+                    Ok(mut signal) => {
+                        if let (Some(decision), Some(ttl)) =
+                            (signal.decision.as_mut(), self.engine.config.decision_ttl)
+                        {
+                            decision.expires_at = Some(
+                                humantime::format_rfc3339_millis(
+                                    std::time::SystemTime::now() + ttl,
+                                )
+                                .to_string(),
+                            );
+                        }
                         let kept = self.model_signal(signal).await;
+                        if kept && wants_decision && at_chain_limit {
+                            self.conversation.push(assistant);
+                            return Stop::new(Reason::ToolExecutionError, "decision chain limit");
+                        }
                         decision_stop |= kept && awaits;
                         recorded.insert(call.id.clone(), kept);
                     }

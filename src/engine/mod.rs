@@ -44,6 +44,10 @@ pub struct EngineConfig {
     pub max_output_bytes: usize,
     pub signal_limits: SignalLimits,
     pub loop_detection: LoopDetectionConfig,
+    /// How long a decision waits for an answer (its `expires_at`); `None`: no expiry.
+    pub decision_ttl: Option<Duration>,
+    /// A request at this chain position may not request another decision.
+    pub max_chain: u32,
 }
 
 impl EngineConfig {
@@ -69,6 +73,9 @@ impl EngineConfig {
                 max_worker_signal_bytes: settings.limits.max_worker_signal_bytes,
             },
             loop_detection: settings.loop_detection.clone(),
+            decision_ttl: Some(Duration::from_millis(settings.decisions.ttl_ms))
+                .filter(|d| !d.is_zero()),
+            max_chain: settings.decisions.max_chain,
         }
     }
 }

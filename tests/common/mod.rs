@@ -218,9 +218,20 @@ impl Harness {
         request: GenerationRequest,
         cancel: CancellationToken,
     ) -> (GenerationResult, Vec<Event>) {
+        self.run_at(request, cancel, 1).await
+    }
+
+    /// Runs a request at a given place in its decision chain.
+    pub async fn run_at(
+        &self,
+        request: GenerationRequest,
+        cancel: CancellationToken,
+        chain_position: u32,
+    ) -> (GenerationResult, Vec<Event>) {
         let (tx, mut rx) = mpsc::channel(1024);
         let id = request.request_id.clone().unwrap_or_else(|| "req-1".into());
-        let context = RequestContext::new(id.clone(), "worker-1", "default");
+        let mut context = RequestContext::new(id.clone(), "worker-1", "default");
+        context.chain_position = chain_position;
         let collector = tokio::spawn(async move {
             let mut events = Vec::new();
             while let Some(event) = rx.recv().await {
