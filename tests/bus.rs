@@ -521,3 +521,88 @@ async fn a_decision_answer_starts_a_continuation_with_the_choice_injected() {
         (Some("fast"), Some("ops"))
     );
 }
+
+#[tokio::test]
+async fn a_nats_restart_under_a_running_worker_loses_nothing_and_leaks_no_slot() {
+    let mut f = fleet(
+        "[[rules]]\nreply = \"one two three four five six seven eight\"\ndelay_ms = 100\n",
+        1,
+        2,
+    )
+    .await;
+    f.client
+        .submit("default", &req("across", "x"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    f.nats.kill().await;
+    f.nats.restart().await;
+    // The request that ran across the restart is stored once the worker is back.
+    let mut result = None;
+    for _ in 0..300 {
+        match f.client.result("across", false).await {
+            Ok(r) => {
+                result = Some(r);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    let result = result.expect("the result reaches the store after the restart");
+    assert_eq!(
+        (result.reason, result.output.as_str()),
+        (Reason::Stop, "one two three four five six seven eight")
+    );
+    // The worker serves submits again and its slots are all free.
+    let after = f
+        .client
+        .run(
+            "default",
+            req("after-restart", "x"),
+            Duration::from_secs(15),
+        )
+        .await
+        .unwrap();
+    assert_eq!(after.reason, Reason::Stop);
+    let stats = f
+        .client
+        .nats()
+        .request("$SRV.STATS.genfleet", "".into())
+        .await
+        .unwrap();
+    let stats: serde_json::Value = serde_json::from_slice(&stats.payload).unwrap();
+    assert_eq!(stats["endpoints"][0]["data"]["free"], 2, "{stats}");
+}
+
+#[tokio::test]
+async fn genfleet_fleet_lists_the_workers() {
+    let f = fleet("[[rules]]\nreply = \"x\"\n", 2, 3).await;
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_genfleet"))
+        .args(["fleet", "--json"])
+        .env("GENFLEET__NATS__URL", f.nats.url())
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2);
+    let mut ids: Vec<&str> = rows
+        .iter()
+        .map(|r| r["worker_id"].as_str().unwrap())
+        .collect();
+    ids.sort();
+    let mut expected: Vec<&str> = f.workers.iter().map(|w| w.worker_id.as_str()).collect();
+    expected.sort();
+    assert_eq!(ids, expected);
+    assert!(
+        rows.iter()
+            .all(|r| r["pool"] == "default" && r["slots"] == 3 && r["free"] == 3)
+    );
+}

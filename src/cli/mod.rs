@@ -1,6 +1,7 @@
 //! The `genfleet` command line. Each command lives in its own module; `main` only parses and
 //! dispatches, and turns an error into one line and a non-zero exit status.
 
+mod fleet;
 mod mock_llm;
 mod requests;
 mod worker;
@@ -38,8 +39,10 @@ pub enum Command {
     Status(requests::IdArgs),
     /// Read (and release) the result of a request.
     Result(requests::ResultArgs),
-    /// Cancel a running request.
+    /// Cancel a running or queued request.
     Cancel(requests::IdArgs),
+    /// List the workers of the fleet with their pools and slots.
+    Fleet(fleet::FleetArgs),
     /// Serve a scripted OpenAI-compatible chat completions API (for tests, demos, benchmarks).
     MockLlm(mock_llm::MockLlmArgs),
 }
@@ -67,6 +70,7 @@ impl Cli {
                         Command::Status(args) => requests::status(settings()?, args).await,
                         Command::Result(args) => requests::result(settings()?, args).await,
                         Command::Cancel(args) => requests::cancel(settings()?, args).await,
+                        Command::Fleet(args) => fleet::run(settings()?, args).await,
                         Command::MockLlm(args) => mock_llm::run(args).await,
                         Command::Worker(_) => unreachable!("handled above"),
                     }
