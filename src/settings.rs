@@ -184,6 +184,9 @@ pub struct GenerationSettings {
 pub struct ToolSettings {
     pub correction_attempts: u32,
     pub default_timeout_ms: u64,
+    pub bucket: String,
+    #[serde(default)]
+    pub definitions: Vec<crate::tools::ToolDefinition>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -606,3 +606,112 @@ async fn genfleet_fleet_lists_the_workers() {
             .all(|r| r["pool"] == "default" && r["slots"] == 3 && r["free"] == 3)
     );
 }
+
+const CALLS_ADD: &str = r#"
+[[rules]]
+when_last_role = "tool"
+reply = "The tool said {{last_message}}"
+[[rules]]
+tool_calls = [{ name = "add", arguments = { a = 2, b = 3 } }]
+"#;
+
+#[tokio::test]
+async fn tools_registered_in_kv_become_callable_and_withdrawn_ones_unknown() {
+    let f = fleet(CALLS_ADD, 1, 1).await;
+    let nats = f.client.nats().clone();
+    // A tool service on tools.add that checks the correlation headers.
+    let mut service = nats.subscribe("tools.add").await.unwrap();
+    let responder = nats.clone();
+    tokio::spawn(async move {
+        while let Some(m) = service.next().await {
+            let headers = m.headers.clone().unwrap_or_default();
+            let args: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
+            let sum = args["a"].as_f64().unwrap() + args["b"].as_f64().unwrap();
+            let reply = json!({"result": {"sum": sum, "request_id": headers.get("Genfleet-Request-Id").map(|v| v.as_str()), "call_id": headers.get("Genfleet-Call-Id").is_some()}});
+            responder
+                .publish(m.reply.unwrap(), serde_json::to_vec(&reply).unwrap().into())
+                .await
+                .unwrap();
+        }
+    });
+    let mut with_tool = req("t1", "add");
+    with_tool.tools = vec!["add".into()];
+    let err = f.client.submit("default", &with_tool).await.unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some(ErrorCode::InvalidRequest),
+        "not registered yet"
+    );
+    let js = async_nats::jetstream::new(nats.clone());
+    let bucket = js.get_key_value("GENFLEET_TOOLS").await.unwrap();
+    let definition = json!({"name": "add", "brief": "Add two numbers", "schema": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}});
+    bucket
+        .put("add", serde_json::to_vec(&definition).unwrap().into())
+        .await
+        .unwrap();
+    let mut result = None;
+    for _ in 0..100 {
+        match f
+            .client
+            .run("default", with_tool.clone(), Duration::from_secs(10))
+            .await
+        {
+            Ok(r) => {
+                result = Some(r);
+                break;
+            }
+            Err(e) if e.code() == Some(ErrorCode::InvalidRequest) => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let result = result.expect("the registered tool becomes callable");
+    assert_eq!(result.reason, Reason::Stop, "{result:?}");
+    assert!(
+        result.output.contains("\"sum\":5.0") && result.output.contains("\"request_id\":\"t1\""),
+        "{}",
+        result.output
+    );
+    bucket.delete("add").await.unwrap();
+    let mut withdrawn = false;
+    for _ in 0..100 {
+        let mut again = with_tool.clone();
+        again.request_id = Some(format!("t-{}", ulid::Ulid::generate()));
+        if f.client
+            .submit("default", &again)
+            .await
+            .err()
+            .and_then(|e| e.code())
+            == Some(ErrorCode::InvalidRequest)
+        {
+            withdrawn = true;
+            break;
+        }
+        wait_terminal(&f.client, again.request_id.as_deref().unwrap()).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(withdrawn, "a withdrawn tool is unknown again");
+}
+
+#[tokio::test]
+async fn configured_tools_without_a_service_fail_with_tool_execution_error() {
+    let f = fleet_with(CALLS_ADD, 1, 1, |s| {
+        s.tools.definitions = vec![
+            serde_json::from_value(
+                json!({"name": "add", "brief": "Add two numbers", "schema": {"type": "object"}}),
+            )
+            .unwrap(),
+        ];
+    })
+    .await;
+    let mut with_tool = req("nosvc", "add");
+    with_tool.tools = vec!["add".into()];
+    let result = f
+        .client
+        .run("default", with_tool, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(result.reason, Reason::ToolExecutionError, "{result:?}");
+    assert!(result.detail.unwrap().contains("no tool service"));
+}

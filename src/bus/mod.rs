@@ -1,6 +1,7 @@
 //! The bus layer: the worker on NATS (subjects, stores, events, signals, tools) and the client
 //! API the CLI and tests use. It knows the actor layer below it and nothing above.
 
+pub mod catalog;
 pub mod client;
 pub mod connect;
 pub mod decisions;

@@ -27,7 +27,6 @@ use crate::protocol::{
     ErrorCode, Event, EventBody, GenerationRequest, Reason, RequestState, Signal, WireError,
 };
 use crate::settings::Settings;
-use crate::tools::ToolCatalog;
 
 /// Requests handled at once per subscription; past it, messages wait in the client's bounded
 /// subscription buffer.
@@ -234,11 +233,13 @@ async fn start(settings: Settings, worker_id: String) -> Result<Started, BusErro
         Arc::new(runner),
         Arc::new(DefaultBios),
     );
-    engine.set_catalog(ToolCatalog::default());
+    let engine = Arc::new(engine);
+    let tools_task =
+        super::catalog::follow_tools(&stores.jetstream, &settings, engine.clone()).await?;
     let (events_tx, events_rx) = mpsc::channel(EVENT_BUFFER);
     let handle = Supervisor::start(
         SupervisorConfig::from_settings(&settings, worker_id.clone()),
-        Arc::new(engine),
+        engine,
         Some(events_tx),
     );
     let shared = Arc::new(Shared {
@@ -256,7 +257,7 @@ async fn start(settings: Settings, worker_id: String) -> Result<Started, BusErro
         in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
         settings,
     });
-    let mut tasks = Vec::new();
+    let mut tasks = vec![tools_task];
     tasks.push(tokio::spawn(publish_events(shared.clone(), events_rx)));
     tasks.push(tokio::spawn(serve_submits(
         shared.clone(),

@@ -176,6 +176,16 @@ impl ToolCatalog {
         Ok(ToolCatalog { tools })
     }
 
+    /// A catalog of already checked tools (a later tool of the same name replaces an earlier).
+    pub fn from_tools(tools: impl IntoIterator<Item = Tool>) -> Self {
+        ToolCatalog {
+            tools: tools
+                .into_iter()
+                .map(|t| (t.name().to_string(), Arc::new(t)))
+                .collect(),
+        }
+    }
+
     pub fn get(&self, name: &str) -> Option<&Arc<Tool>> {
         self.tools.get(name)
     }
