@@ -113,6 +113,8 @@ pub struct WorkerSettings {
     pub drain_timeout_ms: u64,
     pub cancel_wait_ms: u64,
     pub max_retained_results: usize,
+    pub heartbeat_ms: u64,
+    pub lost_after_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -309,6 +311,13 @@ impl Settings {
         if self.jetstream.queue_ack_wait_ms < 300 || self.jetstream.queue_max_deliver < 1 {
             return fail(
                 "jetstream.queue_ack_wait_ms must be at least 300 and jetstream.queue_max_deliver at least 1"
+                    .into(),
+            );
+        }
+        if self.worker.heartbeat_ms == 0 || self.worker.lost_after_ms < self.worker.heartbeat_ms * 2
+        {
+            return fail(
+                "worker.lost_after_ms must be at least twice worker.heartbeat_ms (and that at least 1)"
                     .into(),
             );
         }

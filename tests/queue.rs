@@ -279,3 +279,52 @@ async fn a_drain_hands_a_running_durable_request_back_to_another_worker() {
         "{r:?}"
     );
 }
+
+#[tokio::test]
+async fn an_interactive_request_of_a_killed_worker_is_ended_as_worker_lost_by_a_live_one() {
+    let nats = NatsServer::start().await;
+    let mock = MockServer::start(
+        Script::from_toml_str("[[rules]]\nreply = \"a b c d e f g h i j\"\ndelay_ms = 300\n")
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let mut s = settings(&nats, &mock);
+    s.worker.heartbeat_ms = 200;
+    s.worker.lost_after_ms = 1000;
+    let mut doomed = {
+        let child = Command::new(env!("CARGO_BIN_EXE_genfleet"))
+            .arg("worker")
+            .env("GENFLEET__NATS__URL", &s.nats.url)
+            .env("GENFLEET__LLM__BASE_URL", &s.llm.base_url)
+            .env("GENFLEET__WORKER__SLOTS", "1")
+            .env("GENFLEET__WORKER__ID", "doomed")
+            .env("GENFLEET__WORKER__HEARTBEAT_MS", "200")
+            .env("GENFLEET__WORKER__LOST_AFTER_MS", "1000")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        WorkerProcess(child)
+    };
+    let client = Client::connect(&s).await.unwrap();
+    let mut accepted = None;
+    for _ in 0..100 {
+        if let Ok(a) = client.submit("default", &req("orphan")).await {
+            accepted = Some(a);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(accepted.unwrap().worker_id, "doomed");
+    doomed.0.kill().unwrap();
+    doomed.0.wait().unwrap();
+    let _live = spawn_worker(s.clone()).await;
+    let r = terminal(&client, "orphan", Duration::from_secs(15)).await;
+    assert_eq!(
+        (r.state, r.reason),
+        (RequestState::Failed, Reason::WorkerLost),
+        "{r:?}"
+    );
+    assert!(r.detail.unwrap().contains("doomed"));
+}

@@ -5,6 +5,7 @@ pub mod catalog;
 pub mod client;
 pub mod connect;
 pub mod decisions;
+pub mod heartbeat;
 pub mod queue;
 mod reply;
 pub mod store;

@@ -176,6 +176,8 @@ impl Stores {
         {
             Ok(_) => {
                 let _ = self.results.purge(live_key(&result.request_id)).await;
+                let index = super::heartbeat::index_key(&result.worker_id, &result.request_id);
+                let _ = self.results.purge(index).await;
                 Ok(Stored::Stored)
             }
             Err(error) if error.kind() == kv::CreateErrorKind::AlreadyExists => {
@@ -187,6 +189,11 @@ impl Stores {
 
     pub async fn put_live(&self, record: &LiveRecord) -> Result<(), BusError> {
         let body = serde_json::to_vec(record).expect("records serialize");
+        let index = super::heartbeat::index_key(&record.worker_id, &record.request_id);
+        self.results
+            .put(index, bytes::Bytes::new())
+            .await
+            .map_err(|e| BusError::Store(format!("cannot index the request record: {e}")))?;
         self.results
             .put(live_key(&record.request_id), body.into())
             .await

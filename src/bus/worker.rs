@@ -117,6 +117,7 @@ pub(super) struct Shared {
     pub(super) stores: Stores,
     pub(super) supervisor: Addr<Supervisor>,
     pub(super) capacity: watch::Receiver<Capacity>,
+    pub(super) workers: async_nats::jetstream::kv::Store,
     decisions: Decisions,
     /// What each request running here asked, and its place in its chain: a decision it raises
     /// restates it in the continuation.
@@ -224,6 +225,12 @@ async fn start(settings: Settings, worker_id: String) -> Result<Started, BusErro
     let jetstream = async_nats::jetstream::new(client.clone());
     let stores = Stores::ensure(jetstream, &settings.jetstream, &settings.subjects).await?;
     let decisions = Decisions::open(&stores.jetstream, &settings).await?;
+    let workers = super::heartbeat::open(
+        &stores.jetstream,
+        Duration::from_millis(settings.worker.lost_after_ms),
+        settings.jetstream.replicas,
+    )
+    .await?;
     let subjects = Subjects::new(&settings.subjects);
     let backend = OpenAiBackend::new(&settings.llm).map_err(|e| BusError::Setup(e.to_string()))?;
     let runner = BusToolRunner::new(client.clone(), subjects.clone());
@@ -249,6 +256,7 @@ async fn start(settings: Settings, worker_id: String) -> Result<Started, BusErro
         stores,
         supervisor: handle.addr.clone(),
         capacity: handle.capacity.clone(),
+        workers,
         decisions,
         asked: Mutex::new(HashMap::new()),
         running: Mutex::new(HashMap::new()),
@@ -258,6 +266,9 @@ async fn start(settings: Settings, worker_id: String) -> Result<Started, BusErro
         settings,
     });
     let mut tasks = vec![tools_task];
+    // On record as alive before taking any request, so no live worker takes it for lost.
+    super::heartbeat::beat(&shared).await?;
+    tasks.push(tokio::spawn(super::heartbeat::run(shared.clone())));
     tasks.push(tokio::spawn(publish_events(shared.clone(), events_rx)));
     tasks.push(tokio::spawn(serve_submits(
         shared.clone(),
