@@ -204,29 +204,34 @@ fn fixture(slots: u32) -> Fixture {
         "bad_tool",
         common::Behaviour::RunnerError("tool service gone".into()),
     );
-    let config = EngineConfig {
+    let engine_config = EngineConfig {
         correction_attempts: 0,
         ..EngineConfig::default()
     };
-    let engine = Engine::new(config, backend.clone(), runner, Arc::new(DefaultBios));
+    let engine = Engine::new(
+        engine_config,
+        backend.clone(),
+        runner,
+        Arc::new(DefaultBios),
+    );
     engine.set_catalog(tools());
     let (tx, events) = mpsc::channel(4096);
-    let handle = Supervisor::start(
-        SupervisorConfig {
-            worker_id: "w1".into(),
-            pool: "default".into(),
-            slots,
-            max_retained_results: 10_000,
-            cancel_wait: Duration::from_secs(5),
-            limits: RequestLimits::default(),
-        },
-        Arc::new(engine),
-        Some(tx),
-    );
+    let handle = Supervisor::start(config(slots), Arc::new(engine), Some(tx));
     Fixture {
         backend,
         handle,
         events,
+    }
+}
+
+fn config(slots: u32) -> SupervisorConfig {
+    SupervisorConfig {
+        worker_id: "w1".into(),
+        pool: "default".into(),
+        slots,
+        max_retained_results: 10_000,
+        cancel_wait: Duration::from_secs(5),
+        limits: RequestLimits::default(),
     }
 }
 
@@ -589,18 +594,7 @@ async fn cancellation_reaches_an_http_stream_read_through_the_actors() {
         "[[rules]]\nreply = \"a b c d e f g h i j k l m n o p\"\ndelay_ms = 100\n",
     )
     .await;
-    let handle = Supervisor::start(
-        SupervisorConfig {
-            worker_id: "w1".into(),
-            pool: "default".into(),
-            slots: 1,
-            max_retained_results: 100,
-            cancel_wait: Duration::from_secs(5),
-            limits: RequestLimits::default(),
-        },
-        h.engine.clone(),
-        None,
-    );
+    let handle = Supervisor::start(config(1), h.engine.clone(), None);
     let mut req = GenerationRequest::user("go");
     req.request_id = Some("http".into());
     handle
@@ -645,18 +639,7 @@ async fn cancellation_reaches_a_tool_call_through_the_actors() {
         "[[rules]]\nreply = \"Calling.\"\ntool_calls = [{ name = \"hang\", arguments = {} }]\n",
     )
     .await;
-    let handle = Supervisor::start(
-        SupervisorConfig {
-            worker_id: "w1".into(),
-            pool: "default".into(),
-            slots: 1,
-            max_retained_results: 100,
-            cancel_wait: Duration::from_secs(5),
-            limits: RequestLimits::default(),
-        },
-        h.engine.clone(),
-        None,
-    );
+    let handle = Supervisor::start(config(1), h.engine.clone(), None);
     let mut req = GenerationRequest::user("go");
     req.request_id = Some("tool".into());
     req.tools = vec!["hang".into()];

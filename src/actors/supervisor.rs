@@ -25,7 +25,7 @@ use crate::engine::{Engine, EventEmitter, EventSink, Finished, RequestContext};
 use crate::protocol::ids::new_id;
 use crate::protocol::{
     ErrorCode, EventBody, GenerationRequest, GenerationResult, Reason, RequestLimits, RequestState,
-    Timings, Usage, WireError,
+    WireError,
 };
 use crate::settings::Settings;
 
@@ -597,31 +597,18 @@ fn announce_finished(mut emitter: EventEmitter, result: GenerationResult) {
 
 /// The result of a request whose generation was lost (a panic, a stopped slot).
 fn lost_result(running: &Running, context: &RequestContext, detail: String) -> GenerationResult {
-    let total = context.accepted_at.elapsed().as_millis() as u64;
-    GenerationResult {
-        request_id: context.request_id.clone(),
-        root_request_id: context.root_request_id.clone(),
-        parent_request_id: context.parent_request_id.clone(),
-        job_name: running.job_name.clone(),
-        state: RequestState::Failed,
-        reason: Reason::WorkerLost,
-        detail: Some(detail),
-        output: String::new(),
-        reasoning: String::new(),
-        messages: Vec::new(),
-        signals: Vec::new(),
-        signals_dropped: 0,
-        tool_iterations_used: 0,
-        usage: Usage::default(),
-        worker_id: context.worker_id.clone(),
-        attempt: context.attempt,
-        chain_position: context.chain_position,
-        truncated: false,
-        metadata: running.metadata.clone(),
-        timings_ms: Timings {
-            queued: 0,
-            first_token: None,
-            total,
-        },
-    }
+    let mut result = GenerationResult::empty(
+        &context.request_id,
+        Reason::WorkerLost,
+        detail,
+        &context.worker_id,
+    );
+    result.root_request_id = context.root_request_id.clone();
+    result.parent_request_id = context.parent_request_id.clone();
+    result.job_name = running.job_name.clone();
+    result.attempt = context.attempt;
+    result.chain_position = context.chain_position;
+    result.metadata = running.metadata.clone();
+    result.timings_ms.total = context.accepted_at.elapsed().as_millis() as u64;
+    result
 }

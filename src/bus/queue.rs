@@ -19,9 +19,7 @@ use super::subjects::Subjects;
 use super::worker::{Asked, Shared};
 use crate::actors::{Capacity, Placement, Submit};
 use crate::protocol::ids::is_valid_request_id;
-use crate::protocol::{
-    ErrorCode, GenerationRequest, GenerationResult, Reason, RequestState, Timings, Usage,
-};
+use crate::protocol::{ErrorCode, GenerationRequest, GenerationResult, Reason, RequestState};
 
 /// The durable consumer of a pool.
 pub fn consumer_name(pool: &str) -> String {
@@ -262,28 +260,7 @@ pub(super) fn unrun_result(
     detail: String,
     worker_id: &str,
 ) -> GenerationResult {
-    GenerationResult {
-        request_id: request_id.to_string(),
-        root_request_id: request_id.to_string(),
-        parent_request_id: None,
-        job_name: None,
-        state: reason.state(),
-        reason,
-        detail: Some(detail),
-        output: String::new(),
-        reasoning: String::new(),
-        messages: Vec::new(),
-        signals: Vec::new(),
-        signals_dropped: 0,
-        tool_iterations_used: 0,
-        usage: Usage::default(),
-        worker_id: worker_id.to_string(),
-        attempt: 0,
-        chain_position: 1,
-        truncated: false,
-        metadata: Default::default(),
-        timings_ms: Timings::default(),
-    }
+    GenerationResult::empty(request_id, reason, detail, worker_id)
 }
 
 /// Keeps running durable requests' deliveries alive well inside the ack wait.

@@ -129,3 +129,32 @@ pub struct GenerationResult {
     pub metadata: serde_json::Map<String, serde_json::Value>,
     pub timings_ms: Timings,
 }
+
+impl GenerationResult {
+    /// The result of a request that produced nothing: refused before it ran, cancelled while
+    /// queued, or lost with its worker. Callers fill in what they know beyond the ids.
+    pub fn empty(request_id: &str, reason: Reason, detail: String, worker_id: &str) -> Self {
+        GenerationResult {
+            request_id: request_id.to_string(),
+            root_request_id: request_id.to_string(),
+            parent_request_id: None,
+            job_name: None,
+            state: reason.state(),
+            reason,
+            detail: Some(detail),
+            output: String::new(),
+            reasoning: String::new(),
+            messages: Vec::new(),
+            signals: Vec::new(),
+            signals_dropped: 0,
+            tool_iterations_used: 0,
+            usage: Usage::default(),
+            worker_id: worker_id.to_string(),
+            attempt: 0,
+            chain_position: 1,
+            truncated: false,
+            metadata: serde_json::Map::new(),
+            timings_ms: Timings::default(),
+        }
+    }
+}
