@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs genfleet's whole test suite. Installs what is missing first and says so:
 #   - nats-server (Debian/Ubuntu package) for the tests that run a real NATS server;
-#   - a Python virtualenv in .venv with the official `openai` client, which the compatibility
-#     test drives against `genfleet mock-llm`.
+#   - a Python virtualenv in .venv with the official `openai` client (driven against
+#     `genfleet mock-llm`) and nats-py with msgpack (a client of the wire protocol written from
+#     docs/protocol.md alone, driven against a worker).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,14 +29,14 @@ say "nats-server: $(nats-server --version)"
 if ! command -v python3 >/dev/null 2>&1; then
   apt_install python3 python3-venv
 fi
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import openai' >/dev/null 2>&1; then
-  say "creating .venv with the openai Python client (for the OpenAI compatibility test)"
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import openai, nats, msgpack' >/dev/null 2>&1; then
+  say "creating .venv with the openai, nats-py and msgpack Python packages (for the compatibility tests)"
   rm -rf .venv
   if ! python3 -m venv .venv >/dev/null 2>&1; then
     apt_install python3-venv
     python3 -m venv .venv
   fi
-  .venv/bin/pip install -q --disable-pip-version-check 'openai>=1.40,<3'
+  .venv/bin/pip install -q --disable-pip-version-check 'openai>=1.40,<3' 'nats-py>=2.6,<3' 'msgpack>=1,<2'
 fi
 export GENFLEET_TEST_PYTHON="$PWD/.venv/bin/python"
 

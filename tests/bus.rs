@@ -715,3 +715,165 @@ async fn configured_tools_without_a_service_fail_with_tool_execution_error() {
     assert_eq!(result.reason, Reason::ToolExecutionError, "{result:?}");
     assert!(result.detail.unwrap().contains("no tool service"));
 }
+
+#[tokio::test]
+async fn a_request_id_in_use_anywhere_in_the_fleet_is_refused() {
+    let f = fleet("[[rules]]\nreply = \"a b c d e f\"\ndelay_ms = 100\n", 2, 2).await;
+    f.client.submit("default", &req("dup", "x")).await.unwrap();
+    // Whichever worker the second submit reaches, the id is taken.
+    for _ in 0..4 {
+        let err = f
+            .client
+            .submit("default", &req("dup", "x"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Some(ErrorCode::DuplicateRequestId), "{err}");
+    }
+    wait_terminal(&f.client, "dup").await;
+    // A stored result (or its tombstone) keeps the id taken too.
+    assert_eq!(
+        f.client
+            .submit("default", &req("dup", "x"))
+            .await
+            .unwrap_err()
+            .code(),
+        Some(ErrorCode::DuplicateRequestId)
+    );
+    f.client.result("dup", true).await.unwrap();
+    assert_eq!(
+        f.client
+            .submit("default", &req("dup", "x"))
+            .await
+            .unwrap_err()
+            .code(),
+        Some(ErrorCode::DuplicateRequestId)
+    );
+}
+
+#[tokio::test]
+async fn of_concurrent_readers_exactly_one_gets_the_result() {
+    let f = fleet("[[rules]]\nreply = \"once\"\n", 2, 2).await;
+    f.client.submit("default", &req("once", "x")).await.unwrap();
+    wait_terminal(&f.client, "once").await;
+    let reads =
+        futures_util::future::join_all((0..12).map(|_| f.client.result("once", true))).await;
+    let got: Vec<_> = reads.iter().filter(|r| r.is_ok()).collect();
+    assert_eq!(got.len(), 1, "{reads:?}");
+    assert!(
+        reads
+            .iter()
+            .filter(|r| r.is_err())
+            .all(|r| r.as_ref().unwrap_err().code() == Some(ErrorCode::NotFound))
+    );
+}
+
+#[tokio::test]
+async fn every_request_reply_subject_answers_messagepack_in_messagepack() {
+    let f = fleet(DECIDE, 1, 2).await;
+    let first = f
+        .client
+        .run("default", req("mp", "x"), Duration::from_secs(10))
+        .await
+        .unwrap();
+    let decision = first.signals[0].decision.clone().unwrap();
+    let nats = f.client.nats();
+    let ask = |subject: String, body: serde_json::Value| {
+        let nats = nats.clone();
+        async move {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Content-Type", "application/msgpack");
+            let reply = nats
+                .request_with_headers(
+                    subject,
+                    headers,
+                    rmp_serde::to_vec_named(&body).unwrap().into(),
+                )
+                .await
+                .unwrap();
+            let content_type = reply
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("Content-Type"))
+                .map(|v| v.as_str().to_string());
+            assert_eq!(content_type.as_deref(), Some("application/msgpack"));
+            rmp_serde::from_slice::<serde_json::Value>(&reply.payload).unwrap()
+        }
+    };
+    assert_eq!(
+        ask("gen.status.mp".into(), json!({})).await["state"],
+        "COMPLETED"
+    );
+    assert_eq!(
+        ask("gen.result.mp".into(), json!({"release": false})).await["error"]["code"],
+        "NOT_FOUND",
+        "`run` read and released the result; the answer comes in MessagePack all the same"
+    );
+    assert_eq!(
+        ask("gen.cancel.mp".into(), json!({})).await["error"]["code"],
+        "ALREADY_FINISHED"
+    );
+    let reply = ask(
+        format!("decisions.{}", decision.decision_id),
+        json!({"option_id": "safe", "decided_by": "mp"}),
+    )
+    .await;
+    assert_eq!(reply["outcome"], "continued");
+    let continuation = reply["continuation_request_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    wait_terminal(&f.client, &continuation).await;
+    assert_eq!(
+        ask("gen.status.nope".into(), json!({})).await["error"]["code"],
+        "NOT_FOUND"
+    );
+}
+
+#[tokio::test]
+async fn genfleet_decide_answers_from_the_command_line() {
+    let f = fleet(DECIDE, 1, 1).await;
+    let first = f
+        .client
+        .run("default", req("cli", "x"), Duration::from_secs(10))
+        .await
+        .unwrap();
+    let decision = first.signals[0].decision.clone().unwrap();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_genfleet"))
+        .args([
+            "decide",
+            &decision.decision_id,
+            "fast",
+            "--rationale",
+            "why not",
+            "--decided-by",
+            "cli-test",
+        ])
+        .env("GENFLEET__NATS__URL", f.nats.url())
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let reply: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let next = wait_terminal(
+        &f.client,
+        reply["continuation_request_id"].as_str().unwrap(),
+    )
+    .await;
+    assert!(next.output.contains("Decision chosen: Fast (fast)"));
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_genfleet"))
+        .args(["decide", &decision.decision_id, "safe"])
+        .env("GENFLEET__NATS__URL", f.nats.url())
+        .output()
+        .await
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("ALREADY_DECIDED") && stderr.lines().count() == 1,
+        "{stderr}"
+    );
+}

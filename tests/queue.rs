@@ -328,3 +328,66 @@ async fn an_interactive_request_of_a_killed_worker_is_ended_as_worker_lost_by_a_
     );
     assert!(r.detail.unwrap().contains("doomed"));
 }
+
+#[tokio::test]
+async fn a_request_out_of_deliveries_is_stored_as_worker_lost_and_removed() {
+    let nats = NatsServer::start().await;
+    let mock = MockServer::start(
+        Script::from_toml_str("[[rules]]\nreply = \"a b c d e f g h\"\ndelay_ms = 300\n").unwrap(),
+    )
+    .await
+    .unwrap();
+    let mut s = settings(&nats, &mock);
+    s.jetstream.queue_max_deliver = 1;
+    let child = Command::new(env!("CARGO_BIN_EXE_genfleet"))
+        .arg("worker")
+        .env("GENFLEET__NATS__URL", &s.nats.url)
+        .env("GENFLEET__LLM__BASE_URL", &s.llm.base_url)
+        .env("GENFLEET__WORKER__SLOTS", "1")
+        .env(
+            "GENFLEET__JETSTREAM__QUEUE_ACK_WAIT_MS",
+            s.jetstream.queue_ack_wait_ms.to_string(),
+        )
+        .env("GENFLEET__JETSTREAM__QUEUE_MAX_DELIVER", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut doomed = WorkerProcess(child);
+    let client = Client::connect(&s).await.unwrap();
+    for _ in 0..100 {
+        if client
+            .nats()
+            .request("$SRV.PING.genfleet", "".into())
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    client.enqueue("default", &req("exhausted")).await.unwrap();
+    for _ in 0..100 {
+        if client.status("exhausted").await.ok().map(|s| s.state) == Some(RequestState::Running) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    doomed.0.kill().unwrap();
+    doomed.0.wait().unwrap();
+    let _live = spawn_worker(s.clone()).await;
+    let r = terminal(&client, "exhausted", Duration::from_secs(20)).await;
+    assert_eq!(
+        (r.state, r.reason),
+        (RequestState::Failed, Reason::WorkerLost),
+        "{r:?}"
+    );
+    assert!(r.detail.unwrap().contains("deliveries exhausted"));
+    let js = async_nats::jetstream::new(client.nats().clone());
+    let mut stream = js.get_stream("GENFLEET_QUEUE").await.unwrap();
+    assert_eq!(
+        stream.info().await.unwrap().state.messages,
+        0,
+        "the message is removed"
+    );
+}

@@ -8,6 +8,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::connect::{self, ConnectPurpose};
+use super::decisions::{DecisionAnswer, DecisionReply};
 use super::reply::encode_reply;
 use super::subjects::Subjects;
 use super::worker::StatusReply;
@@ -221,6 +222,15 @@ impl Client {
     pub async fn cancel(&self, request_id: &str) -> Result<CancelReply, ClientError> {
         self.call(self.subjects.cancel(request_id), &serde_json::json!({}))
             .await
+    }
+
+    /// Answers a decision on `decisions.<decision_id>`.
+    pub async fn decide(
+        &self,
+        decision_id: &str,
+        answer: &DecisionAnswer,
+    ) -> Result<DecisionReply, ClientError> {
+        self.call(self.subjects.decision(decision_id), answer).await
     }
 
     /// Submits and waits for the `finished` event (or, if an event was missed, the stored

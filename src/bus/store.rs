@@ -201,6 +201,43 @@ impl Stores {
             .map_err(|e| BusError::Store(format!("cannot write the request record: {e}")))
     }
 
+    /// Claims a request id fleet-wide for a new interactive request: the live record is created
+    /// only if no other is there, and refused if the id already has a result (or tombstone).
+    /// Returns false for an id in use.
+    pub async fn claim(&self, record: &LiveRecord) -> Result<bool, BusError> {
+        let body = serde_json::to_vec(record).expect("records serialize");
+        match self
+            .results
+            .create(live_key(&record.request_id), body.into())
+            .await
+        {
+            Ok(_) => {}
+            Err(error) if error.kind() == kv::CreateErrorKind::AlreadyExists => return Ok(false),
+            Err(error) => {
+                return Err(BusError::Store(format!(
+                    "cannot record the request: {error}"
+                )));
+            }
+        }
+        if self.stored(&record.request_id).await?.is_some() {
+            let _ = self.results.purge(live_key(&record.request_id)).await;
+            return Ok(false);
+        }
+        let index = super::heartbeat::index_key(&record.worker_id, &record.request_id);
+        self.results
+            .put(index, bytes::Bytes::new())
+            .await
+            .map_err(|e| BusError::Store(format!("cannot index the request record: {e}")))?;
+        Ok(true)
+    }
+
+    /// Gives a claim back (the request was refused after all).
+    pub async fn unclaim(&self, record: &LiveRecord) {
+        let _ = self.results.purge(live_key(&record.request_id)).await;
+        let index = super::heartbeat::index_key(&record.worker_id, &record.request_id);
+        let _ = self.results.purge(index).await;
+    }
+
     pub async fn live(&self, request_id: &str) -> Result<Option<LiveRecord>, BusError> {
         let entry = self
             .results

@@ -398,7 +398,9 @@ async fn serve_submits(shared: Arc<Shared>, mut capacity: watch::Receiver<Capaci
                 },
                 changed = capacity.changed() => {
                     if changed.is_err() || capacity.borrow().free() == 0 {
-                        let _ = sub.unsubscribe().await;
+                        // Drain, not unsubscribe: a submit the server routed here before it saw the UNSUB
+                        // still arrives and is answered.
+                        let _ = sub.drain().await;
                         while let Some(message) = sub.next().await {
                             spawn_handler(&shared, handle_submit(shared.clone(), message)).await;
                         }
@@ -440,6 +442,21 @@ async fn submit(
         .request_id
         .get_or_insert_with(crate::protocol::ids::new_id)
         .clone();
+    let record = LiveRecord {
+        request_id: request_id.clone(),
+        state: RequestState::Running,
+        worker_id: shared.worker_id.clone(),
+        attempt: 1,
+        durable: false,
+    };
+    if !shared.stores.claim(&record).await.map_err(store_error)? {
+        return Err(WireError::new(
+            ErrorCode::DuplicateRequestId,
+            format!(
+                "request id {request_id} is already in use (running, queued or with a stored result)"
+            ),
+        ));
+    }
     let asked = Asked {
         request: request.clone(),
         root_request_id: request_id.clone(),
@@ -463,19 +480,10 @@ async fn submit(
                 Some(previous) => shared.lock_asked().insert(request_id, previous),
                 None => shared.lock_asked().remove(&request_id),
             };
+            shared.stores.unclaim(&record).await;
             return Err(error);
         }
     };
-    let record = LiveRecord {
-        request_id: accepted.request_id.clone(),
-        state: RequestState::Running,
-        worker_id: shared.worker_id.clone(),
-        attempt: 1,
-        durable: false,
-    };
-    if let Err(error) = shared.stores.put_live(&record).await {
-        tracing::warn!(message = "could not record a running request", %error, request_id = %record.request_id);
-    }
     shared
         .lock_running()
         .insert(record.request_id.clone(), record);

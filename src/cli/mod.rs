@@ -41,6 +41,8 @@ pub enum Command {
     Result(requests::ResultArgs),
     /// Cancel a running or queued request.
     Cancel(requests::IdArgs),
+    /// Answer a decision request: `genfleet decide DECISION_ID OPTION_ID`.
+    Decide(requests::DecideArgs),
     /// List the workers of the fleet with their pools and slots.
     Fleet(fleet::FleetArgs),
     /// Serve a scripted OpenAI-compatible chat completions API (for tests, demos, benchmarks).
@@ -71,6 +73,7 @@ impl Cli {
                         Command::Result(args) => requests::result(settings()?, args).await,
                         Command::Cancel(args) => requests::cancel(settings()?, args).await,
                         Command::Fleet(args) => fleet::run(settings()?, args).await,
+                        Command::Decide(args) => requests::decide(settings()?, args).await,
                         Command::MockLlm(args) => mock_llm::run(args).await,
                         Command::Worker(_) => unreachable!("handled above"),
                     }

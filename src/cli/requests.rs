@@ -43,6 +43,18 @@ pub struct IdArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct DecideArgs {
+    pub decision_id: String,
+    /// The id of the chosen option.
+    pub option_id: String,
+    #[arg(long)]
+    pub rationale: Option<String>,
+    /// Who decides (recorded and announced); default: $USER.
+    #[arg(long)]
+    pub decided_by: Option<String>,
+}
+
+#[derive(Debug, Args)]
 pub struct ResultArgs {
     pub request_id: String,
     /// Read the result without releasing it.
@@ -161,6 +173,21 @@ pub async fn result(settings: Settings, args: ResultArgs) -> anyhow::Result<()> 
     let client = Client::connect(&settings).await?;
     let result = client.result(&args.request_id, !args.peek).await?;
     println!("{}", serde_json::to_string(&result)?);
+    Ok(())
+}
+
+pub async fn decide(settings: Settings, args: DecideArgs) -> anyhow::Result<()> {
+    let client = Client::connect(&settings).await?;
+    let answer = crate::bus::decisions::DecisionAnswer {
+        option_id: args.option_id,
+        rationale: args.rationale,
+        decided_by: args.decided_by.or_else(|| std::env::var("USER").ok()),
+        modified_prompt: None,
+        guidance: None,
+        confidence_boost: None,
+    };
+    let reply = client.decide(&args.decision_id, &answer).await?;
+    println!("{}", serde_json::to_string(&reply)?);
     Ok(())
 }
 
