@@ -877,3 +877,15 @@ async fn genfleet_decide_answers_from_the_command_line() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn a_store_failure_is_an_internal_error_reply_not_a_crash() {
+    let f = fleet("[[rules]]\nreply = \"x\"\n", 1, 1).await;
+    let js = async_nats::jetstream::new(f.client.nats().clone());
+    js.delete_stream("KV_GENFLEET_RESULTS").await.unwrap();
+    let err = f.client.status("gone").await.unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::Internal), "{err}");
+    // The worker is still there and says so for every request.
+    let err = f.client.result("gone", true).await.unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::Internal), "{err}");
+}

@@ -391,3 +391,51 @@ async fn a_request_out_of_deliveries_is_stored_as_worker_lost_and_removed() {
         "the message is removed"
     );
 }
+
+#[tokio::test]
+async fn sigterm_drains_the_worker_and_it_exits_zero() {
+    let nats = NatsServer::start().await;
+    let mock = MockServer::start(
+        Script::from_toml_str("[[rules]]\nreply = \"a b c d\"\ndelay_ms = 100\n").unwrap(),
+    )
+    .await
+    .unwrap();
+    let s = settings(&nats, &mock);
+    let mut worker = worker_process(&s, "terminated");
+    let client = Client::connect(&s).await.unwrap();
+    let mut accepted = false;
+    for _ in 0..100 {
+        if client.submit("default", &req("last")).await.is_ok() {
+            accepted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(accepted);
+    let pid = worker.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = tokio::task::spawn_blocking(move || {
+        let status = worker.0.wait();
+        (worker, status)
+    })
+    .await
+    .unwrap()
+    .1
+    .unwrap();
+    assert!(status.success(), "exit status {status:?}");
+    // The drain let the running request finish first; the stores have its result.
+    let js = async_nats::jetstream::new(client.nats().clone());
+    let results = js.get_key_value("GENFLEET_RESULTS").await.unwrap();
+    let stored: serde_json::Value =
+        serde_json::from_slice(&results.get("res.last").await.unwrap().unwrap()).unwrap();
+    assert_eq!(
+        (stored["state"].as_str(), stored["output"].as_str()),
+        (Some("COMPLETED"), Some("a b c d"))
+    );
+}

@@ -31,6 +31,8 @@ use crate::settings::Settings;
 /// Requests handled at once per subscription; past it, messages wait in the client's bounded
 /// subscription buffer.
 const MAX_IN_FLIGHT: usize = 256;
+/// How long status and result wait for the stores (callers commonly wait 5-10 s).
+const STORE_WAIT: Duration = Duration::from_secs(4);
 /// Events waiting to be published before generations wait for the publisher.
 const EVENT_BUFFER: usize = 4096;
 
@@ -577,11 +579,11 @@ async fn serve_any(shared: Arc<Shared>, verb: &'static str, mut sub: async_nats:
             let request_id = Subjects::request_id_of(&message.subject).to_string();
             match verb {
                 "status" => {
-                    let reply = status(&shared2, &request_id).await;
+                    let reply = bounded(status(&shared2, &request_id)).await;
                     respond(&shared2.client, &message, reply).await;
                 }
                 "result" => {
-                    let reply = result(&shared2, &request_id, &message).await;
+                    let reply = bounded(result(&shared2, &request_id, &message)).await;
                     respond(&shared2.client, &message, reply).await;
                 }
                 _ => {
@@ -605,6 +607,21 @@ pub struct StatusReply {
     /// Set once a decision this request raised was answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub continuation_request_id: Option<String>,
+}
+
+/// Reads of the stores answer within [`STORE_WAIT`]: a caller waiting on a stuck store gets
+/// INTERNAL in time rather than no answer.
+async fn bounded<T>(
+    read: impl std::future::Future<Output = Result<T, WireError>>,
+) -> Result<T, WireError> {
+    tokio::time::timeout(STORE_WAIT, read)
+        .await
+        .unwrap_or_else(|_| {
+            Err(WireError::new(
+                ErrorCode::Internal,
+                "the stores did not answer in time",
+            ))
+        })
 }
 
 /// The continuation started by answering this request's decision, if any.
