@@ -144,5 +144,24 @@ fn bios(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, loop_detector, text_call_parser, codecs, bios);
+fn schema_validation(c: &mut Criterion) {
+    let tool = Tool::new(genfleet::cli::tool_demo::calculate_definition()).unwrap();
+    let valid = serde_json::json!({"operation": "mul", "a": 17, "b": 23});
+    let invalid = serde_json::json!({"operation": "pow", "a": "17"});
+    c.bench_function("schema_validation_per_call_valid", |b| {
+        b.iter(|| black_box(tool.check_arguments(&valid)))
+    });
+    c.bench_function("schema_validation_per_call_invalid", |b| {
+        b.iter(|| black_box(tool.check_arguments(&invalid)))
+    });
+}
+
+criterion_group!(
+    benches,
+    loop_detector,
+    text_call_parser,
+    codecs,
+    bios,
+    schema_validation
+);
 criterion_main!(benches);

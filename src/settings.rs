@@ -187,8 +187,12 @@ pub struct ToolSettings {
     pub correction_attempts: u32,
     pub default_timeout_ms: u64,
     pub bucket: String,
+    /// Definitions in either form (three tiers, or the legacy form converted on load).
     #[serde(default)]
-    pub definitions: Vec<crate::tools::ToolDefinition>,
+    pub definitions: Vec<serde_json::Value>,
+    /// A directory of definition files (`*.json`, `*.toml`, one definition each); empty: none.
+    #[serde(default)]
+    pub definitions_dir: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -10,6 +10,7 @@ pub mod queue;
 mod reply;
 pub mod store;
 pub mod subjects;
+pub mod tool_service;
 pub mod tools;
 pub mod worker;
 

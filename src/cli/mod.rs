@@ -4,6 +4,7 @@
 mod fleet;
 mod mock_llm;
 mod requests;
+pub mod tool_demo;
 mod worker;
 
 use std::path::PathBuf;
@@ -43,6 +44,8 @@ pub enum Command {
     Cancel(requests::IdArgs),
     /// Answer a decision request: `genfleet decide DECISION_ID OPTION_ID`.
     Decide(requests::DecideArgs),
+    /// Serve two example tools (a calculator and a clock) until Ctrl-C.
+    ToolDemo(tool_demo::ToolDemoArgs),
     /// List the workers of the fleet with their pools and slots.
     Fleet(fleet::FleetArgs),
     /// Serve a scripted OpenAI-compatible chat completions API (for tests, demos, benchmarks).
@@ -53,7 +56,7 @@ impl Cli {
     /// The log level when RUST_LOG is unset: services narrate, one-shot commands stay quiet.
     pub fn default_log_level(&self) -> &'static str {
         match self.command {
-            Command::Worker(_) | Command::MockLlm(_) => "info",
+            Command::Worker(_) | Command::MockLlm(_) | Command::ToolDemo(_) => "info",
             _ => "warn",
         }
     }
@@ -74,6 +77,7 @@ impl Cli {
                         Command::Cancel(args) => requests::cancel(settings()?, args).await,
                         Command::Fleet(args) => fleet::run(settings()?, args).await,
                         Command::Decide(args) => requests::decide(settings()?, args).await,
+                        Command::ToolDemo(args) => tool_demo::run(settings()?, args).await,
                         Command::MockLlm(args) => mock_llm::run(args).await,
                         Command::Worker(_) => unreachable!("handled above"),
                     }

@@ -85,6 +85,109 @@ impl std::fmt::Display for ArgumentError {
     }
 }
 
+/// Words a brief often starts with that are not verbs. A heuristic: it catches "The tool that
+/// ...", "This function ..." and "Message sender"-style noun phrases that start with an article,
+/// pronoun or tool word, without a dictionary.
+const NOT_VERBS: &[&str] = &[
+    "a", "an", "the", "this", "that", "these", "those", "it", "its", "my", "our", "your", "their",
+    "tool", "function", "helper", "utility", "api", "endpoint", "wrapper", "service", "action",
+    "plugin",
+];
+
+/// The first word of `brief` when it cannot be the verb a brief must start with.
+fn not_a_verb(brief: &str) -> Option<String> {
+    let word: String = brief.split_whitespace().next()?.to_string();
+    let bare = word.trim_matches(|c: char| !c.is_alphanumeric());
+    if bare.is_empty()
+        || !bare.chars().all(|c| c.is_alphabetic() || c == '-')
+        || NOT_VERBS.contains(&bare.to_lowercase().as_str())
+    {
+        Some(word)
+    } else {
+        None
+    }
+}
+
+/// The legacy definition form (`description`, `required_fields`, `optional_fields`,
+/// `instructions`), converted on load.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LegacyDefinition {
+    pub name: String,
+    pub description: String,
+    #[serde(default)]
+    pub required_fields: Vec<String>,
+    #[serde(default)]
+    pub optional_fields: Vec<String>,
+    #[serde(default)]
+    pub instructions: Option<ToolInstructions>,
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+impl LegacyDefinition {
+    /// The three-tier form: every field becomes a property (of any type), the required ones
+    /// required and no others allowed; the brief is the description's first sentence (cut to
+    /// fit); the description and instructions become the examples tier.
+    pub fn convert(self) -> ToolDefinition {
+        let mut properties = serde_json::Map::new();
+        for field in self.required_fields.iter().chain(&self.optional_fields) {
+            properties.insert(field.clone(), serde_json::json!({"description": field}));
+        }
+        let first = self
+            .description
+            .split_inclusive(['.', '\n'])
+            .next()
+            .unwrap_or("")
+            .trim()
+            .trim_end_matches('.');
+        let mut brief = String::new();
+        for word in first.split_whitespace() {
+            if brief.chars().count() + word.chars().count() + 1 >= MAX_BRIEF_CHARS {
+                break;
+            }
+            if !brief.is_empty() {
+                brief.push(' ');
+            }
+            brief.push_str(word);
+        }
+        ToolDefinition {
+            schema: serde_json::json!({
+                "type": "object",
+                "properties": properties,
+                "required": self.required_fields,
+                "additionalProperties": false
+            }),
+            brief,
+            examples: Some(ToolExamples {
+                description: self.description,
+                instructions: self.instructions,
+                examples: Vec::new(),
+            }),
+            timeout_ms: self.timeout_ms,
+            name: self.name,
+        }
+    }
+}
+
+/// Reads a definition in either form; the flag says it was the legacy one (worth a warning).
+pub fn parse_definition(value: serde_json::Value) -> Result<(ToolDefinition, bool), String> {
+    let legacy = value.get("schema").is_none()
+        && value.get("brief").is_none()
+        && (value.get("required_fields").is_some()
+            || value.get("optional_fields").is_some()
+            || value.get("description").is_some());
+    if legacy {
+        let definition: LegacyDefinition =
+            serde_json::from_value(value).map_err(|e| format!("legacy tool definition: {e}"))?;
+        Ok((definition.convert(), true))
+    } else {
+        let definition: ToolDefinition =
+            serde_json::from_value(value).map_err(|e| format!("tool definition: {e}"))?;
+        Ok((definition, false))
+    }
+}
+
 /// A checked definition with its compiled schema.
 pub struct Tool {
     pub definition: ToolDefinition,
@@ -116,6 +219,11 @@ impl Tool {
             return Err(fail(format!(
                 "brief must be 1-{} characters (it is in every prompt)",
                 MAX_BRIEF_CHARS - 1
+            )));
+        }
+        if let Some(word) = not_a_verb(brief) {
+            return Err(fail(format!(
+                "brief must start with a verb saying what the tool does (\"Send a message\", \"Get the weather\"), not {word:?}"
             )));
         }
         if definition.schema.get("type").and_then(|t| t.as_str()) != Some("object") {
@@ -267,12 +375,66 @@ mod tests {
     }
 
     #[test]
+    fn legacy_definitions_are_converted() {
+        let (definition, legacy) = parse_definition(json!({
+            "name": "my_action",
+            "description": "Do something with a value. It is stored for later.",
+            "required_fields": ["value"],
+            "optional_fields": ["option"],
+            "instructions": {"when_to_use": "Whenever a value needs doing."}
+        }))
+        .unwrap();
+        assert!(legacy);
+        assert_eq!(definition.brief, "Do something with a value");
+        let tool = Tool::new(definition.clone()).unwrap();
+        assert!(tool.check_arguments(&json!({"value": 1})).is_empty());
+        assert!(
+            tool.check_arguments(&json!({"value": 1, "option": true}))
+                .is_empty()
+        );
+        assert!(
+            !tool.check_arguments(&json!({"option": true})).is_empty(),
+            "value is required"
+        );
+        assert!(
+            !tool
+                .check_arguments(&json!({"value": 1, "other": 2}))
+                .is_empty(),
+            "only known fields"
+        );
+        let examples = definition.examples.unwrap();
+        assert!(examples.description.contains("stored for later"));
+        assert_eq!(
+            examples.instructions.unwrap().when_to_use,
+            "Whenever a value needs doing."
+        );
+
+        let (current, legacy) = parse_definition(serde_json::to_value(add()).unwrap()).unwrap();
+        assert!(!legacy);
+        assert_eq!(current, add());
+        let err = parse_definition(
+            json!({"name": "x", "brief": "Do x", "schema": {"type": "object"}, "bogus": 1}),
+        )
+        .unwrap_err();
+        assert!(err.contains("bogus"), "{err}");
+    }
+
+    #[test]
     fn rejects_bad_definitions() {
         type Mutation = Box<dyn Fn(&mut ToolDefinition)>;
         let cases: Vec<(Mutation, &str)> = vec![
             (Box::new(|d| d.name = "a b".into()), "name"),
             (Box::new(|d| d.brief = "x".repeat(100)), "brief"),
             (Box::new(|d| d.brief = " ".into()), "brief"),
+            (
+                Box::new(|d| d.brief = "The adder of numbers".into()),
+                "verb",
+            ),
+            (
+                Box::new(|d| d.brief = "This tool adds numbers".into()),
+                "verb",
+            ),
+            (Box::new(|d| d.brief = "42 is the answer".into()), "verb"),
             (Box::new(|d| d.schema = json!({"type": "string"})), "object"),
             (
                 Box::new(|d| {
