@@ -996,3 +996,103 @@ async fn a_decision_request_at_the_chain_limit_fails_the_request() {
         .await;
     assert_eq!(result.reason, Reason::DecisionRequested);
 }
+
+#[tokio::test]
+async fn every_kind_of_invalid_call_is_corrected_when_the_model_fixes_it() {
+    let fixed = r#"
+[[rules]]
+when_last_message_contains = "could not be used"
+reply = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+tool_calls = [{ name = "add", arguments = { a = 2, b = 3 } }]
+[[rules]]
+when_last_message_contains = "tool_response"
+reply = "Sum done."
+[[rules]]
+when_last_role = "tool"
+reply = "Sum done."
+"#;
+    let cases = [
+        (
+            "malformed JSON",
+            ToolMode::Text,
+            "reply = '<tool_call>{\"name\":\"add\",\"arguments\":{\"a\":2,\"b\":}}</tool_call>'",
+            "not valid JSON",
+        ),
+        (
+            "stray key",
+            ToolMode::Text,
+            "reply = '<tool_call>{\"name\":\"add\",\"arguments\":{\"a\":2,\"b\":3},\"note\":\"x\"}</tool_call>'",
+            "invalid",
+        ),
+        (
+            "unknown tool, text",
+            ToolMode::Text,
+            "reply = '<tool_call>{\"name\":\"sum\",\"arguments\":{\"a\":2,\"b\":3}}</tool_call>'",
+            "`sum` is not a tool",
+        ),
+        (
+            "unknown tool, native",
+            ToolMode::Native,
+            "tool_calls = [{ name = \"sum\", arguments = { a = 2, b = 3 } }]",
+            "`sum` is not a tool",
+        ),
+        (
+            "malformed native arguments",
+            ToolMode::Native,
+            "tool_calls = [{ name = \"add\", arguments = '{\"a\": 2,' }]",
+            "not a JSON object",
+        ),
+        (
+            "missing required",
+            ToolMode::Native,
+            "tool_calls = [{ name = \"add\", arguments = { a = 2 } }]",
+            "\"b\" is a required property",
+        ),
+        (
+            "wrong type",
+            ToolMode::Text,
+            "reply = '<tool_call>{\"name\":\"add\",\"arguments\":{\"a\":\"2\",\"b\":3}}</tool_call>'",
+            "/a",
+        ),
+        (
+            "extra property",
+            ToolMode::Native,
+            "tool_calls = [{ name = \"add\", arguments = { a = 2, b = 3, c = 4 } }]",
+            "Additional properties",
+        ),
+    ];
+    for (label, mode, broken, needle) in cases {
+        // One form of the fixed call per mode.
+        let fixed = match mode {
+            ToolMode::Text => fixed.replace("tool_calls = [{ name = \"add\", arguments = { a = 2, b = 3 } }]\n", ""),
+            ToolMode::Native => fixed.replace("reply = '<tool_call>{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}</tool_call>'\n", ""),
+        };
+        let script = format!("{fixed}[[rules]]\n{broken}\n");
+        let h = Harness::with(&script, |s| s.llm.tool_mode = mode).await;
+        let (result, _) = h
+            .run(request(
+                json!({"messages": user("add 2 and 3"), "tools": ["add"]}),
+            ))
+            .await;
+        assert_eq!(
+            (result.state, result.reason),
+            (RequestState::Completed, Reason::Stop),
+            "{label}: {result:?}"
+        );
+        assert_eq!(h.tools.calls().len(), 1, "{label}");
+        assert_eq!(
+            result.tool_iterations_used, 1,
+            "{label}: corrections use no budget"
+        );
+        let correction = result
+            .messages
+            .iter()
+            .find(|m| m.role == Role::User && m.text().contains("could not be used"))
+            .unwrap_or_else(|| panic!("{label}: the correction is in the result's messages"));
+        assert!(
+            correction.text().contains(needle),
+            "{label}: {}",
+            correction.text()
+        );
+    }
+}
