@@ -673,6 +673,29 @@ async fn tools_registered_in_kv_become_callable_and_withdrawn_ones_unknown() {
         "{}",
         result.output
     );
+    // An update (a new brief) reaches the prompts of later requests.
+    let mut updated = definition.clone();
+    updated["brief"] = json!("Add up two numbers exactly");
+    bucket
+        .put("add", serde_json::to_vec(&updated).unwrap().into())
+        .await
+        .unwrap();
+    let mut seen_update = false;
+    for i in 0..100 {
+        let mut again = with_tool.clone();
+        again.request_id = Some(format!("upd{i}"));
+        f.client
+            .run("default", again, Duration::from_secs(10))
+            .await
+            .unwrap();
+        let offered = f.mock.requests().last().unwrap()["tools"].to_string();
+        if offered.contains("Add up two numbers exactly") {
+            seen_update = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(seen_update, "an updated registration replaces the old one");
     bucket.delete("add").await.unwrap();
     let mut withdrawn = false;
     for _ in 0..100 {
