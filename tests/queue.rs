@@ -189,8 +189,14 @@ impl Drop for WorkerProcess {
 }
 
 fn worker_process(s: &Settings, id: &str) -> WorkerProcess {
+    worker_process_with(s, id, &[])
+}
+
+/// A worker process with extra `GENFLEET__...` settings.
+fn worker_process_with(s: &Settings, id: &str, extra: &[(&str, &str)]) -> WorkerProcess {
     let child = Command::new(env!("CARGO_BIN_EXE_genfleet"))
         .arg("worker")
+        .envs(extra.iter().copied())
         .env("GENFLEET__NATS__URL", &s.nats.url)
         .env("GENFLEET__LLM__BASE_URL", &s.llm.base_url)
         .env("GENFLEET__WORKER__SLOTS", "1")
@@ -292,21 +298,14 @@ async fn an_interactive_request_of_a_killed_worker_is_ended_as_worker_lost_by_a_
     let mut s = settings(&nats, &mock);
     s.worker.heartbeat_ms = 200;
     s.worker.lost_after_ms = 1000;
-    let mut doomed = {
-        let child = Command::new(env!("CARGO_BIN_EXE_genfleet"))
-            .arg("worker")
-            .env("GENFLEET__NATS__URL", &s.nats.url)
-            .env("GENFLEET__LLM__BASE_URL", &s.llm.base_url)
-            .env("GENFLEET__WORKER__SLOTS", "1")
-            .env("GENFLEET__WORKER__ID", "doomed")
-            .env("GENFLEET__WORKER__HEARTBEAT_MS", "200")
-            .env("GENFLEET__WORKER__LOST_AFTER_MS", "1000")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        WorkerProcess(child)
-    };
+    let mut doomed = worker_process_with(
+        &s,
+        "doomed",
+        &[
+            ("GENFLEET__WORKER__HEARTBEAT_MS", "200"),
+            ("GENFLEET__WORKER__LOST_AFTER_MS", "1000"),
+        ],
+    );
     let client = Client::connect(&s).await.unwrap();
     let mut accepted = None;
     for _ in 0..100 {
@@ -339,21 +338,11 @@ async fn a_request_out_of_deliveries_is_stored_as_worker_lost_and_removed() {
     .unwrap();
     let mut s = settings(&nats, &mock);
     s.jetstream.queue_max_deliver = 1;
-    let child = Command::new(env!("CARGO_BIN_EXE_genfleet"))
-        .arg("worker")
-        .env("GENFLEET__NATS__URL", &s.nats.url)
-        .env("GENFLEET__LLM__BASE_URL", &s.llm.base_url)
-        .env("GENFLEET__WORKER__SLOTS", "1")
-        .env(
-            "GENFLEET__JETSTREAM__QUEUE_ACK_WAIT_MS",
-            s.jetstream.queue_ack_wait_ms.to_string(),
-        )
-        .env("GENFLEET__JETSTREAM__QUEUE_MAX_DELIVER", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut doomed = WorkerProcess(child);
+    let mut doomed = worker_process_with(
+        &s,
+        "exhausted-worker",
+        &[("GENFLEET__JETSTREAM__QUEUE_MAX_DELIVER", "1")],
+    );
     let client = Client::connect(&s).await.unwrap();
     for _ in 0..100 {
         if client

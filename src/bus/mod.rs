@@ -7,7 +7,7 @@ pub mod connect;
 pub mod decisions;
 pub mod heartbeat;
 pub mod queue;
-mod reply;
+pub(crate) mod reply;
 pub mod store;
 pub mod subjects;
 pub mod tool_service;

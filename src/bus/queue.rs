@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 use super::BusError;
 use super::decisions::{CHAIN_HEADER, PARENT_HEADER, ROOT_HEADER};
-use super::reply::encoding_of;
+use super::reply::{encoding_of, header};
 use super::store::LiveRecord;
 use super::subjects::Subjects;
 use super::worker::{Asked, Shared};
@@ -128,18 +128,12 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
     let accepted_at = Instant::now()
         .checked_sub(queued_for)
         .unwrap_or_else(Instant::now);
-    let header = |name: &str| {
-        message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(name))
-            .map(|v| v.as_str().to_string())
-    };
-    let parent_request_id = header(PARENT_HEADER).filter(|id| is_valid_request_id(id));
-    let root_request_id = header(ROOT_HEADER)
+    let parent_request_id =
+        header(&message.message, PARENT_HEADER).filter(|id| is_valid_request_id(id));
+    let root_request_id = header(&message.message, ROOT_HEADER)
         .filter(|id| is_valid_request_id(id))
         .unwrap_or_else(|| request_id.clone());
-    let chain_position = header(CHAIN_HEADER)
+    let chain_position = header(&message.message, CHAIN_HEADER)
         .and_then(|p| p.parse::<u32>().ok())
         .filter(|p| *p >= 1)
         .unwrap_or(1);

@@ -18,6 +18,15 @@ pub fn encoding_of(message: &Message) -> Encoding {
     Encoding::from_content_type(value)
 }
 
+/// A header's value as text.
+pub fn header(message: &Message, name: &str) -> Option<String> {
+    message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(name))
+        .map(|v| v.as_str().to_string())
+}
+
 /// Decodes a request body, refusing one larger than `max_bytes`.
 pub fn decode<T: DeserializeOwned>(message: &Message, max_bytes: usize) -> Result<T, WireError> {
     if message.payload.len() > max_bytes {

@@ -70,17 +70,10 @@ impl ToolService {
                 let handler = handler.clone();
                 let responder = responder.clone();
                 tokio::spawn(async move {
-                    let header = |name: &str| {
-                        message
-                            .headers
-                            .as_ref()
-                            .and_then(|h| h.get(name))
-                            .map(|v| v.as_str().to_string())
-                    };
                     let context = CallContext {
-                        request_id: header(REQUEST_ID_HEADER),
-                        call_id: header(CALL_ID_HEADER),
-                        job_name: header(JOB_NAME_HEADER),
+                        request_id: super::reply::header(&message, REQUEST_ID_HEADER),
+                        call_id: super::reply::header(&message, CALL_ID_HEADER),
+                        job_name: super::reply::header(&message, JOB_NAME_HEADER),
                     };
                     let reply = match serde_json::from_slice::<Value>(&message.payload) {
                         Ok(arguments) => match handler(arguments, context).await {

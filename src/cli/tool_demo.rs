@@ -108,27 +108,11 @@ pub async fn run(settings: Settings, _args: ToolDemoArgs) -> anyhow::Result<()> 
     )
     .await?;
     println!("tool-demo serving: calculate, clock");
-    shutdown().await;
+    super::shutdown_signal().await;
     calculator.withdraw().await?;
     clock.withdraw().await?;
     let _ = client.flush().await;
     Ok(())
-}
-
-async fn shutdown() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }
 
 #[cfg(test)]

@@ -18,24 +18,7 @@ pub fn run(settings: Settings, _args: WorkerArgs) -> anyhow::Result<()> {
             .expect("a tokio runtime")
     })
     .block_on(async move {
-        worker::run(settings, worker_id, shutdown_signal(), None).await?;
+        worker::run(settings, worker_id, super::shutdown_signal(), None).await?;
         Ok(())
     })
-}
-
-/// SIGTERM (Kubernetes) or SIGINT (Ctrl-C).
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }
