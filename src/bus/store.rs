@@ -181,6 +181,16 @@ impl Stores {
                 Ok(Stored::Stored)
             }
             Err(error) if error.kind() == kv::CreateErrorKind::AlreadyExists => {
+                // This runner's records go too; the stored result stands.
+                let index = super::heartbeat::index_key(&result.worker_id, &result.request_id);
+                let _ = self.results.purge(index).await;
+                if self
+                    .live(&result.request_id)
+                    .await?
+                    .is_some_and(|r| r.worker_id == result.worker_id)
+                {
+                    let _ = self.results.purge(live_key(&result.request_id)).await;
+                }
                 Ok(Stored::AlreadyStored)
             }
             Err(error) => Err(BusError::Store(format!("cannot store the result: {error}"))),
