@@ -837,14 +837,22 @@ async fn cancel(shared: &Shared, request_id: &str) -> Result<CancelReply, WireEr
 }
 
 async fn cancel_here(shared: &Shared, request_id: &str) -> Result<CancelReply, WireError> {
+    // Marked before the cancel goes in, so its `finished` (which may come first) sees it.
     shared.lock_cancelled().insert(request_id.to_string());
-    shared
+    let reply = shared
         .supervisor
         .send(Cancel {
             request_id: request_id.to_string(),
         })
         .await
-        .map_err(|_| WireError::new(ErrorCode::Internal, "the worker is stopping"))?
+        .map_err(|_| WireError::new(ErrorCode::Internal, "the worker is stopping"))
+        .and_then(|r| r);
+    if reply.is_err() {
+        // Nothing was cancelled, so no `finished` will clear the mark: a caller must not be
+        // able to grow this set with cancels of requests that are not running here.
+        shared.lock_cancelled().remove(request_id);
+    }
+    reply
 }
 
 async fn serve_own_cancels(shared: Arc<Shared>, mut sub: async_nats::Subscriber) {
