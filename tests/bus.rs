@@ -134,6 +134,25 @@ async fn submit_streams_events_and_stores_the_result_for_any_worker() {
         f.client.status("nope").await.unwrap_err().code(),
         Some(ErrorCode::NotFound)
     );
+    // The worker keeps no copy of results the shared store holds.
+    let stats = f
+        .client
+        .nats()
+        .request(
+            format!("gen.worker.{}.capacity", f.workers[0].worker_id),
+            "".into(),
+        )
+        .await
+        .unwrap();
+    let stats: serde_json::Value = serde_json::from_slice(&stats.payload).unwrap();
+    assert_eq!(
+        (
+            stats["running"].as_u64(),
+            stats["retained_results"].as_u64()
+        ),
+        (Some(0), Some(0)),
+        "{stats}"
+    );
 }
 
 #[tokio::test]

@@ -506,11 +506,13 @@ async fn publish_events(shared: Arc<Shared>, mut events: mpsc::Receiver<Event>) 
                 if durable && result.reason == Reason::Cancelled && !by_caller {
                     // A drain cancelled it: hand it back for another worker, store nothing.
                     queue::settle(&shared, id, true).await;
+                    release_local(&shared, id).await;
                     tracing::info!(message = "handed a durable request back to the queue", request_id = %id);
                     continue;
                 }
                 store_result(&shared, result).await;
                 queue::settle(&shared, id, false).await;
+                release_local(&shared, id).await;
             }
             EventBody::Signal { signal } => {
                 if let Some(decision) = &signal.decision {
@@ -526,6 +528,18 @@ async fn publish_events(shared: Arc<Shared>, mut events: mpsc::Receiver<Event>) 
             tracing::warn!(message = "could not publish an event", %error, request_id = %event.request_id);
         }
     }
+}
+
+/// The shared store holds the result now: the supervisor's in-memory copy goes, so a worker's
+/// memory does not grow with the results it ran.
+async fn release_local(shared: &Shared, request_id: &str) {
+    let _ = shared
+        .supervisor
+        .send(crate::actors::GetResult {
+            request_id: request_id.to_string(),
+            release: true,
+        })
+        .await;
 }
 
 async fn store_result(shared: &Shared, result: &crate::protocol::GenerationResult) {
