@@ -272,9 +272,19 @@ async fn start(settings: Settings, worker_id: String) -> Result<Started, BusErro
     super::heartbeat::beat(&shared).await?;
     tasks.push(tokio::spawn(super::heartbeat::run(shared.clone())));
     tasks.push(tokio::spawn(publish_events(shared.clone(), events_rx)));
+    // Subscribed (and the server told) before the worker says it is ready, so the first
+    // submit after start finds it.
+    let submits = client
+        .queue_subscribe(
+            subjects.submit(&shared.settings.worker.pool),
+            subjects.submit_group(&shared.settings.worker.pool),
+        )
+        .await
+        .map_err(|e| BusError::Setup(format!("cannot subscribe to submits: {e}")))?;
     tasks.push(tokio::spawn(serve_submits(
         shared.clone(),
         handle.capacity.clone(),
+        Some(submits),
     )));
     let consumer = queue::pool_consumer(&shared).await?;
     tasks.push(tokio::spawn(queue::serve_queue(
@@ -309,6 +319,10 @@ async fn start(settings: Settings, worker_id: String) -> Result<Started, BusErro
         let _service = service;
         std::future::pending::<()>().await;
     }));
+    client
+        .flush()
+        .await
+        .map_err(|e| BusError::Setup(format!("cannot reach NATS: {e}")))?;
     tracing::info!(
         message = "worker ready",
         worker_id = %worker_id,
@@ -373,18 +387,27 @@ async fn start_service(
 
 /// Subscribes to the pool's submit subject only while a slot is free. Leaving the queue group
 /// drains the subscription: every submit that reached this worker is answered.
-async fn serve_submits(shared: Arc<Shared>, mut capacity: watch::Receiver<Capacity>) {
+async fn serve_submits(
+    shared: Arc<Shared>,
+    mut capacity: watch::Receiver<Capacity>,
+    mut first: Option<async_nats::Subscriber>,
+) {
     let subject = shared.subjects.submit(&shared.settings.worker.pool);
     let group = shared.subjects.submit_group(&shared.settings.worker.pool);
     loop {
         if capacity.wait_for(|c| c.free() > 0).await.is_err() {
             return;
         }
-        let mut sub = match shared
-            .client
-            .queue_subscribe(subject.clone(), group.clone())
-            .await
-        {
+        let subscribed = match first.take() {
+            Some(sub) => Ok(sub),
+            None => {
+                shared
+                    .client
+                    .queue_subscribe(subject.clone(), group.clone())
+                    .await
+            }
+        };
+        let mut sub = match subscribed {
             Ok(sub) => sub,
             Err(error) => {
                 tracing::error!(message = "cannot subscribe to submits; retrying", %error);
