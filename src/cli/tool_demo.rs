@@ -85,6 +85,7 @@ pub fn calculate(arguments: &Value) -> Result<Value, Value> {
 }
 
 pub async fn run(settings: Settings, _args: ToolDemoArgs) -> anyhow::Result<()> {
+    let shutdown = super::shutdown_signal();
     let client = connect::connect(&settings.nats, ConnectPurpose::Worker).await?;
     let calculator = ToolService::start(
         client.clone(),
@@ -108,7 +109,7 @@ pub async fn run(settings: Settings, _args: ToolDemoArgs) -> anyhow::Result<()> 
     )
     .await?;
     println!("tool-demo serving: calculate, clock");
-    super::shutdown_signal().await;
+    shutdown.await;
     calculator.withdraw().await?;
     clock.withdraw().await?;
     let _ = client.flush().await;
