@@ -597,34 +597,9 @@ async fn cancellation_reaches_an_http_stream_read_through_the_actors() {
     let handle = Supervisor::start(config(1), h.engine.clone(), None);
     let mut req = GenerationRequest::user("go");
     req.request_id = Some("http".into());
-    handle
-        .addr
-        .send(Submit {
-            request: req,
-            placement: Placement::default(),
-        })
-        .await
-        .unwrap()
-        .unwrap();
+    submit_request(&handle.addr, req).await;
     tokio::time::sleep(Duration::from_millis(350)).await;
-    let reply = handle
-        .addr
-        .send(Cancel {
-            request_id: "http".into(),
-        })
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(reply.state, RequestState::Cancelled);
-    let r = handle
-        .addr
-        .send(GetResult {
-            request_id: "http".into(),
-            release: true,
-        })
-        .await
-        .unwrap()
-        .unwrap();
+    let r = cancel_and_read(&handle.addr, "http").await;
     assert!(
         !r.output.is_empty() && r.output.len() < 32,
         "{:?}",
@@ -643,15 +618,7 @@ async fn cancellation_reaches_a_tool_call_through_the_actors() {
     let mut req = GenerationRequest::user("go");
     req.request_id = Some("tool".into());
     req.tools = vec!["hang".into()];
-    handle
-        .addr
-        .send(Submit {
-            request: req,
-            placement: Placement::default(),
-        })
-        .await
-        .unwrap()
-        .unwrap();
+    submit_request(&handle.addr, req).await;
     // Wait until the tool is being called.
     for _ in 0..200 {
         if !h.tools.calls().is_empty() {
@@ -660,29 +627,38 @@ async fn cancellation_reaches_a_tool_call_through_the_actors() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(h.tools.calls().len(), 1);
-    let reply = handle
-        .addr
-        .send(Cancel {
-            request_id: "tool".into(),
-        })
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(reply.state, RequestState::Cancelled);
-    let r = handle
-        .addr
-        .send(GetResult {
-            request_id: "tool".into(),
-            release: true,
-        })
-        .await
-        .unwrap()
-        .unwrap();
+    let r = cancel_and_read(&handle.addr, "tool").await;
     assert_eq!(
         (r.reason, r.output.as_str()),
         (Reason::Cancelled, "Calling.")
     );
     quiesce(&handle).await;
+}
+
+async fn submit_request(addr: &Addr<Supervisor>, request: GenerationRequest) {
+    addr.send(Submit {
+        request,
+        placement: Placement::default(),
+    })
+    .await
+    .unwrap()
+    .unwrap();
+}
+
+/// Cancels a running request, checks the reply came with CANCELLED, and reads the result.
+async fn cancel_and_read(
+    addr: &Addr<Supervisor>,
+    id: &str,
+) -> genfleet::protocol::GenerationResult {
+    let reply = addr
+        .send(Cancel {
+            request_id: id.into(),
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(reply.state, RequestState::Cancelled);
+    result(addr, id, true).await.unwrap()
 }
 
 #[derive(Debug, Clone)]
