@@ -78,6 +78,18 @@ async fn queued_requests_run_when_a_worker_is_there_and_duplicates_are_kept_once
         .await
         .unwrap()
         .unwrap();
+    // Its last pull request lives on at the server until it expires; a message published
+    // before then would be delivered to it (and come back as attempt 2).
+    let js = async_nats::jetstream::new(client.nats().clone());
+    let queue = js.get_stream("GENFLEET_QUEUE").await.unwrap();
+    let mut consumer: async_nats::jetstream::consumer::PullConsumer =
+        queue.get_consumer("genfleet-default").await.unwrap();
+    for _ in 0..100 {
+        if consumer.info().await.unwrap().num_waiting == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let queued = client.enqueue("default", &req("q1")).await.unwrap();
     assert!(!queued.duplicate);
     assert!(
@@ -178,6 +190,31 @@ async fn a_message_whose_id_does_not_match_its_subject_is_stored_as_invalid_requ
     drop(worker);
 }
 
+/// Waits (bounded) until some worker answers the service API.
+async fn wait_for_a_worker(client: &Client) {
+    for _ in 0..100 {
+        if client
+            .nats()
+            .request("$SRV.PING.genfleet", "".into())
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits (bounded) until a worker runs `id`.
+async fn wait_running(client: &Client, id: &str) {
+    for _ in 0..100 {
+        if client.status(id).await.ok().map(|s| s.state) == Some(RequestState::Running) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A worker as its own process, so the test can kill it with SIGKILL.
 struct WorkerProcess(Child);
 
@@ -227,24 +264,9 @@ async fn a_worker_killed_mid_generation_leaves_the_request_to_another_as_attempt
     let mut doomed = worker_process(&s, "doomed");
     let client = Client::connect(&s).await.unwrap();
     // Wait for the doomed worker to serve before enqueueing, so it takes the request.
-    for _ in 0..100 {
-        if client
-            .nats()
-            .request("$SRV.PING.genfleet", "".into())
-            .await
-            .is_ok()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_a_worker(&client).await;
     client.enqueue("default", &req("survivor")).await.unwrap();
-    for _ in 0..100 {
-        if client.status("survivor").await.ok().map(|s| s.state) == Some(RequestState::Running) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_running(&client, "survivor").await;
     doomed.0.kill().unwrap();
     doomed.0.wait().unwrap();
     let _rescuer = spawn_worker(s.clone()).await;
@@ -266,12 +288,7 @@ async fn a_drain_hands_a_running_durable_request_back_to_another_worker() {
     let leaving = spawn_worker(s.clone()).await;
     let client = Client::connect(&s).await.unwrap();
     client.enqueue("default", &req("handed")).await.unwrap();
-    for _ in 0..100 {
-        if client.status("handed").await.ok().map(|s| s.state) == Some(RequestState::Running) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_running(&client, "handed").await;
     let staying = spawn_worker(s.clone()).await;
     // The drain deadline (300 ms) passes before the request ends: it is handed back.
     tokio::task::spawn_blocking(move || leaving.stop())
@@ -344,24 +361,9 @@ async fn a_request_out_of_deliveries_is_stored_as_worker_lost_and_removed() {
         &[("GENFLEET__JETSTREAM__QUEUE_MAX_DELIVER", "1")],
     );
     let client = Client::connect(&s).await.unwrap();
-    for _ in 0..100 {
-        if client
-            .nats()
-            .request("$SRV.PING.genfleet", "".into())
-            .await
-            .is_ok()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_a_worker(&client).await;
     client.enqueue("default", &req("exhausted")).await.unwrap();
-    for _ in 0..100 {
-        if client.status("exhausted").await.ok().map(|s| s.state) == Some(RequestState::Running) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_running(&client, "exhausted").await;
     doomed.0.kill().unwrap();
     doomed.0.wait().unwrap();
     let _live = spawn_worker(s.clone()).await;
