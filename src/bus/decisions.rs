@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::BusError;
 use super::store::ensure_bucket;
 use super::subjects::Subjects;
+use crate::engine::chain::ChainState;
 use crate::protocol::ids::{new_id, now_rfc3339};
 use crate::protocol::{
     DecisionBlock, ErrorCode, Event, EventBody, GenerationRequest, Message, Severity, Signal,
@@ -39,12 +40,49 @@ pub struct DecisionRecord {
     pub signal: Signal,
     /// The request that asked, to restate it in the continuation.
     pub request: GenerationRequest,
-    /// The `seq` the `continued` event takes on the asking request's events subject.
+    /// The `seq` the `continued` (or `chain_ended`) event takes on the asking request's
+    /// events subject.
     pub continued_seq: u64,
+    /// What the asking request carried from earlier in its chain.
+    #[serde(default)]
+    pub chain: ChainState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer: Option<Answer>,
+    /// Set when the decision expired unanswered (DECISION_EXPIRED).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expired_at: Option<String>,
 }
 
+impl DecisionRecord {
+    /// Still waiting for an answer: neither answered nor expired.
+    pub fn is_pending(&self) -> bool {
+        self.answer.is_none() && self.expired_at.is_none()
+    }
+}
+
+/// What an answer did to the chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionOutcome {
+    /// A continuation request was started.
+    Continued,
+    /// The chain ended: the step was skipped.
+    Skipped,
+    /// The chain ended: the job was aborted.
+    Aborted,
+}
+
+impl DecisionOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DecisionOutcome::Continued => "continued",
+            DecisionOutcome::Skipped => "skipped",
+            DecisionOutcome::Aborted => "aborted",
+        }
+    }
+}
+
+/// The answer a decision got, as recorded.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Answer {
     pub option_id: String,
@@ -52,7 +90,16 @@ pub struct Answer {
     pub rationale: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decided_by: Option<String>,
-    pub continuation_request_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modified_prompt: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guidance: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confidence_boost: Option<f64>,
+    pub outcome: DecisionOutcome,
+    /// The continuation it started (`continued` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continuation_request_id: Option<String>,
     pub decided_at: String,
 }
 
@@ -78,7 +125,7 @@ pub struct DecisionReply {
     pub decision_id: String,
     pub continuation_request_id: Option<String>,
     /// `continued`, or `skipped` / `aborted` for the options that end a chain.
-    pub outcome: String,
+    pub outcome: DecisionOutcome,
 }
 
 pub struct Decisions {
@@ -193,13 +240,14 @@ impl Decisions {
                 // The same answer again: publish the same continuation again (deduplicated by
                 // the queue), which also repairs a crash between recording and publishing.
                 let continuation = given.continuation_request_id.clone();
+                let outcome = given.outcome;
                 self.publish_continuation(client, &record, given)
                     .await
                     .map_err(|e| internal(e.to_string()))?;
                 let reply = DecisionReply {
                     decision_id: decision_id.into(),
-                    continuation_request_id: Some(continuation),
-                    outcome: "continued".into(),
+                    continuation_request_id: continuation,
+                    outcome,
                 };
                 return Ok((reply, record.request_id));
             }
@@ -219,7 +267,11 @@ impl Decisions {
                 option_id: answer.option_id.clone(),
                 rationale: answer.rationale.clone(),
                 decided_by: answer.decided_by.clone(),
-                continuation_request_id: new_id(),
+                modified_prompt: None,
+                guidance: None,
+                confidence_boost: None,
+                outcome: DecisionOutcome::Continued,
+                continuation_request_id: Some(new_id()),
                 decided_at: now_rfc3339(),
             };
             record.answer = Some(given.clone());
@@ -240,8 +292,8 @@ impl Decisions {
             self.announce(client, worker_id, &record, &given).await;
             let reply = DecisionReply {
                 decision_id: decision_id.into(),
-                continuation_request_id: Some(given.continuation_request_id),
-                outcome: "continued".into(),
+                continuation_request_id: given.continuation_request_id,
+                outcome: DecisionOutcome::Continued,
             };
             return Ok((reply, record.request_id));
         }
@@ -253,8 +305,10 @@ impl Decisions {
         record: &DecisionRecord,
         answer: &Answer,
     ) -> Result<(), BusError> {
-        let request = continuation(record, answer);
-        let id = &answer.continuation_request_id;
+        let Some(id) = &answer.continuation_request_id else {
+            return Ok(());
+        };
+        let request = continuation(record, answer, id);
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", id.as_str());
         headers.insert(PARENT_HEADER, record.request_id.as_str());
@@ -292,7 +346,7 @@ impl Decisions {
             seq: record.continued_seq,
             ts: now_rfc3339(),
             body: EventBody::Continued {
-                continuation_request_id: answer.continuation_request_id.clone(),
+                continuation_request_id: answer.continuation_request_id.clone().unwrap_or_default(),
             },
         };
         let _ = client
@@ -355,9 +409,9 @@ impl Decisions {
 
 /// The continuation: the original caller system and messages, plus the choice, a fresh
 /// request id and a fresh tool budget.
-pub fn continuation(record: &DecisionRecord, answer: &Answer) -> GenerationRequest {
+pub fn continuation(record: &DecisionRecord, answer: &Answer, id: &str) -> GenerationRequest {
     let mut request = record.request.clone();
-    request.request_id = Some(answer.continuation_request_id.clone());
+    request.request_id = Some(id.to_string());
     let label = record
         .decision
         .options

@@ -927,7 +927,9 @@ async fn record_decision(
         // A decision request ends the generation: its signal is the generation's last event,
         // `finished` follows, and `continued` comes after that.
         continued_seq: seq + 2,
+        chain: Default::default(),
         answer: None,
+        expired_at: None,
     };
     if let Err(error) = shared.decisions.record(&record).await {
         tracing::error!(message = "could not store a pending decision", %error, decision_id = %record.decision_id);
