@@ -24,6 +24,7 @@ pub struct Settings {
     pub subjects: SubjectSettings,
     pub jetstream: JetStreamSettings,
     pub decisions: DecisionSettings,
+    pub escalation: EscalationSettings,
     pub worker: WorkerSettings,
     pub llm: LlmSettings,
     pub generation: GenerationSettings,
@@ -65,6 +66,21 @@ pub struct DecisionSettings {
     pub bucket: String,
     pub ttl_ms: u64,
     pub max_chain: u32,
+    pub answer_default_on_expiry: bool,
+    pub sweep_ms: u64,
+    pub history_bucket: String,
+    pub history_ttl_ms: u64,
+    pub history_max_entries: i64,
+    pub history_scan_max: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EscalationSettings {
+    pub threshold: f64,
+    pub auto_retry_on_first_failure: bool,
+    pub default_option: String,
+    pub checkpoint_default_option: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -323,6 +339,33 @@ impl Settings {
             return fail(
                 "worker.lost_after_ms must be at least twice worker.heartbeat_ms (and that at least 1)"
                     .into(),
+            );
+        }
+        if !(0.0..=1.0).contains(&self.escalation.threshold) {
+            return fail("escalation.threshold must be between 0 and 1".into());
+        }
+        for (key, value, allowed) in [
+            (
+                "escalation.default_option",
+                &self.escalation.default_option,
+                &["", "retry", "skip", "abort"][..],
+            ),
+            (
+                "escalation.checkpoint_default_option",
+                &self.escalation.checkpoint_default_option,
+                &["", "proceed", "skip", "abort"][..],
+            ),
+        ] {
+            if !allowed.contains(&value.as_str()) {
+                return fail(format!(
+                    "{key} {value:?} must be one of {:?} (empty: no default)",
+                    &allowed[1..]
+                ));
+            }
+        }
+        if self.decisions.sweep_ms == 0 || self.decisions.history_max_entries < 1 {
+            return fail(
+                "decisions.sweep_ms and decisions.history_max_entries must be at least 1".into(),
             );
         }
         if self.limits.max_output_bytes == 0 {

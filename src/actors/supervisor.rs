@@ -93,6 +93,8 @@ pub struct Placement {
     pub accepted_at: Option<Instant>,
     /// Came from the durable queue: a drain hands it back instead of failing it.
     pub durable: bool,
+    /// What it carries from earlier in its decision chain.
+    pub chain: crate::engine::ChainState,
 }
 
 /// Start a request now, in a free slot.
@@ -122,6 +124,9 @@ pub struct CancelReply {
     /// The state once the result is stored (CANCELLED, or the state it reached first); RUNNING
     /// when the wait for the result ran out.
     pub state: RequestState,
+    /// Set when the request was waiting on this decision: the cancel expired it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision_id: Option<String>,
 }
 
 impl Message for Cancel {
@@ -358,6 +363,7 @@ impl Handler<Submit> for Supervisor {
             worker_id: self.config.worker_id.clone(),
             pool: self.config.pool.clone(),
             accepted_at: placement.accepted_at.unwrap_or_else(Instant::now),
+            chain: placement.chain,
         };
         let cancel = CancellationToken::new();
         let sequence = Arc::new(AtomicU64::new(0));
@@ -475,7 +481,11 @@ impl Handler<Cancel> for Supervisor {
                         Ok(Ok(state)) => state,
                         _ => RequestState::Running,
                     };
-                    Ok(CancelReply { request_id, state })
+                    Ok(CancelReply {
+                        request_id,
+                        state,
+                        decision_id: None,
+                    })
                 })
             }
         }

@@ -13,11 +13,20 @@ use serde::{Deserialize, Serialize};
 use super::BusError;
 use super::store::ensure_bucket;
 use super::subjects::Subjects;
-use crate::engine::chain::ChainState;
+use std::collections::HashMap;
+
+use futures_util::StreamExt;
+
+use super::history::History;
+use crate::engine::chain::{
+    ChainState, DECISION_NOTE_PREFIX, GUIDANCE_NOTE_PREFIX, task_message_index, task_text,
+};
+use crate::engine::history::{HistoryEntry, HistoryOutcome};
+pub use crate::protocol::DecisionOutcome;
 use crate::protocol::ids::{new_id, now_rfc3339};
 use crate::protocol::{
-    DecisionBlock, ErrorCode, Event, EventBody, GenerationRequest, Message, Severity, Signal,
-    SignalSource, SignalType, WireError,
+    DecisionBlock, DecisionKind, ErrorCode, Event, EventBody, GenerationRequest, Message, Severity,
+    Signal, SignalSource, SignalType, WireError,
 };
 use crate::settings::Settings;
 
@@ -26,6 +35,8 @@ use crate::settings::Settings;
 pub const PARENT_HEADER: &str = "Genfleet-Parent-Request-Id";
 pub const ROOT_HEADER: &str = "Genfleet-Root-Request-Id";
 pub const CHAIN_HEADER: &str = "Genfleet-Chain-Position";
+/// What the continuation carries from earlier in its chain (compact JSON of [`ChainState`]).
+pub const CHAIN_STATE_HEADER: &str = "Genfleet-Chain-State";
 
 /// The record of a decision in the bucket (documented in docs/protocol.md).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -57,28 +68,6 @@ impl DecisionRecord {
     /// Still waiting for an answer: neither answered nor expired.
     pub fn is_pending(&self) -> bool {
         self.answer.is_none() && self.expired_at.is_none()
-    }
-}
-
-/// What an answer did to the chain.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DecisionOutcome {
-    /// A continuation request was started.
-    Continued,
-    /// The chain ended: the step was skipped.
-    Skipped,
-    /// The chain ended: the job was aborted.
-    Aborted,
-}
-
-impl DecisionOutcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DecisionOutcome::Continued => "continued",
-            DecisionOutcome::Skipped => "skipped",
-            DecisionOutcome::Aborted => "aborted",
-        }
     }
 }
 
@@ -130,14 +119,24 @@ pub struct DecisionReply {
 
 pub struct Decisions {
     pub bucket: kv::Store,
+    /// The results bucket, where a request's mark (`cont.<request_id>`) says what became of
+    /// the decision it raised.
+    results: kv::Store,
+    history: History,
     subjects: Subjects,
     gen_prefix: String,
+    answer_default_on_expiry: bool,
+    max_pending_tracked: usize,
 }
+
+/// Who answers a decision that expired with a default option.
+pub const TIMEOUT_DECIDER: &str = "timeout";
 
 impl Decisions {
     pub async fn open(
         js: &async_nats::jetstream::Context,
         settings: &Settings,
+        results: kv::Store,
     ) -> Result<Decisions, BusError> {
         let ttl = Duration::from_millis(
             settings
@@ -157,9 +156,17 @@ impl Decisions {
         .await?;
         Ok(Decisions {
             bucket,
+            results,
+            history: History::open(js, settings).await?,
             subjects: Subjects::new(&settings.subjects),
             gen_prefix: settings.subjects.gen_prefix.clone(),
+            answer_default_on_expiry: settings.decisions.answer_default_on_expiry,
+            max_pending_tracked: 100_000,
         })
+    }
+
+    pub fn history(&self) -> &History {
+        &self.history
     }
 
     /// Stores a pending decision before its signal goes out.
@@ -172,21 +179,46 @@ impl Decisions {
             .map_err(|e| BusError::Store(format!("cannot store the decision: {e}")))
     }
 
-    /// Answers a decision (returning the reply and the asking request's id): validates, records the answer once, publishes the continuation and
-    /// the `continued` event and the outcome signal.
+    /// A decision's record and its revision.
+    pub async fn get(&self, decision_id: &str) -> Result<Option<(DecisionRecord, u64)>, BusError> {
+        let entry = self
+            .bucket
+            .entry(decision_id)
+            .await
+            .map_err(|e| BusError::Store(e.to_string()))?;
+        let Some(entry) = entry.filter(|e| e.operation == kv::Operation::Put) else {
+            return Ok(None);
+        };
+        let record = serde_json::from_slice(&entry.value)
+            .map_err(|e| BusError::Store(format!("unreadable decision record: {e}")))?;
+        Ok(Some((record, entry.revision)))
+    }
+
+    /// Answers a decision: validates, records the answer once (compare-and-set), then starts
+    /// the continuation, or ends the chain for skip and abort; announces what happened and
+    /// keeps it in the history. Returns the reply and the record as answered.
     pub async fn answer(
         &self,
         client: &async_nats::Client,
         worker_id: &str,
         decision_id: &str,
         answer: DecisionAnswer,
-    ) -> Result<(DecisionReply, String), WireError> {
+    ) -> Result<(DecisionReply, DecisionRecord), WireError> {
+        self.answer_as(client, worker_id, decision_id, answer, false)
+            .await
+    }
+
+    async fn answer_as(
+        &self,
+        client: &async_nats::Client,
+        worker_id: &str,
+        decision_id: &str,
+        answer: DecisionAnswer,
+        by_timeout: bool,
+    ) -> Result<(DecisionReply, DecisionRecord), WireError> {
         let internal = |e: String| WireError::new(ErrorCode::Internal, e);
-        let not_found = || {
-            WireError::new(
-                ErrorCode::NotFound,
-                format!("no pending decision {decision_id}"),
-            )
+        let not_found = |why: &str| {
+            WireError::new(ErrorCode::NotFound, format!("decision {decision_id} {why}"))
         };
         if !crate::protocol::ids::is_valid_request_id(decision_id) {
             return Err(WireError::invalid(
@@ -194,37 +226,14 @@ impl Decisions {
             ));
         }
         loop {
-            let entry = self
-                .bucket
-                .entry(decision_id)
+            let Some((mut record, revision)) = self
+                .get(decision_id)
                 .await
-                .map_err(|e| internal(e.to_string()))?;
-            let Some(entry) = entry.filter(|e| e.operation == kv::Operation::Put) else {
-                return Err(not_found());
+                .map_err(|e| internal(e.to_string()))?
+            else {
+                return Err(not_found("is not known (or no longer kept)"));
             };
-            let mut record: DecisionRecord = serde_json::from_slice(&entry.value)
-                .map_err(|e| internal(format!("unreadable decision record: {e}")))?;
-            let valid: Vec<&str> = record
-                .decision
-                .options
-                .iter()
-                .map(|o| o.id.as_str())
-                .collect();
-            if !valid.contains(&answer.option_id.as_str()) {
-                return Err(WireError::new(
-                    ErrorCode::InvalidOption,
-                    format!("{:?} is not an option of this decision", answer.option_id),
-                )
-                .with_detail(serde_json::json!({ "valid_options": valid })));
-            }
-            if answer.modified_prompt.is_some()
-                || answer.guidance.is_some()
-                || answer.confidence_boost.is_some()
-            {
-                return Err(WireError::invalid(
-                    "modified_prompt, guidance and confidence_boost apply to escalations and checkpoints only",
-                ));
-            }
+            let outcome = check_answer(&record, &answer)?;
             if let Some(given) = &record.answer {
                 if given.option_id != answer.option_id {
                     return Err(WireError::new(
@@ -234,53 +243,43 @@ impl Decisions {
                     .with_detail(serde_json::json!({
                         "option_id": given.option_id,
                         "decided_by": given.decided_by,
+                        "outcome": given.outcome,
                         "continuation_request_id": given.continuation_request_id,
                     })));
                 }
                 // The same answer again: publish the same continuation again (deduplicated by
                 // the queue), which also repairs a crash between recording and publishing.
-                let continuation = given.continuation_request_id.clone();
-                let outcome = given.outcome;
                 self.publish_continuation(client, &record, given)
                     .await
                     .map_err(|e| internal(e.to_string()))?;
+                self.mark(&record).await;
                 let reply = DecisionReply {
                     decision_id: decision_id.into(),
-                    continuation_request_id: continuation,
-                    outcome,
+                    continuation_request_id: given.continuation_request_id.clone(),
+                    outcome: given.outcome,
                 };
-                return Ok((reply, record.request_id));
+                return Ok((reply, record));
             }
-            if record
-                .decision
-                .expires_at
-                .as_deref()
-                .and_then(|t| humantime::parse_rfc3339(t).ok())
-                .is_some_and(|t| t < SystemTime::now())
-            {
-                return Err(WireError::new(
-                    ErrorCode::NotFound,
-                    format!("decision {decision_id} expired"),
-                ));
+            if record.expired_at.is_some() {
+                return Err(not_found("expired unanswered"));
+            }
+            if !by_timeout && is_past(&record) {
+                return Err(not_found("expired unanswered"));
             }
             let given = Answer {
                 option_id: answer.option_id.clone(),
                 rationale: answer.rationale.clone(),
                 decided_by: answer.decided_by.clone(),
-                modified_prompt: None,
-                guidance: None,
-                confidence_boost: None,
-                outcome: DecisionOutcome::Continued,
-                continuation_request_id: Some(new_id()),
+                modified_prompt: answer.modified_prompt.clone(),
+                guidance: answer.guidance.clone(),
+                confidence_boost: answer.confidence_boost,
+                outcome,
+                continuation_request_id: (outcome == DecisionOutcome::Continued).then(new_id),
                 decided_at: now_rfc3339(),
             };
             record.answer = Some(given.clone());
             let body = serde_json::to_vec(&record).expect("records serialize");
-            match self
-                .bucket
-                .update(decision_id, body.into(), entry.revision)
-                .await
-            {
+            match self.bucket.update(decision_id, body.into(), revision).await {
                 Ok(_) => {}
                 // Someone answered meanwhile: read again and compare.
                 Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => continue,
@@ -289,13 +288,172 @@ impl Decisions {
             self.publish_continuation(client, &record, &given)
                 .await
                 .map_err(|e| internal(e.to_string()))?;
-            self.announce(client, worker_id, &record, &given).await;
+            self.mark(&record).await;
+            self.announce(client, worker_id, &record).await;
+            self.keep_in_history(&record, &given).await;
             let reply = DecisionReply {
                 decision_id: decision_id.into(),
                 continuation_request_id: given.continuation_request_id,
-                outcome: DecisionOutcome::Continued,
+                outcome,
             };
-            return Ok((reply, record.request_id));
+            return Ok((reply, record));
+        }
+    }
+
+    /// Ends a pending decision unanswered (DECISION_EXPIRED). Returns the record when this
+    /// call expired it; `None` when it was not pending.
+    pub async fn expire(
+        &self,
+        client: &async_nats::Client,
+        worker_id: &str,
+        decision_id: &str,
+        why: &str,
+    ) -> Result<Option<DecisionRecord>, BusError> {
+        loop {
+            let Some((mut record, revision)) = self.get(decision_id).await? else {
+                return Ok(None);
+            };
+            if !record.is_pending() {
+                return Ok(None);
+            }
+            record.expired_at = Some(now_rfc3339());
+            record
+                .signal
+                .meta
+                .insert("expired_because".into(), why.into());
+            let body = serde_json::to_vec(&record).expect("records serialize");
+            match self.bucket.update(decision_id, body.into(), revision).await {
+                Ok(_) => {
+                    self.mark(&record).await;
+                    self.announce(client, worker_id, &record).await;
+                    return Ok(Some(record));
+                }
+                Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => continue,
+                Err(e) => return Err(BusError::Store(format!("cannot expire the decision: {e}"))),
+            }
+        }
+    }
+
+    /// Watches the bucket and deals with decisions whose `expires_at` passes unanswered: the
+    /// default option is answered (`decided_by: "timeout"`) when there is one and
+    /// `decisions.answer_default_on_expiry` holds, else the decision expires. Every worker
+    /// runs this; compare-and-set lets one act.
+    pub async fn sweep(&self, client: async_nats::Client, worker_id: String) {
+        loop {
+            if let Err(error) = self.sweep_watch(&client, &worker_id).await {
+                tracing::warn!(message = "watching decisions for expiry failed; starting again", %error);
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
+    async fn sweep_watch(
+        &self,
+        client: &async_nats::Client,
+        worker_id: &str,
+    ) -> Result<(), BusError> {
+        let mut watch = self
+            .bucket
+            .watch_all_from_revision(1)
+            .await
+            .map_err(|e| BusError::Store(e.to_string()))?;
+        // decision id -> when it expires; only pending decisions with an expiry.
+        let mut pending: HashMap<String, SystemTime> = HashMap::new();
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                entry = watch.next() => {
+                    let Some(entry) = entry else { return Ok(()) };
+                    let entry = entry.map_err(|e| BusError::Store(e.to_string()))?;
+                    let record = (entry.operation == kv::Operation::Put)
+                        .then(|| serde_json::from_slice::<DecisionRecord>(&entry.value).ok())
+                        .flatten();
+                    let expiry = record
+                        .filter(DecisionRecord::is_pending)
+                        .and_then(|r| r.decision.expires_at.as_deref().and_then(|t| humantime::parse_rfc3339(t).ok()));
+                    match expiry {
+                        Some(at) if pending.len() < self.max_pending_tracked => {
+                            pending.insert(entry.key.clone(), at);
+                        }
+                        Some(_) => {
+                            tracing::warn!(message = "too many pending decisions to track their expiry", decision_id = %entry.key);
+                        }
+                        None => {
+                            pending.remove(&entry.key);
+                        }
+                    }
+                }
+                _ = tick.tick() => {
+                    let now = SystemTime::now();
+                    let due: Vec<String> = pending
+                        .iter()
+                        .filter(|(_, at)| **at <= now)
+                        .map(|(id, _)| id.clone())
+                        .collect();
+                    for id in due {
+                        pending.remove(&id);
+                        self.on_expiry(client, worker_id, &id).await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn on_expiry(&self, client: &async_nats::Client, worker_id: &str, decision_id: &str) {
+        let record = match self.get(decision_id).await {
+            Ok(Some((record, _))) if record.is_pending() => record,
+            Ok(_) => return,
+            Err(error) => {
+                tracing::warn!(message = "cannot read an expiring decision", %error, decision_id);
+                return;
+            }
+        };
+        if self.answer_default_on_expiry
+            && let Some(default) = record.decision.default_option.clone()
+        {
+            let answer = DecisionAnswer {
+                option_id: default,
+                rationale: Some("nobody answered before the decision expired".into()),
+                decided_by: Some(TIMEOUT_DECIDER.into()),
+                modified_prompt: None,
+                guidance: None,
+                confidence_boost: None,
+            };
+            match self
+                .answer_as(client, worker_id, decision_id, answer, true)
+                .await
+            {
+                Ok((reply, _)) => {
+                    tracing::info!(
+                        message = "answered an expired decision with its default",
+                        decision_id,
+                        outcome = reply.outcome.as_str()
+                    );
+                    return;
+                }
+                Err(error) if error.code == ErrorCode::AlreadyDecided => return,
+                Err(error) => {
+                    tracing::warn!(message = "could not answer an expired decision with its default; it expires", error = %error.message, decision_id);
+                }
+            }
+        }
+        match self
+            .expire(
+                client,
+                worker_id,
+                decision_id,
+                "nobody answered before expires_at",
+            )
+            .await
+        {
+            Ok(Some(_)) => {
+                tracing::info!(message = "a decision expired unanswered", decision_id);
+            }
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(message = "could not expire a decision", %error, decision_id);
+            }
         }
     }
 
@@ -309,6 +467,7 @@ impl Decisions {
             return Ok(());
         };
         let request = continuation(record, answer, id);
+        let chain = continuation_chain(record, answer);
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", id.as_str());
         headers.insert(PARENT_HEADER, record.request_id.as_str());
@@ -317,6 +476,7 @@ impl Decisions {
             CHAIN_HEADER,
             (record.chain_position + 1).to_string().as_str(),
         );
+        headers.insert(CHAIN_STATE_HEADER, chain.to_header().as_str());
         let subject = format!("{}.queue.{}.{id}", self.gen_prefix, record.pool);
         let js = async_nats::jetstream::new(client.clone());
         js.publish_with_headers(
@@ -333,21 +493,72 @@ impl Decisions {
         Ok(())
     }
 
-    /// The `continued` event on the asking request's subject and the outcome signal.
+    /// Notes on the asking request what became of its decision (its status shows it).
+    async fn mark(&self, record: &DecisionRecord) {
+        let mark = ChainMark {
+            decision_id: record.decision_id.clone(),
+            outcome: record
+                .answer
+                .as_ref()
+                .map_or(DecisionOutcome::Expired, |a| a.outcome),
+            continuation_request_id: record
+                .answer
+                .as_ref()
+                .and_then(|a| a.continuation_request_id.clone()),
+        };
+        let body = serde_json::to_vec(&mark).expect("marks serialize");
+        if let Err(error) = self
+            .results
+            .put(mark_key(&record.request_id), body.into())
+            .await
+        {
+            tracing::warn!(message = "could not note the decision's outcome on its request", %error, request_id = %record.request_id);
+        }
+    }
+
+    /// The decision a request raised and what became of it, if any.
+    pub async fn mark_of(&self, request_id: &str) -> Option<ChainMark> {
+        let value = self.results.get(mark_key(request_id)).await.ok()??;
+        serde_json::from_slice(&value).ok()
+    }
+
+    /// Notes which decision a request raised (so a cancel finds it).
+    pub async fn note_pending(&self, request_id: &str, decision_id: &str) {
+        let mark = ChainMark {
+            decision_id: decision_id.to_string(),
+            outcome: DecisionOutcome::Pending,
+            continuation_request_id: None,
+        };
+        let body = serde_json::to_vec(&mark).expect("marks serialize");
+        let _ = self.results.put(mark_key(request_id), body.into()).await;
+    }
+
+    /// Tells the asking request's followers (`continued` or `chain_ended`) and the managers
+    /// (an outcome signal) what became of the decision.
     async fn announce(
         &self,
         client: &async_nats::Client,
         worker_id: &str,
         record: &DecisionRecord,
-        answer: &Answer,
     ) {
+        let answer = record.answer.as_ref();
+        let outcome = answer.map_or(DecisionOutcome::Expired, |a| a.outcome);
+        let body = match answer.and_then(|a| a.continuation_request_id.clone()) {
+            Some(continuation_request_id) => EventBody::Continued {
+                continuation_request_id,
+            },
+            None => EventBody::ChainEnded {
+                decision_id: record.decision_id.clone(),
+                outcome,
+                option_id: answer.map(|a| a.option_id.clone()),
+                decided_by: answer.and_then(|a| a.decided_by.clone()),
+            },
+        };
         let event = Event {
             request_id: record.request_id.clone(),
             seq: record.continued_seq,
             ts: now_rfc3339(),
-            body: EventBody::Continued {
-                continuation_request_id: answer.continuation_request_id.clone().unwrap_or_default(),
-            },
+            body,
         };
         let _ = client
             .publish(
@@ -355,33 +566,55 @@ impl Decisions {
                 serde_json::to_vec(&event).expect("events serialize").into(),
             )
             .await;
-        let label = record
-            .decision
-            .options
-            .iter()
-            .find(|o| o.id == answer.option_id)
-            .map(|o| o.label.clone())
-            .unwrap_or_default();
         let mut meta = serde_json::Map::new();
         meta.insert("decision_id".into(), record.decision_id.clone().into());
-        meta.insert("option_id".into(), answer.option_id.clone().into());
-        meta.insert("decided_by".into(), answer.decided_by.clone().into());
-        meta.insert("rationale".into(), answer.rationale.clone().into());
-        meta.insert(
-            "continuation_request_id".into(),
-            answer.continuation_request_id.clone().into(),
-        );
+        meta.insert("kind".into(), serde_json::json!(record.decision.kind));
+        meta.insert("outcome".into(), outcome.as_str().into());
+        let summary = match answer {
+            Some(answer) => {
+                let label = record
+                    .decision
+                    .options
+                    .iter()
+                    .find(|o| o.id == answer.option_id)
+                    .map(|o| o.label.clone())
+                    .unwrap_or_default();
+                meta.insert("option_id".into(), answer.option_id.clone().into());
+                meta.insert("decided_by".into(), answer.decided_by.clone().into());
+                meta.insert("rationale".into(), answer.rationale.clone().into());
+                meta.insert(
+                    "continuation_request_id".into(),
+                    answer.continuation_request_id.clone().into(),
+                );
+                format!(
+                    "{} chose {label} ({})",
+                    answer.decided_by.as_deref().unwrap_or("a manager"),
+                    answer.option_id
+                )
+            }
+            None => {
+                let why = record
+                    .signal
+                    .meta
+                    .get("expired_because")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("nobody answered in time")
+                    .to_string();
+                meta.insert("expired_because".into(), why.clone().into());
+                format!("decision {} expired unanswered: {why}", record.decision_id)
+            }
+        };
         let signal = Signal {
             signal_id: new_id(),
             kind: SignalType::Outcome,
-            code: "DECIDED".into(),
+            code: outcome.signal_code().into(),
             source: SignalSource::Worker,
-            severity: Severity::Low,
-            summary: format!(
-                "{} chose {label} ({})",
-                answer.decided_by.as_deref().unwrap_or("a manager"),
-                answer.option_id
-            ),
+            severity: if outcome == DecisionOutcome::Continued {
+                Severity::Low
+            } else {
+                Severity::Med
+            },
+            summary,
             meta,
             request_id: record.request_id.clone(),
             root_request_id: record.root_request_id.clone(),
@@ -392,7 +625,9 @@ impl Decisions {
             decision: None,
         };
         let js = async_nats::jetstream::new(client.clone());
-        let subject = self.subjects.signal(SignalType::Outcome, "DECIDED");
+        let subject = self
+            .subjects
+            .signal(SignalType::Outcome, outcome.signal_code());
         if let Ok(ack) = js
             .publish(
                 subject,
@@ -405,13 +640,180 @@ impl Decisions {
             let _ = ack.await;
         }
     }
+
+    async fn keep_in_history(&self, record: &DecisionRecord, answer: &Answer) {
+        let number = |key: &str| record.signal.meta.get(key).and_then(|v| v.as_f64());
+        let entry = HistoryEntry {
+            decision_id: record.decision_id.clone(),
+            code: record.signal.code.clone(),
+            kind: record.decision.kind,
+            job_name: record.request.job_name.clone(),
+            pool: record.pool.clone(),
+            request_id: record.request_id.clone(),
+            root_request_id: record.root_request_id.clone(),
+            chain_position: record.chain_position,
+            confidence: number("confidence"),
+            pass_rate: number("pass_rate"),
+            prompt: clip(&task_text(&record.request.messages), 1000),
+            question: record.decision.question.clone(),
+            option_id: answer.option_id.clone(),
+            decided_by: answer.decided_by.clone(),
+            rationale: answer.rationale.clone(),
+            guidance: answer.guidance.clone(),
+            modified_prompt: answer.modified_prompt.as_deref().map(|p| clip(p, 1000)),
+            confidence_boost: answer.confidence_boost,
+            decided_at: answer.decided_at.clone(),
+            outcome: match answer.outcome {
+                DecisionOutcome::Skipped => HistoryOutcome::Skipped,
+                DecisionOutcome::Aborted => HistoryOutcome::Aborted,
+                _ => HistoryOutcome::Pending,
+            },
+            continuation_request_id: answer.continuation_request_id.clone(),
+            outcome_confidence: None,
+            outcome_detail: None,
+            outcome_at: None,
+        };
+        if let Err(error) = self.history.record(&entry).await {
+            tracing::warn!(message = "an answered decision was not kept in the history", %error, decision_id = %record.decision_id);
+        }
+    }
 }
 
-/// The continuation: the original caller system and messages, plus the choice, a fresh
-/// request id and a fresh tool budget.
+/// What became of the decision a request raised, kept beside its result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChainMark {
+    pub decision_id: String,
+    pub outcome: DecisionOutcome,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continuation_request_id: Option<String>,
+}
+
+fn mark_key(request_id: &str) -> String {
+    format!("cont.{request_id}")
+}
+
+fn is_past(record: &DecisionRecord) -> bool {
+    record
+        .decision
+        .expires_at
+        .as_deref()
+        .and_then(|t| humantime::parse_rfc3339(t).ok())
+        .is_some_and(|t| t < SystemTime::now())
+}
+
+/// Checks an answer against its decision; returns what it does to the chain.
+fn check_answer(
+    record: &DecisionRecord,
+    answer: &DecisionAnswer,
+) -> Result<DecisionOutcome, WireError> {
+    let valid: Vec<&str> = record
+        .decision
+        .options
+        .iter()
+        .map(|o| o.id.as_str())
+        .collect();
+    if !valid.contains(&answer.option_id.as_str()) {
+        return Err(WireError::new(
+            ErrorCode::InvalidOption,
+            format!(
+                "{:?} is not an option of this decision (valid: {})",
+                answer.option_id,
+                valid.join(", ")
+            ),
+        )
+        .with_detail(serde_json::json!({ "valid_options": valid })));
+    }
+    let extras = answer.modified_prompt.is_some()
+        || answer.guidance.is_some()
+        || answer.confidence_boost.is_some();
+    if record.decision.kind == DecisionKind::Model {
+        if extras {
+            return Err(WireError::invalid(
+                "modified_prompt, guidance and confidence_boost apply to escalations and checkpoints only",
+            ));
+        }
+        return Ok(DecisionOutcome::Continued);
+    }
+    let outcome = match answer.option_id.as_str() {
+        "skip" => DecisionOutcome::Skipped,
+        "abort" => DecisionOutcome::Aborted,
+        _ => DecisionOutcome::Continued,
+    };
+    let modifies = answer.option_id == "modify_prompt";
+    match &answer.modified_prompt {
+        None if modifies => {
+            return Err(WireError::invalid(
+                "option modify_prompt needs modified_prompt (the new text of the last user message)",
+            ));
+        }
+        Some(_) if !modifies => {
+            return Err(WireError::invalid(
+                "modified_prompt goes with option modify_prompt only",
+            ));
+        }
+        Some(prompt) if prompt.trim().is_empty() => {
+            return Err(WireError::invalid("modified_prompt must not be empty"));
+        }
+        _ => {}
+    }
+    if outcome != DecisionOutcome::Continued
+        && (answer.guidance.is_some() || answer.confidence_boost.is_some())
+    {
+        return Err(WireError::invalid(
+            "guidance and confidence_boost apply to options that continue the chain, not to skip or abort",
+        ));
+    }
+    if let Some(boost) = answer.confidence_boost
+        && !(boost.is_finite() && (0.0..=1.0).contains(&boost))
+    {
+        return Err(WireError::invalid(
+            "confidence_boost must be between 0 and 1",
+        ));
+    }
+    Ok(outcome)
+}
+
+/// What the continuation carries from its chain: the asking request's state, the answer's
+/// boost, a confirmed checkpoint, and the decision it comes from.
+pub fn continuation_chain(record: &DecisionRecord, answer: &Answer) -> ChainState {
+    let mut chain = record.chain.clone();
+    chain.decision_id = Some(record.decision_id.clone());
+    chain.decision_code = Some(record.signal.code.clone());
+    chain.confidence_boost = answer.confidence_boost.unwrap_or(0.0);
+    match record.decision.kind {
+        DecisionKind::Checkpoint => {
+            if let Some(name) = record
+                .signal
+                .meta
+                .get("checkpoint")
+                .and_then(|v| v.as_str())
+                && !chain.checkpoint_passed(name)
+            {
+                chain.checkpoints_passed.push(name.to_string());
+            }
+        }
+        DecisionKind::Escalation => chain.note_decision(&format!(
+            "{} by {}",
+            answer.option_id,
+            answer.decided_by.as_deref().unwrap_or("a manager")
+        )),
+        DecisionKind::Model => {}
+    }
+    chain
+}
+
+/// The continuation: the original caller system and messages (the last user message replaced
+/// by `modified_prompt`), plus the choice and any guidance, with a fresh request id and a
+/// fresh tool budget.
 pub fn continuation(record: &DecisionRecord, answer: &Answer, id: &str) -> GenerationRequest {
     let mut request = record.request.clone();
     request.request_id = Some(id.to_string());
+    if let Some(prompt) = &answer.modified_prompt {
+        match task_message_index(&request.messages) {
+            Some(i) => request.messages[i] = Message::user(prompt.clone()),
+            None => request.messages.push(Message::user(prompt.clone())),
+        }
+    }
     let label = record
         .decision
         .options
@@ -419,14 +821,31 @@ pub fn continuation(record: &DecisionRecord, answer: &Answer, id: &str) -> Gener
         .find(|o| o.id == answer.option_id)
         .map(|o| o.label.as_str())
         .unwrap_or("");
-    let mut text = format!("Decision chosen: {label} ({})", answer.option_id);
+    let mut text = format!("{DECISION_NOTE_PREFIX} {label} ({})", answer.option_id);
     if let Some(rationale) = &answer.rationale {
         text.push_str(&format!("\nRationale: {rationale}"));
     }
-    text.push_str(&format!(
-        "\nThe question was: {}\nProceed with the task using this decision.",
-        record.decision.question
-    ));
+    text.push_str(&format!("\nThe question was: {}", record.decision.question));
+    if let Some(context) = &record.decision.context {
+        text.push_str(&format!("\nContext: {context}"));
+    }
+    text.push_str("\nProceed with the task using this decision.");
     request.messages.push(Message::user(text));
+    if let Some(guidance) = &answer.guidance {
+        request
+            .messages
+            .push(Message::user(format!("{GUIDANCE_NOTE_PREFIX} {guidance}")));
+    }
     request
+}
+
+fn clip(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}…", &text[..cut])
 }

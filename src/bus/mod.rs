@@ -6,6 +6,7 @@ pub mod client;
 pub mod connect;
 pub mod decisions;
 pub mod heartbeat;
+pub mod history;
 pub mod queue;
 pub(crate) mod reply;
 pub mod store;

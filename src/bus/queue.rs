@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 use tokio::sync::watch;
 
 use super::BusError;
-use super::decisions::{CHAIN_HEADER, PARENT_HEADER, ROOT_HEADER};
+use super::decisions::{CHAIN_HEADER, CHAIN_STATE_HEADER, PARENT_HEADER, ROOT_HEADER};
 use super::reply::{encoding_of, header};
 use super::store::LiveRecord;
 use super::subjects::Subjects;
@@ -137,6 +137,9 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
         .and_then(|p| p.parse::<u32>().ok())
         .filter(|p| *p >= 1)
         .unwrap_or(1);
+    let chain = header(&message.message, CHAIN_STATE_HEADER)
+        .and_then(|state| crate::engine::ChainState::from_header(&state))
+        .unwrap_or_default();
     // On record before the generation can raise a decision about it.
     let had = shared.lock_asked().insert(
         request_id.clone(),
@@ -144,6 +147,7 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
             request: request.clone(),
             root_request_id: root_request_id.clone(),
             chain_position,
+            chain: chain.clone(),
         },
     );
     let mut capacity = shared.capacity.clone();
@@ -159,6 +163,7 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
                     attempt: Some(attempt),
                     accepted_at: Some(accepted_at),
                     durable: true,
+                    chain: chain.clone(),
                 },
             })
             .await;

@@ -76,7 +76,10 @@ impl Stores {
     }
 }
 
-async fn ensure_stream(js: &jetstream::Context, config: stream::Config) -> Result<(), BusError> {
+pub(super) async fn ensure_stream(
+    js: &jetstream::Context,
+    config: stream::Config,
+) -> Result<(), BusError> {
     let name = config.name.clone();
     if js.get_stream(&name).await.is_ok() {
         return Ok(());

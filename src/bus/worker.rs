@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
-use super::decisions::{DecisionAnswer, DecisionRecord, Decisions};
+use super::decisions::{ChainMark, DecisionAnswer, DecisionOutcome, DecisionRecord, Decisions};
 use super::reply::{decode, respond};
 use super::store::{LiveRecord, Stored, StoredResult, Stores};
 use super::subjects::Subjects;
@@ -140,6 +140,8 @@ pub(super) struct Asked {
     pub(super) request: GenerationRequest,
     pub(super) root_request_id: String,
     pub(super) chain_position: u32,
+    /// What it carries from earlier in its chain.
+    pub(super) chain: crate::engine::ChainState,
 }
 
 impl Shared {
@@ -226,7 +228,7 @@ async fn start(settings: Settings, worker_id: String) -> Result<Started, BusErro
         .map_err(|e| BusError::Setup(e.to_string()))?;
     let jetstream = async_nats::jetstream::new(client.clone());
     let stores = Stores::ensure(jetstream, &settings.jetstream, &settings.subjects).await?;
-    let decisions = Decisions::open(&stores.jetstream, &settings).await?;
+    let decisions = Decisions::open(&stores.jetstream, &settings, stores.results.clone()).await?;
     let workers = super::heartbeat::open(
         &stores.jetstream,
         Duration::from_millis(settings.worker.lost_after_ms),
@@ -241,7 +243,8 @@ async fn start(settings: Settings, worker_id: String) -> Result<Started, BusErro
         Arc::new(backend),
         Arc::new(runner),
         Arc::new(DefaultBios),
-    );
+    )
+    .with_history(Arc::new(decisions.history().clone()));
     let engine = Arc::new(engine);
     let tools_task =
         super::catalog::follow_tools(&stores.jetstream, &settings, engine.clone()).await?;
@@ -313,6 +316,13 @@ async fn start(settings: Settings, worker_id: String) -> Result<Started, BusErro
         .map_err(|e| BusError::Setup(e.to_string()))?;
     tasks.push(tokio::spawn(serve_own_cancels(shared.clone(), own_cancel)));
     tasks.push(tokio::spawn(refresh_records(shared.clone())));
+    let sweeper = shared.clone();
+    tasks.push(tokio::spawn(async move {
+        sweeper
+            .decisions
+            .sweep(sweeper.client.clone(), sweeper.worker_id.clone())
+            .await
+    }));
     let service = start_service(&shared, handle.capacity.clone()).await?;
     tasks.push(tokio::spawn(async move {
         // The service lives as long as this task; it is stopped with the worker.
@@ -486,6 +496,7 @@ async fn submit(
         request: request.clone(),
         root_request_id: request_id.clone(),
         chain_position: 1,
+        chain: Default::default(),
     };
     let known = shared.lock_asked().insert(request_id.clone(), asked);
     let submitted = shared
@@ -523,7 +534,7 @@ async fn publish_events(shared: Arc<Shared>, mut events: mpsc::Receiver<Event>) 
             EventBody::Finished { result } => {
                 let id = &result.request_id;
                 shared.lock_running().remove(id);
-                shared.lock_asked().remove(id);
+                let asked = shared.lock_asked().remove(id);
                 let by_caller = shared.lock_cancelled().remove(id);
                 let durable = shared.lock_durable().contains_key(id);
                 if durable && result.reason == Reason::Cancelled && !by_caller {
@@ -536,6 +547,9 @@ async fn publish_events(shared: Arc<Shared>, mut events: mpsc::Receiver<Event>) 
                 store_result(&shared, result).await;
                 queue::settle(&shared, id, false).await;
                 release_local(&shared, id).await;
+                if let Some(chain) = asked.map(|a| a.chain) {
+                    record_outcome(&shared, &chain, result).await;
+                }
             }
             EventBody::Signal { signal } => {
                 if let Some(decision) = &signal.decision {
@@ -641,9 +655,15 @@ pub struct StatusReply {
     pub worker_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt: Option<u32>,
-    /// Set once a decision this request raised was answered.
+    /// Set once a decision this request raised was answered with an option that continues.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub continuation_request_id: Option<String>,
+    /// The decision this request raised, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision_id: Option<String>,
+    /// What became of it: pending, continued, skipped, aborted or expired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision_outcome: Option<DecisionOutcome>,
 }
 
 /// Reads of the stores answer within [`STORE_WAIT`]: a caller waiting on a stuck store gets
@@ -661,15 +681,28 @@ async fn bounded<T>(
         })
 }
 
-/// The continuation started by answering this request's decision, if any.
-async fn continuation(shared: &Shared, request_id: &str) -> Option<String> {
-    let value = shared
-        .stores
-        .results
-        .get(format!("cont.{request_id}"))
+/// What became of the decision this request raised, if any.
+async fn decision_mark(shared: &Shared, request_id: &str) -> Option<ChainMark> {
+    shared.decisions.mark_of(request_id).await
+}
+
+/// A continuation's ending is its decision's outcome in the history.
+async fn record_outcome(
+    shared: &Shared,
+    chain: &crate::engine::ChainState,
+    result: &crate::protocol::GenerationResult,
+) {
+    let (Some(decision_id), Some(code)) = (&chain.decision_id, &chain.decision_code) else {
+        return;
+    };
+    if let Err(error) = shared
+        .decisions
+        .history()
+        .set_outcome(code, decision_id, result)
         .await
-        .ok()??;
-    String::from_utf8(value.to_vec()).ok()
+    {
+        tracing::warn!(message = "the decision's outcome was not written to the history", %error, decision_id = %decision_id);
+    }
 }
 
 fn store_error(error: BusError) -> WireError {
@@ -689,31 +722,30 @@ async fn status(shared: &Shared, request_id: &str) -> Result<StatusReply, WireEr
             "the subject does not end in a valid request id",
         ));
     }
-    match shared
+    let stored = shared
         .stores
         .stored(request_id)
         .await
-        .map_err(store_error)?
-    {
-        Some((StoredResult::Result(result), _)) => {
-            return Ok(StatusReply {
-                request_id: request_id.into(),
-                state: result.state,
-                worker_id: Some(result.worker_id.clone()),
-                attempt: Some(result.attempt),
-                continuation_request_id: continuation(shared, request_id).await,
-            });
-        }
-        Some((StoredResult::Released { state, .. }, _)) => {
-            return Ok(StatusReply {
-                request_id: request_id.into(),
-                state,
-                worker_id: None,
-                attempt: None,
-                continuation_request_id: continuation(shared, request_id).await,
-            });
-        }
-        None => {}
+        .map_err(store_error)?;
+    if let Some((stored, _)) = stored {
+        let mark = decision_mark(shared, request_id).await;
+        let (state, worker_id, attempt) = match stored {
+            StoredResult::Result(result) => {
+                (result.state, Some(result.worker_id), Some(result.attempt))
+            }
+            StoredResult::Released { state, .. } => (state, None, None),
+        };
+        return Ok(StatusReply {
+            request_id: request_id.into(),
+            state,
+            worker_id,
+            attempt,
+            continuation_request_id: mark
+                .as_ref()
+                .and_then(|m| m.continuation_request_id.clone()),
+            decision_id: mark.as_ref().map(|m| m.decision_id.clone()),
+            decision_outcome: mark.map(|m| m.outcome),
+        });
     }
     if let Some(record) = shared.stores.live(request_id).await.map_err(store_error)? {
         return Ok(StatusReply {
@@ -722,6 +754,8 @@ async fn status(shared: &Shared, request_id: &str) -> Result<StatusReply, WireEr
             worker_id: Some(record.worker_id),
             attempt: Some(record.attempt),
             continuation_request_id: None,
+            decision_id: None,
+            decision_outcome: None,
         });
     }
     match queue::find_queued(shared, request_id)
@@ -734,6 +768,8 @@ async fn status(shared: &Shared, request_id: &str) -> Result<StatusReply, WireEr
             worker_id: None,
             attempt: None,
             continuation_request_id: None,
+            decision_id: None,
+            decision_outcome: None,
         }),
         None => Err(not_found(request_id)),
     }
@@ -814,6 +850,26 @@ async fn cancel(shared: &Shared, request_id: &str) -> Result<CancelReply, WireEr
             StoredResult::Result(result) => result.state,
             StoredResult::Released { state, .. } => state,
         };
+        // A request waiting on a decision: cancelling it expires the decision.
+        if let Some(mark) = decision_mark(shared, request_id).await
+            && mark.outcome == DecisionOutcome::Pending
+            && let Some(record) = shared
+                .decisions
+                .expire(
+                    &shared.client,
+                    &shared.worker_id,
+                    &mark.decision_id,
+                    "the caller cancelled the request that raised it",
+                )
+                .await
+                .map_err(store_error)?
+        {
+            return Ok(CancelReply {
+                request_id: request_id.into(),
+                state: RequestState::Cancelled,
+                decision_id: Some(record.decision_id),
+            });
+        }
         return Err(WireError::new(
             ErrorCode::AlreadyFinished,
             format!("request {request_id} already ended"),
@@ -831,6 +887,7 @@ async fn cancel(shared: &Shared, request_id: &str) -> Result<CancelReply, WireEr
             return Ok(CancelReply {
                 request_id: request_id.into(),
                 state: RequestState::Cancelled,
+                decision_id: None,
             });
         }
         return Err(not_found(request_id));
@@ -915,6 +972,19 @@ async fn record_decision(
         tracing::warn!(message = "a decision for a request not running here was not recorded", request_id = %signal.request_id);
         return;
     };
+    // The engine adds this request's failed tries to the error history it reports.
+    let mut chain = asked.chain;
+    if let Some(history) = signal
+        .meta
+        .get("error_history")
+        .and_then(|h| serde_json::from_value(h.clone()).ok())
+    {
+        chain.error_history = history;
+    }
+    shared
+        .decisions
+        .note_pending(&signal.request_id, &decision.decision_id)
+        .await;
     let record = DecisionRecord {
         decision_id: decision.decision_id.clone(),
         request_id: signal.request_id.clone(),
@@ -927,7 +997,7 @@ async fn record_decision(
         // A decision request ends the generation: its signal is the generation's last event,
         // `finished` follows, and `continued` comes after that.
         continued_seq: seq + 2,
-        chain: Default::default(),
+        chain,
         answer: None,
         expired_at: None,
     };
@@ -954,19 +1024,9 @@ async fn answer_decision(
     message: &async_nats::Message,
 ) -> Result<super::decisions::DecisionReply, WireError> {
     let answer: DecisionAnswer = decode(message, 64 * 1024)?;
-    let (reply, asking) = shared
+    let (reply, _) = shared
         .decisions
         .answer(&shared.client, &shared.worker_id, decision_id, answer)
         .await?;
-    if let Some(continuation) = &reply.continuation_request_id {
-        let _ = shared
-            .stores
-            .results
-            .put(
-                format!("cont.{asking}"),
-                continuation.clone().into_bytes().into(),
-            )
-            .await;
-    }
     Ok(reply)
 }

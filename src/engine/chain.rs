@@ -7,6 +7,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::protocol::{Message, Role};
+
 /// Failed attempts kept in the history (the oldest go first).
 pub const MAX_ATTEMPTS_KEPT: usize = 8;
 /// Failed checks named per attempt.
@@ -20,6 +22,9 @@ pub struct ChainState {
     /// request's outcome.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision_id: Option<String>,
+    /// That decision's signal code (the history is kept by code).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision_code: Option<String>,
     /// Checkpoints confirmed earlier in the chain: they do not fire again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub checkpoints_passed: Vec<String>,
@@ -112,6 +117,28 @@ impl ChainState {
     }
 }
 
+/// How the notes genfleet adds to a continuation begin; they are not the caller's task.
+pub const DECISION_NOTE_PREFIX: &str = "Decision chosen:";
+/// How a manager's guidance note begins.
+pub const GUIDANCE_NOTE_PREFIX: &str = "Guidance from the manager:";
+
+/// The caller's task: the last user message that is not a note genfleet added.
+pub fn task_message_index(messages: &[Message]) -> Option<usize> {
+    messages.iter().rposition(|m| {
+        m.role == Role::User && {
+            let text = m.text();
+            !text.starts_with(DECISION_NOTE_PREFIX) && !text.starts_with(GUIDANCE_NOTE_PREFIX)
+        }
+    })
+}
+
+/// The caller's task as text (empty when there is none).
+pub fn task_text(messages: &[Message]) -> String {
+    task_message_index(messages)
+        .map(|i| messages[i].text().into_owned())
+        .unwrap_or_default()
+}
+
 fn clip(text: &str) -> String {
     if text.len() <= MAX_TEXT {
         return text.to_string();
@@ -146,6 +173,7 @@ mod tests {
     fn header_round_trip_and_bounds() {
         let mut state = ChainState {
             decision_id: Some("d1".into()),
+            decision_code: Some("LOW_CONFIDENCE".into()),
             checkpoints_passed: vec!["deploy".into()],
             confidence_boost: 0.2,
             error_history: Vec::new(),
@@ -162,6 +190,20 @@ mod tests {
         assert_eq!(ChainState::from_header("not json"), None);
         let wild = r#"{"confidence_boost": 7}"#;
         assert_eq!(ChainState::from_header(wild).unwrap().confidence_boost, 1.0);
+    }
+
+    #[test]
+    fn the_task_is_the_last_user_message_that_is_not_a_note() {
+        let messages = vec![
+            Message::user("first"),
+            Message::assistant("ok"),
+            Message::user("the task"),
+            Message::user(format!("{DECISION_NOTE_PREFIX} Retry (retry)")),
+            Message::user(format!("{GUIDANCE_NOTE_PREFIX} be brief")),
+        ];
+        assert_eq!(task_message_index(&messages), Some(2));
+        assert_eq!(task_text(&messages), "the task");
+        assert_eq!(task_text(&[Message::assistant("x")]), "");
     }
 
     #[test]

@@ -13,16 +13,20 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::bios::BiosContext;
+use super::chain::{self, PastAttempt};
 use super::control::{self, REQUEST_DECISION, SignalOrigin};
 use super::events::EventEmitter;
+use super::history::{self, SuggestionQuery};
 use super::loop_detect::{LoopDetector, LoopVerdict};
 use super::signals::SignalBook;
 use super::text_calls::{self, InvalidCallKind, ParseMode, ParsedItem, TextCallParser};
+use super::validation;
 use super::{Engine, Finished, RequestContext};
 use crate::llm::{ChatRequest, FinishReason, LlmError, StreamEvent, ToolSpec};
 use crate::protocol::{
-    Content, EventBody, FunctionCall, GenerationRequest, GenerationResult, Message, Reason,
-    Severity, Signal, SignalSource, SignalType, Timings, ToolCall, Usage,
+    Content, DecisionBlock, DecisionKind, DecisionOption, EventBody, FunctionCall,
+    GenerationRequest, GenerationResult, Message, Reason, Role, Severity, Signal, SignalSource,
+    SignalType, Timings, ToolCall, Usage, ValidationReport,
 };
 use crate::settings::{SystemMessages, ToolMode};
 use crate::tools::{Tool, ToolInvocation, ToolReply};
@@ -116,6 +120,9 @@ pub(super) struct Generation<'e> {
     started_at: Instant,
     first_token: Option<Duration>,
     next_call_id: u32,
+    /// 1, or 2 once validation sent the model back to its answer.
+    tries: u32,
+    validation: Option<ValidationReport>,
 }
 
 impl<'e> Generation<'e> {
@@ -149,6 +156,8 @@ impl<'e> Generation<'e> {
             started_at: Instant::now(),
             first_token: None,
             next_call_id: 0,
+            tries: 1,
+            validation: None,
             engine,
             request,
             ctx,
@@ -165,19 +174,315 @@ impl<'e> Generation<'e> {
                 chain_position: self.ctx.chain_position,
             })
             .await;
-        let stop = self.tool_loop().await;
+        let stop = match self.resolve_tools() {
+            Some(stop) => stop,
+            None => match self.checkpoint().await {
+                Some(stop) => stop,
+                None => self.validated_loop().await,
+            },
+        };
         self.finish(stop).await
     }
 
-    async fn tool_loop(&mut self) -> Stop {
+    fn resolve_tools(&mut self) -> Option<Stop> {
         let catalog = self.engine.catalog();
         for name in &self.request.tools {
             match catalog.get(name) {
                 Some(tool) => self.tools.push(tool.clone()),
                 None if control::is_control_tool(name) => {}
-                None => return Stop::new(Reason::InvalidRequest, format!("unknown tool {name:?}")),
+                None => {
+                    return Some(Stop::new(
+                        Reason::InvalidRequest,
+                        format!("unknown tool {name:?}"),
+                    ));
+                }
             }
         }
+        None
+    }
+
+    /// Fires the first checkpoint whose conditions hold (and that the chain has not passed):
+    /// with confirmation the request ends at once with a decision request; without, it only
+    /// signals.
+    async fn checkpoint(&mut self) -> Option<Stop> {
+        let texts: Vec<String> = self
+            .request
+            .system
+            .iter()
+            .cloned()
+            .chain(
+                self.request
+                    .messages
+                    .iter()
+                    .filter(|m| m.role == Role::User)
+                    .map(|m| m.text().into_owned()),
+            )
+            .map(|t| t.to_lowercase())
+            .collect();
+        let position = self.ctx.chain_position;
+        let (checkpoint, matched) = self.request.checkpoints.iter().find_map(|c| {
+            if self.ctx.chain.checkpoint_passed(&c.name)
+                || c.min_attempt.is_some_and(|n| position < n)
+            {
+                return None;
+            }
+            let matched: Vec<String> = c
+                .prompt_contains
+                .iter()
+                .filter(|k| {
+                    let k = k.to_lowercase();
+                    texts.iter().any(|t| t.contains(&k))
+                })
+                .cloned()
+                .collect();
+            (c.prompt_contains.is_empty() || !matched.is_empty()).then(|| (c.clone(), matched))
+        })?;
+        let mut meta = serde_json::Map::new();
+        meta.insert("checkpoint".into(), json!(checkpoint.name));
+        meta.insert("matched".into(), json!(matched));
+        meta.insert("chain_position".into(), json!(position));
+        if let Some(n) = checkpoint.min_attempt {
+            meta.insert("min_attempt".into(), json!(n));
+        }
+        if let Some(message) = &checkpoint.message {
+            meta.insert("message".into(), json!(message));
+        }
+        meta.insert(
+            "prompt".into(),
+            json!(summarise(&chain::task_text(&self.request.messages), 2000)),
+        );
+        let why = if matched.is_empty() {
+            String::new()
+        } else {
+            format!(" (the prompt mentions {})", matched.join(", "))
+        };
+        if !checkpoint.requires_confirmation {
+            let summary = format!(
+                "checkpoint {} passed without confirmation{why}",
+                checkpoint.name
+            );
+            let signal = self.origin().signal(
+                SignalType::Issue,
+                "CHECKPOINT",
+                SignalSource::Worker,
+                Severity::Low,
+                summary,
+                meta,
+            );
+            self.push_worker_signal(signal).await;
+            return None;
+        }
+        let summary = format!(
+            "checkpoint {} asks for confirmation before the request runs{why}",
+            checkpoint.name
+        );
+        let mut signal = self.origin().signal(
+            SignalType::DecisionRequest,
+            "CHECKPOINT",
+            SignalSource::Worker,
+            Severity::Med,
+            summary,
+            meta,
+        );
+        let at_limit = position >= self.engine.config.max_chain;
+        if !at_limit {
+            let question = checkpoint.message.clone().unwrap_or_else(|| {
+                format!(
+                    "Checkpoint {}: should this request run{why}?",
+                    checkpoint.name
+                )
+            });
+            signal.decision = Some(
+                self.decision_block(
+                    DecisionKind::Checkpoint,
+                    question,
+                    checkpoint_options(),
+                    self.engine
+                        .config
+                        .escalation
+                        .checkpoint_default_option
+                        .clone(),
+                    checkpoint.message.clone(),
+                ),
+            );
+        }
+        self.push_worker_signal(signal).await;
+        Some(if at_limit {
+            Stop::new(Reason::ToolExecutionError, "decision chain limit")
+        } else {
+            Stop::plain(Reason::DecisionRequested)
+        })
+    }
+
+    /// Runs the tool loop, then holds the output to the request's checks: the first request
+    /// of a chain gets one more try with the failed checks named, then a shortfall escalates.
+    async fn validated_loop(&mut self) -> Stop {
+        loop {
+            let stop = self.tool_loop().await;
+            if self.request.validation.is_empty()
+                || !matches!(stop.reason, Reason::Stop | Reason::Length)
+            {
+                return stop;
+            }
+            let config = &self.engine.config.escalation;
+            let threshold = (self
+                .request
+                .escalation_threshold
+                .unwrap_or(config.threshold)
+                - self.ctx.chain.confidence_boost)
+                .max(0.0);
+            let mut report =
+                validation::evaluate(&self.request.validation, &self.output, threshold);
+            report.retried = self.tries > 1;
+            if report.passed {
+                self.validation = Some(report);
+                return stop;
+            }
+            let failed = report
+                .checks
+                .iter()
+                .filter(|c| !c.passed)
+                .map(|c| format!("{}: {}", c.name, c.detail.as_deref().unwrap_or("failed")));
+            self.ctx.chain.push_attempt(PastAttempt::new(
+                self.ctx.chain_position,
+                self.tries,
+                Some(report.confidence),
+                failed,
+            ));
+            if self.tries == 1 && self.ctx.chain_position == 1 && config.auto_retry_on_first_failure
+            {
+                self.auto_retry(&report).await;
+                continue;
+            }
+            let stop = self.escalate(&report).await;
+            self.validation = Some(report);
+            return stop;
+        }
+    }
+
+    /// Sends the model back to its answer with the failed checks named. The output starts
+    /// again: the result's output is the answer the checks judge.
+    async fn auto_retry(&mut self, report: &ValidationReport) {
+        let failed: Vec<&str> = report
+            .checks
+            .iter()
+            .filter(|c| !c.passed)
+            .map(|c| c.name.as_str())
+            .collect();
+        let summary = format!(
+            "the answer scored {:.2}, below {:.2}; retrying once with the failed checks named",
+            report.confidence, report.threshold
+        );
+        let meta = json!({
+            "confidence": report.confidence,
+            "threshold": report.threshold,
+            "pass_rate": report.pass_rate,
+            "failed_checks": failed,
+        });
+        self.worker_signal("LOW_CONFIDENCE", Severity::Low, summary, meta)
+            .await;
+        self.conversation
+            .push(Message::user(validation::retry_note(report)));
+        self.output.clear();
+        self.tries += 1;
+    }
+
+    /// Ends the request with `escalation.LOW_CONFIDENCE`, whose decision offers retry, skip,
+    /// abort and modify_prompt and whose meta holds the context a manager needs.
+    async fn escalate(&mut self, report: &ValidationReport) -> Stop {
+        let task = chain::task_text(&self.request.messages);
+        let query = SuggestionQuery {
+            code: "LOW_CONFIDENCE".into(),
+            confidence: report.confidence,
+            pass_rate: report.pass_rate,
+            prompt: task.clone(),
+        };
+        let entries =
+            tokio::time::timeout(HISTORY_WAIT, self.engine.history.entries("LOW_CONFIDENCE"))
+                .await
+                .unwrap_or_default();
+        let suggestions = history::suggestions(&query, &entries);
+        let passed = report.checks.iter().filter(|c| c.passed).count();
+        let mut meta = serde_json::Map::new();
+        meta.insert("checks".into(), json!(report.checks));
+        meta.insert("confidence".into(), json!(report.confidence));
+        meta.insert("threshold".into(), json!(report.threshold));
+        meta.insert("pass_rate".into(), json!(report.pass_rate));
+        meta.insert("chain_position".into(), json!(self.ctx.chain_position));
+        meta.insert("attempt".into(), json!(self.ctx.attempt));
+        meta.insert("tries".into(), json!(self.tries));
+        meta.insert("error_history".into(), json!(self.ctx.chain.error_history));
+        meta.insert("prompt".into(), json!(summarise(&task, 2000)));
+        meta.insert(
+            "output_summary".into(),
+            json!(summarise(&self.output, 1000)),
+        );
+        meta.insert("suggestions".into(), json!(suggestions));
+        let summary = format!(
+            "the output scored {:.2}, below the threshold {:.2} ({passed} of {} checks passed)",
+            report.confidence,
+            report.threshold,
+            report.checks.len()
+        );
+        let mut signal = self.origin().signal(
+            SignalType::Escalation,
+            "LOW_CONFIDENCE",
+            SignalSource::Worker,
+            Severity::Med,
+            summary,
+            meta,
+        );
+        let at_limit = self.ctx.chain_position >= self.engine.config.max_chain;
+        if !at_limit {
+            let failed: Vec<&str> = report
+                .checks
+                .iter()
+                .filter(|c| !c.passed)
+                .map(|c| c.name.as_str())
+                .collect();
+            signal.decision = Some(self.decision_block(
+                DecisionKind::Escalation,
+                "The output fell short of its checks. How should this job go on?".into(),
+                escalation_options(),
+                self.engine.config.escalation.default_option.clone(),
+                Some(format!(
+                    "confidence {:.2} (needed {:.2}); failed: {}",
+                    report.confidence,
+                    report.threshold,
+                    failed.join("; ")
+                )),
+            ));
+        }
+        self.push_worker_signal(signal).await;
+        if at_limit {
+            Stop::new(Reason::ToolExecutionError, "decision chain limit")
+        } else {
+            Stop::plain(Reason::DecisionRequested)
+        }
+    }
+
+    fn decision_block(
+        &self,
+        kind: DecisionKind,
+        question: String,
+        options: Vec<DecisionOption>,
+        default_option: Option<String>,
+        context: Option<String>,
+    ) -> DecisionBlock {
+        DecisionBlock {
+            decision_id: crate::protocol::ids::new_id(),
+            question,
+            options,
+            default_option,
+            context,
+            kind,
+            expires_at: self.engine.config.decision_ttl.map(|ttl| {
+                humantime::format_rfc3339_millis(std::time::SystemTime::now() + ttl).to_string()
+            }),
+        }
+    }
+
+    async fn tool_loop(&mut self) -> Stop {
         let config = &self.engine.config;
         let mut corrections_left = config.correction_attempts;
         let mut control_turns = 0;
@@ -930,6 +1235,11 @@ impl<'e> Generation<'e> {
             summary,
             meta,
         );
+        self.push_worker_signal(signal).await;
+    }
+
+    /// Records a signal the worker raises (always kept, meta bounded) and emits it.
+    async fn push_worker_signal(&mut self, signal: Signal) {
         if let Some(signal) = self.signals.add(signal).cloned() {
             self.events
                 .emit(EventBody::Signal {
@@ -971,6 +1281,7 @@ impl<'e> Generation<'e> {
                 first_token: self.first_token.map(|d| d.as_millis() as u64),
                 total: total.as_millis() as u64,
             },
+            validation: self.validation,
         };
         Finished {
             result,
@@ -1023,6 +1334,100 @@ fn push_capped(buffer: &mut String, text: &str, cap: usize, truncated: &mut bool
         cut -= 1;
     }
     buffer.push_str(&text[..cut]);
+}
+
+/// How long an escalation waits for the decision history before it goes without suggestions.
+const HISTORY_WAIT: Duration = Duration::from_secs(3);
+
+fn option(id: &str, label: &str, pros: &str, cons: &str) -> DecisionOption {
+    DecisionOption {
+        id: id.into(),
+        label: label.into(),
+        pros: Some(pros.into()),
+        cons: Some(cons.into()),
+    }
+}
+
+/// What an escalation offers.
+pub fn escalation_options() -> Vec<DecisionOption> {
+    vec![
+        option(
+            "retry",
+            "Run it again",
+            "cheap; guidance and a confidence_boost can be added",
+            "the same prompt may fall short the same way",
+        ),
+        option(
+            "skip",
+            "Skip this step",
+            "the chain ends now; nothing more is spent",
+            "this step's output stays below its checks",
+        ),
+        option(
+            "abort",
+            "Abort the job",
+            "stops a job that is going wrong",
+            "all work on it ends",
+        ),
+        option(
+            "modify_prompt",
+            "Run it again with a new prompt",
+            "fixes a prompt that misleads the model",
+            "needs modified_prompt, written by the manager",
+        ),
+    ]
+}
+
+/// What a checkpoint offers.
+pub fn checkpoint_options() -> Vec<DecisionOption> {
+    vec![
+        option(
+            "proceed",
+            "Run it as asked",
+            "the job goes on unchanged",
+            "whatever the checkpoint guards against may happen",
+        ),
+        option(
+            "skip",
+            "Skip this step",
+            "nothing runs; the chain ends",
+            "the step's work is not done",
+        ),
+        option(
+            "abort",
+            "Abort the job",
+            "nothing runs; the job is stopped",
+            "all work on it ends",
+        ),
+        option(
+            "modify_prompt",
+            "Run it with a new prompt",
+            "the step runs in a safer form",
+            "needs modified_prompt, written by the manager",
+        ),
+    ]
+}
+
+/// The first and last part of a long text, for people.
+fn summarise(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let half = max / 2;
+    let mut head = half;
+    while !text.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = text.len() - half;
+    while !text.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!(
+        "{} … [{} bytes left out] … {}",
+        &text[..head],
+        tail - head,
+        &text[tail..]
+    )
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

@@ -9,9 +9,11 @@ pub mod chain;
 pub mod control;
 pub mod events;
 mod generation;
+pub mod history;
 pub mod loop_detect;
 pub mod signals;
 pub mod text_calls;
+pub mod validation;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -25,7 +27,9 @@ use crate::settings::{Settings, SystemMessages, ToolMode};
 use crate::tools::{ToolCatalog, ToolRunner};
 
 pub use bios::{BiosContext, BiosProvider, DefaultBios};
+pub use chain::ChainState;
 pub use events::{Coalescing, EventEmitter, EventSink};
+pub use history::{DecisionHistory, NoHistory};
 pub use loop_detect::LoopDetectionConfig;
 pub use signals::SignalLimits;
 
@@ -49,6 +53,20 @@ pub struct EngineConfig {
     pub decision_ttl: Option<Duration>,
     /// A request at this chain position may not request another decision.
     pub max_chain: u32,
+    pub escalation: EscalationConfig,
+}
+
+/// How validation escalates.
+#[derive(Debug, Clone)]
+pub struct EscalationConfig {
+    /// Confidence below which a request escalates (a request may set its own).
+    pub threshold: f64,
+    /// The first request of a chain retries once on its own before it escalates.
+    pub auto_retry_on_first_failure: bool,
+    /// The default option of escalation decisions.
+    pub default_option: Option<String>,
+    /// The default option of checkpoint decisions.
+    pub checkpoint_default_option: Option<String>,
 }
 
 impl EngineConfig {
@@ -77,6 +95,16 @@ impl EngineConfig {
             decision_ttl: Some(Duration::from_millis(settings.decisions.ttl_ms))
                 .filter(|d| !d.is_zero()),
             max_chain: settings.decisions.max_chain,
+            escalation: EscalationConfig {
+                threshold: settings.escalation.threshold,
+                auto_retry_on_first_failure: settings.escalation.auto_retry_on_first_failure,
+                default_option: Some(settings.escalation.default_option.clone())
+                    .filter(|o| !o.is_empty()),
+                checkpoint_default_option: Some(
+                    settings.escalation.checkpoint_default_option.clone(),
+                )
+                .filter(|o| !o.is_empty()),
+            },
         }
     }
 }
@@ -99,6 +127,8 @@ pub struct RequestContext {
     pub pool: String,
     /// When the fleet accepted the request; `deadline_ms` and `timings_ms` count from here.
     pub accepted_at: Instant,
+    /// What the request carries from earlier in its decision chain.
+    pub chain: ChainState,
 }
 
 impl RequestContext {
@@ -118,6 +148,7 @@ impl RequestContext {
             worker_id: worker_id.into(),
             pool: pool.into(),
             accepted_at: Instant::now(),
+            chain: ChainState::default(),
         }
     }
 }
@@ -135,6 +166,7 @@ pub struct Engine {
     backend: Arc<dyn LlmBackend>,
     runner: Arc<dyn ToolRunner>,
     bios: Arc<dyn BiosProvider>,
+    history: Arc<dyn DecisionHistory>,
     catalog: RwLock<Arc<ToolCatalog>>,
     /// Set when the backend refused native tools: every later call goes in text mode.
     native_tools_refused: AtomicBool,
@@ -152,9 +184,16 @@ impl Engine {
             backend,
             runner,
             bios,
+            history: Arc::new(NoHistory),
             catalog: RwLock::new(Arc::new(ToolCatalog::default())),
             native_tools_refused: AtomicBool::new(false),
         }
+    }
+
+    /// Where escalations look for suggestions (none by default).
+    pub fn with_history(mut self, history: Arc<dyn DecisionHistory>) -> Self {
+        self.history = history;
+        self
     }
 
     pub fn config(&self) -> &EngineConfig {

@@ -141,6 +141,7 @@ mod tests {
                 first_token: Some(2),
                 total: 3,
             },
+            validation: None,
         }
     }
 

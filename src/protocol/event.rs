@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::result::GenerationResult;
-use super::signal::Signal;
+use super::signal::{DecisionOutcome, Signal};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
@@ -55,6 +55,15 @@ pub enum EventBody {
     Continued {
         continuation_request_id: String,
     },
+    /// The decision this request raised ended its chain: skipped, aborted or expired.
+    ChainEnded {
+        decision_id: String,
+        outcome: DecisionOutcome,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        option_id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        decided_by: Option<String>,
+    },
 }
 
 impl EventBody {
@@ -68,6 +77,7 @@ impl EventBody {
             EventBody::Signal { .. } => "signal",
             EventBody::Finished { .. } => "finished",
             EventBody::Continued { .. } => "continued",
+            EventBody::ChainEnded { .. } => "chain_ended",
         }
     }
 }

@@ -14,7 +14,10 @@ pub use error::{ErrorBody, ErrorCode, ErrorReply, WireError};
 pub use event::{Event, EventBody};
 pub use message::{Content, FunctionCall, Message, Role, ToolCall};
 pub use request::{Checkpoint, GenerationRequest, RequestLimits, ValidationCheck};
-pub use result::{GenerationResult, Reason, RequestState, Timings, Usage};
+pub use result::{
+    CheckResult, GenerationResult, Reason, RequestState, Timings, Usage, ValidationReport,
+};
 pub use signal::{
-    DecisionBlock, DecisionKind, DecisionOption, Severity, Signal, SignalSource, SignalType,
+    DecisionBlock, DecisionKind, DecisionOption, DecisionOutcome, Severity, Signal, SignalSource,
+    SignalType,
 };

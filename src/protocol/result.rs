@@ -128,6 +128,38 @@ pub struct GenerationResult {
     #[serde(default)]
     pub metadata: serde_json::Map<String, serde_json::Value>,
     pub timings_ms: Timings,
+    /// How the output fared against the request's `validation` checks (absent without checks,
+    /// or when the generation did not produce a final output).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation: Option<ValidationReport>,
+}
+
+/// The checks of a request's final output and the confidence they give.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ValidationReport {
+    /// The weighted share of checks that passed, 0.0 to 1.0.
+    pub confidence: f64,
+    /// The unweighted share of checks that passed, in percent.
+    pub pass_rate: f64,
+    /// The bar the confidence had to reach (after any `confidence_boost`).
+    pub threshold: f64,
+    pub passed: bool,
+    pub checks: Vec<CheckResult>,
+    /// The first answer fell short and the request retried on its own.
+    pub retried: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckResult {
+    /// json_schema, regex, contains or max_chars.
+    pub kind: String,
+    /// What the check asks, for people (`contains "total"`).
+    pub name: String,
+    pub weight: f64,
+    pub passed: bool,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 impl GenerationResult {
@@ -155,6 +187,7 @@ impl GenerationResult {
             truncated: false,
             metadata: serde_json::Map::new(),
             timings_ms: Timings::default(),
+            validation: None,
         }
     }
 }

@@ -82,6 +82,44 @@ pub enum DecisionKind {
     Checkpoint,
 }
 
+/// What became of a decision, for the chain it belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionOutcome {
+    /// Not answered yet (only in a request's status).
+    Pending,
+    /// Answered; a continuation request was started.
+    Continued,
+    /// Answered `skip`: the chain ended there.
+    Skipped,
+    /// Answered `abort`: the chain ended there.
+    Aborted,
+    /// Nobody answered in time (or the caller cancelled): the chain ended there.
+    Expired,
+}
+
+impl DecisionOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DecisionOutcome::Pending => "pending",
+            DecisionOutcome::Continued => "continued",
+            DecisionOutcome::Skipped => "skipped",
+            DecisionOutcome::Aborted => "aborted",
+            DecisionOutcome::Expired => "expired",
+        }
+    }
+
+    /// The code of the outcome signal that announces it.
+    pub fn signal_code(self) -> &'static str {
+        match self {
+            DecisionOutcome::Pending | DecisionOutcome::Continued => "DECIDED",
+            DecisionOutcome::Skipped => "SKIPPED",
+            DecisionOutcome::Aborted => "ABORTED",
+            DecisionOutcome::Expired => "DECISION_EXPIRED",
+        }
+    }
+}
+
 /// Present on every signal that awaits an answer on `decisions.<decision_id>`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
