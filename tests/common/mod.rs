@@ -228,10 +228,21 @@ impl Harness {
         cancel: CancellationToken,
         chain_position: u32,
     ) -> (GenerationResult, Vec<Event>) {
-        let (tx, mut rx) = mpsc::channel(1024);
         let id = request.request_id.clone().unwrap_or_else(|| "req-1".into());
-        let mut context = RequestContext::new(id.clone(), "worker-1", "default");
+        let mut context = RequestContext::new(id, "worker-1", "default");
         context.chain_position = chain_position;
+        self.run_in(request, context, cancel).await
+    }
+
+    /// Runs a request in the given context (its chain state, place, attempt).
+    pub async fn run_in(
+        &self,
+        request: GenerationRequest,
+        context: RequestContext,
+        cancel: CancellationToken,
+    ) -> (GenerationResult, Vec<Event>) {
+        let (tx, mut rx) = mpsc::channel(1024);
+        let id = context.request_id.clone();
         let collector = tokio::spawn(async move {
             let mut events = Vec::new();
             while let Some(event) = rx.recv().await {
