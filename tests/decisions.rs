@@ -1,0 +1,738 @@
+//! Escalations, checkpoints, answers, expiry and the decision history on a real nats-server
+//! with the mock backend.
+
+mod common;
+
+use std::time::Duration;
+
+use common::nats::NatsServer;
+use futures_util::StreamExt;
+use genfleet::bus::client::Client;
+use genfleet::bus::worker::WorkerHandle;
+use genfleet::engine::history::{HistoryEntry, HistoryOutcome};
+use genfleet::llm::mock::{MockServer, Script};
+use genfleet::protocol::{
+    DecisionBlock, DecisionOutcome, ErrorCode, Event, EventBody, GenerationRequest,
+    GenerationResult, Reason, RequestState, SignalType,
+};
+use genfleet::settings::Settings;
+use serde_json::{Value, json};
+
+/// Fields drop in order: the worker drains while NATS is still up.
+struct Fleet {
+    _worker: WorkerHandle,
+    client: Client,
+    mock: MockServer,
+    _nats: NatsServer,
+    signals: async_nats::Subscriber,
+}
+
+async fn fleet(script: &str, tune: impl Fn(&mut Settings)) -> Fleet {
+    let nats = NatsServer::start().await;
+    let mock = MockServer::start(Script::from_toml_str(script).unwrap())
+        .await
+        .unwrap();
+    let mut s = Settings::defaults();
+    s.nats.url = nats.url();
+    s.llm.base_url = mock.base_url();
+    s.worker.drain_timeout_ms = 2000;
+    s.generation.delta_coalesce_ms = 0;
+    tune(&mut s);
+    let client_settings = s.clone();
+    let worker = tokio::task::spawn_blocking(move || WorkerHandle::spawn(s))
+        .await
+        .unwrap()
+        .unwrap();
+    let client = Client::connect(&client_settings)
+        .await
+        .unwrap()
+        .with_timeout(Duration::from_secs(10));
+    let signals = client.nats().subscribe("signals.>").await.unwrap();
+    client.nats().flush().await.unwrap();
+    Fleet {
+        _worker: worker,
+        client,
+        mock,
+        _nats: nats,
+        signals,
+    }
+}
+
+impl Fleet {
+    async fn run(&self, request: GenerationRequest) -> GenerationResult {
+        self.client
+            .run("default", request, Duration::from_secs(15))
+            .await
+            .unwrap()
+    }
+
+    /// Answers on `decisions.<id>` and returns the raw reply.
+    async fn answer(&self, decision_id: &str, body: Value) -> Value {
+        let reply = self
+            .client
+            .nats()
+            .request(
+                format!("decisions.{decision_id}"),
+                serde_json::to_vec(&body).unwrap().into(),
+            )
+            .await
+            .unwrap();
+        serde_json::from_slice(&reply.payload).unwrap()
+    }
+
+    /// The next signal on `signals.<suffix>`, skipping others.
+    async fn signal(&mut self, suffix: &str) -> Value {
+        let subject = format!("signals.{suffix}");
+        let wait = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(m) = self.signals.next().await {
+                if m.subject.as_str() == subject {
+                    return serde_json::from_slice::<Value>(&m.payload).unwrap();
+                }
+            }
+            panic!("the signal subscription ended");
+        });
+        wait.await
+            .unwrap_or_else(|_| panic!("no signal on {subject}"))
+    }
+
+    async fn terminal(&self, id: &str) -> GenerationResult {
+        for _ in 0..750 {
+            match self.client.result(id, false).await {
+                Ok(result) => return result,
+                Err(e) if matches!(e.code(), Some(ErrorCode::NotReady | ErrorCode::NotFound)) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                Err(e) => panic!("{id}: {e}"),
+            }
+        }
+        panic!("{id} never finished");
+    }
+
+    async fn history(&self, code: &str, decision_id: &str) -> Option<HistoryEntry> {
+        let js = async_nats::jetstream::new(self.client.nats().clone());
+        let kv = js.get_key_value("GENFLEET_HISTORY").await.unwrap();
+        let value = kv.get(format!("{code}.{decision_id}")).await.unwrap()?;
+        Some(serde_json::from_slice(&value).unwrap())
+    }
+
+    /// Waits until the history entry has an outcome other than pending.
+    async fn settled_history(&self, code: &str, decision_id: &str) -> HistoryEntry {
+        for _ in 0..250 {
+            if let Some(entry) = self.history(code, decision_id).await
+                && entry.outcome != HistoryOutcome::Pending
+            {
+                return entry;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the history entry of {decision_id} never settled");
+    }
+}
+
+fn decision_of(result: &GenerationResult, kind: SignalType, code: &str) -> DecisionBlock {
+    result
+        .signals
+        .iter()
+        .find(|s| s.kind == kind && s.code == code)
+        .and_then(|s| s.decision.clone())
+        .unwrap_or_else(|| panic!("no {code} decision in {:?}", result.signals))
+}
+
+/// Collects events of a request until one matches `last`.
+async fn events_until(
+    events: &mut (impl futures_util::Stream<Item = Event> + Unpin),
+    last: &str,
+) -> Vec<Event> {
+    let mut seen = Vec::new();
+    while let Ok(Some(event)) = tokio::time::timeout(Duration::from_secs(10), events.next()).await {
+        let done = event.body.name() == last;
+        seen.push(event);
+        if done {
+            return seen;
+        }
+    }
+    panic!(
+        "no {last} event; saw {:?}",
+        seen.iter().map(|e| e.body.name()).collect::<Vec<_>>()
+    );
+}
+
+/// The model leaves out TOTAL unless guided or given a prompt asking for it.
+const SUMS: &str = r#"
+[[rules]]
+when_any_message_contains = "write TOTAL"
+reply = "TOTAL 42"
+[[rules]]
+reply = "the sum is 42"
+"#;
+
+fn checked(id: &str, prompt: &str) -> GenerationRequest {
+    serde_json::from_value(json!({
+        "request_id": id,
+        "job_name": "sums",
+        "messages": [{"role": "user", "content": prompt}],
+        "validation": [
+            {"kind": "contains", "text": "TOTAL", "weight": 3.0},
+            {"kind": "max_chars", "max": 200}
+        ]
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn an_escalation_answered_retry_with_guidance_continues_and_succeeds() {
+    let mut f = fleet(SUMS, |_| {}).await;
+    let first = f.run(checked("e1", "Sum the numbers.")).await;
+    assert_eq!(first.reason, Reason::DecisionRequested);
+    assert_eq!(f.mock.requests().len(), 2, "one automatic retry first");
+    let decision = decision_of(&first, SignalType::Escalation, "LOW_CONFIDENCE");
+    let published = f.signal("escalation.LOW_CONFIDENCE").await;
+    assert_eq!(
+        published["decision"]["decision_id"],
+        decision.decision_id.as_str()
+    );
+    assert_eq!(published["meta"]["confidence"], json!(0.25));
+
+    let bad = f
+        .answer(
+            &decision.decision_id,
+            json!({"option_id": "retry", "confidence_boost": 2}),
+        )
+        .await;
+    assert_eq!(bad["error"]["code"], "INVALID_REQUEST", "{bad}");
+    let reply = f
+        .answer(
+            &decision.decision_id,
+            json!({"option_id": "retry", "guidance": "Please write TOTAL before the number.",
+                   "confidence_boost": 0.1, "decided_by": "ops", "rationale": "worth one more go"}),
+        )
+        .await;
+    assert_eq!(reply["outcome"], "continued", "{reply}");
+    let continuation = reply["continuation_request_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let next = f.terminal(&continuation).await;
+    assert_eq!(
+        (
+            next.state,
+            next.reason,
+            next.chain_position,
+            next.output.as_str()
+        ),
+        (RequestState::Completed, Reason::Stop, 2, "TOTAL 42")
+    );
+    let report = next.validation.unwrap();
+    assert!(report.passed);
+    assert_eq!(report.threshold, 0.5, "the boost lowered the threshold");
+    let asked = f.mock.requests().last().unwrap().clone();
+    let messages = asked["messages"].as_array().unwrap();
+    let last = messages.last().unwrap()["content"].as_str().unwrap();
+    assert_eq!(
+        last, "Guidance from the manager: Please write TOTAL before the number.",
+        "the guidance reaches the model"
+    );
+    let note = messages[messages.len() - 2]["content"].as_str().unwrap();
+    assert!(
+        note.starts_with("Decision chosen: Run it again (retry)")
+            && note.contains("worth one more go"),
+        "{note}"
+    );
+    let status = f.client.status("e1").await.unwrap();
+    assert_eq!(status.decision_outcome, Some(DecisionOutcome::Continued));
+    assert_eq!(
+        status.continuation_request_id.as_deref(),
+        Some(continuation.as_str())
+    );
+    let decided = f.signal("outcome.DECIDED").await;
+    assert_eq!(decided["meta"]["decided_by"], "ops");
+    // The history keeps the answer, and the continuation's ending as its outcome.
+    let entry = f
+        .settled_history("LOW_CONFIDENCE", &decision.decision_id)
+        .await;
+    assert_eq!(entry.outcome, HistoryOutcome::Success);
+    assert_eq!(
+        (entry.option_id.as_str(), entry.confidence, entry.pass_rate),
+        ("retry", Some(0.25), Some(50.0))
+    );
+    assert_eq!(entry.outcome_confidence, Some(1.0));
+    assert_eq!(
+        entry.continuation_request_id.as_deref(),
+        Some(continuation.as_str())
+    );
+}
+
+#[tokio::test]
+async fn modify_prompt_replaces_the_task_and_a_second_shortfall_escalates_again() {
+    let f = fleet(SUMS, |s| s.escalation.auto_retry_on_first_failure = false).await;
+    let first = f.run(checked("m1", "Sum the numbers.")).await;
+    let decision = decision_of(&first, SignalType::Escalation, "LOW_CONFIDENCE");
+    let missing = f
+        .answer(&decision.decision_id, json!({"option_id": "modify_prompt"}))
+        .await;
+    assert_eq!(missing["error"]["code"], "INVALID_REQUEST");
+    assert!(
+        missing["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("modified_prompt"),
+        "{missing}"
+    );
+    let stray = f
+        .answer(
+            &decision.decision_id,
+            json!({"option_id": "retry", "modified_prompt": "x"}),
+        )
+        .await;
+    assert_eq!(stray["error"]["code"], "INVALID_REQUEST");
+    let reply = f
+        .answer(
+            &decision.decision_id,
+            json!({"option_id": "modify_prompt", "modified_prompt": "Sum the numbers and write TOTAL first."}),
+        )
+        .await;
+    let continuation = reply["continuation_request_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let next = f.terminal(&continuation).await;
+    assert_eq!(
+        (next.reason, next.output.as_str()),
+        (Reason::Stop, "TOTAL 42")
+    );
+    let asked = f.mock.requests().last().unwrap().clone();
+    let users: Vec<&str> = asked["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(users[0], "Sum the numbers and write TOTAL first.");
+    assert!(!users.contains(&"Sum the numbers."), "{users:?}");
+
+    // A plain retry falls short again: the continuation escalates at once (no automatic
+    // retry past the first request), with the chain's error history.
+    let second = f.run(checked("m2", "Sum the numbers.")).await;
+    let decision = decision_of(&second, SignalType::Escalation, "LOW_CONFIDENCE");
+    let reply = f
+        .answer(
+            &decision.decision_id,
+            json!({"option_id": "retry", "decided_by": "ops"}),
+        )
+        .await;
+    let continuation = reply["continuation_request_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let next = f.terminal(&continuation).await;
+    assert_eq!(
+        (next.reason, next.chain_position),
+        (Reason::DecisionRequested, 2)
+    );
+    let signal = next
+        .signals
+        .iter()
+        .find(|s| s.code == "LOW_CONFIDENCE")
+        .unwrap();
+    let history = signal.meta["error_history"].as_array().unwrap();
+    assert_eq!(history.len(), 2, "{history:?}");
+    assert_eq!(history[0]["decided"], "retry by ops");
+    assert_eq!(history[1]["chain_position"], 2);
+    let entry = f
+        .settled_history("LOW_CONFIDENCE", &decision.decision_id)
+        .await;
+    assert_eq!(entry.outcome, HistoryOutcome::Failure);
+}
+
+#[tokio::test]
+async fn skip_and_abort_end_the_chain_with_a_clear_record() {
+    let mut f = fleet(SUMS, |s| s.escalation.auto_retry_on_first_failure = false).await;
+    for (id, option, code, outcome) in [
+        ("s1", "skip", "SKIPPED", DecisionOutcome::Skipped),
+        ("a1", "abort", "ABORTED", DecisionOutcome::Aborted),
+    ] {
+        let mut events = Box::pin(f.client.follow(id).await.unwrap());
+        let first = f.run(checked(id, "Sum the numbers.")).await;
+        let decision = decision_of(&first, SignalType::Escalation, "LOW_CONFIDENCE");
+        let guided = f
+            .answer(
+                &decision.decision_id,
+                json!({"option_id": option, "guidance": "x"}),
+            )
+            .await;
+        assert_eq!(guided["error"]["code"], "INVALID_REQUEST", "{guided}");
+        let reply = f
+            .answer(
+                &decision.decision_id,
+                json!({"option_id": option, "decided_by": "lead", "rationale": "not worth it"}),
+            )
+            .await;
+        assert_eq!(
+            reply,
+            json!({"decision_id": decision.decision_id, "continuation_request_id": null,
+                   "outcome": outcome.as_str()})
+        );
+        let again = f
+            .answer(&decision.decision_id, json!({"option_id": option}))
+            .await;
+        assert_eq!(again, reply, "the same answer again gets the same reply");
+        let other = f
+            .answer(&decision.decision_id, json!({"option_id": "retry"}))
+            .await;
+        assert_eq!(other["error"]["code"], "ALREADY_DECIDED");
+        assert_eq!(other["error"]["detail"]["outcome"], outcome.as_str());
+
+        let seen = events_until(&mut events, "chain_ended").await;
+        assert_eq!(
+            seen.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            (0..seen.len() as u64).collect::<Vec<_>>(),
+            "chain_ended follows finished, numbered on"
+        );
+        match &seen.last().unwrap().body {
+            EventBody::ChainEnded {
+                decision_id,
+                outcome: ended,
+                option_id,
+                decided_by,
+            } => {
+                assert_eq!(decision_id, &decision.decision_id);
+                assert_eq!(*ended, outcome);
+                assert_eq!(option_id.as_deref(), Some(option));
+                assert_eq!(decided_by.as_deref(), Some("lead"));
+            }
+            other => panic!("{other:?}"),
+        }
+        let signal = f.signal(&format!("outcome.{code}")).await;
+        assert_eq!(signal["request_id"], id);
+        assert_eq!(signal["root_request_id"], id);
+        assert_eq!(signal["meta"]["rationale"], "not worth it");
+        let status = f.client.status(id).await.unwrap();
+        assert_eq!(status.decision_outcome, Some(outcome));
+        assert_eq!(status.continuation_request_id, None);
+        let entry = f
+            .history("LOW_CONFIDENCE", &decision.decision_id)
+            .await
+            .unwrap();
+        assert_eq!(
+            entry.outcome,
+            if option == "skip" {
+                HistoryOutcome::Skipped
+            } else {
+                HistoryOutcome::Aborted
+            }
+        );
+    }
+    assert_eq!(
+        f.mock.requests().len(),
+        2,
+        "nothing ran after skip or abort"
+    );
+}
+
+const DEPLOY: &str = r#"
+[[rules]]
+reply = "deployed: {{last_user}}"
+"#;
+
+fn guarded(id: &str, prompt: &str) -> GenerationRequest {
+    serde_json::from_value(json!({
+        "request_id": id,
+        "messages": [{"role": "user", "content": prompt}],
+        "checkpoints": [{"name": "prod", "prompt_contains": ["production"], "message": "Deploy to production?"}]
+    }))
+    .unwrap()
+}
+
+/// Runs a guarded request to its checkpoint and answers it.
+async fn ask(f: &mut Fleet, id: &str, body: Value) -> (DecisionBlock, Value) {
+    let first = f.run(guarded(id, "Deploy build 7 to production.")).await;
+    assert_eq!(first.reason, Reason::DecisionRequested);
+    let decision = decision_of(&first, SignalType::DecisionRequest, "CHECKPOINT");
+    let signal = f.signal("decision_request.CHECKPOINT").await;
+    assert_eq!(signal["meta"]["checkpoint"], "prod");
+    let reply = f.answer(&decision.decision_id, body).await;
+    (decision, reply)
+}
+
+#[tokio::test]
+async fn a_checkpoint_answered_each_way() {
+    let mut f = fleet(DEPLOY, |_| {}).await;
+    // proceed: the continuation runs and the same checkpoint does not fire again.
+    let (_, reply) = ask(
+        &mut f,
+        "p1",
+        json!({"option_id": "proceed", "guidance": "use the canary"}),
+    )
+    .await;
+    let continuation = reply["continuation_request_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let next = f.terminal(&continuation).await;
+    assert_eq!((next.reason, next.chain_position), (Reason::Stop, 2));
+    assert!(
+        next.output
+            .starts_with("deployed: Guidance from the manager: use the canary")
+    );
+    assert!(next.signals.iter().all(|s| s.code != "CHECKPOINT"));
+    // modify_prompt: the new prompt runs.
+    let (_, reply) = ask(
+        &mut f,
+        "p2",
+        json!({"option_id": "modify_prompt", "modified_prompt": "Deploy build 7 to staging."}),
+    )
+    .await;
+    let continuation = reply["continuation_request_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let next = f.terminal(&continuation).await;
+    assert_eq!(next.reason, Reason::Stop);
+    let asked = f.mock.requests().last().unwrap().clone();
+    let first_user = asked["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "user")
+        .unwrap()["content"]
+        .clone();
+    assert_eq!(first_user, "Deploy build 7 to staging.");
+    let ran = f.mock.requests().len();
+    // skip and abort: nothing runs.
+    for (id, option) in [("p3", "skip"), ("p4", "abort")] {
+        let (decision, reply) = ask(&mut f, id, json!({"option_id": option})).await;
+        assert_eq!(reply["continuation_request_id"], Value::Null);
+        let status = f.client.status(id).await.unwrap();
+        assert_eq!(
+            status.decision_id.as_deref(),
+            Some(decision.decision_id.as_str())
+        );
+        assert_ne!(status.decision_outcome, Some(DecisionOutcome::Continued));
+    }
+    let (_, reply) = ask(&mut f, "p5", json!({"option_id": "retry"})).await;
+    assert_eq!(reply["error"]["code"], "INVALID_OPTION", "{reply}");
+    assert_eq!(f.mock.requests().len(), ran);
+}
+
+/// Escalations whose outputs hold some of A, B, C, D; the history test answers them.
+const LETTERS: &str = r#"
+[[rules]]
+when_any_message_contains = "add C and D"
+reply = "A B C D"
+[[rules]]
+when_any_message_contains = "[AB]"
+reply = "A B"
+[[rules]]
+when_any_message_contains = "[A]"
+reply = "A"
+[[rules]]
+when_any_message_contains = "[ABC]"
+reply = "A B C"
+"#;
+
+fn lettered(id: &str, prompt: &str) -> GenerationRequest {
+    serde_json::from_value(json!({
+        "request_id": id,
+        "messages": [{"role": "user", "content": prompt}],
+        "escalation_threshold": 0.9,
+        "validation": [
+            {"kind": "contains", "text": "A"}, {"kind": "contains", "text": "B"},
+            {"kind": "contains", "text": "C"}, {"kind": "contains", "text": "D"}
+        ]
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn history_suggestions_surface_on_a_later_similar_escalation_in_order() {
+    let f = fleet(LETTERS, |s| {
+        s.escalation.auto_retry_on_first_failure = false
+    })
+    .await;
+    let escalate = async |id: &str, prompt: &str, answer: Value| {
+        let result = f.run(lettered(id, prompt)).await;
+        let decision = decision_of(&result, SignalType::Escalation, "LOW_CONFIDENCE");
+        let reply = f.answer(&decision.decision_id, answer).await;
+        if let Some(continuation) = reply["continuation_request_id"].as_str() {
+            f.terminal(continuation).await;
+            f.settled_history("LOW_CONFIDENCE", &decision.decision_id)
+                .await;
+        }
+        (decision.decision_id, result)
+    };
+    let task = "Count the apples in the north orchard";
+    // Similar (0.5, 50 %), succeeded, similar prompt.
+    let (similar_success, _) = escalate(
+        "h1",
+        &format!("{task} today [AB]"),
+        json!({"option_id": "retry", "guidance": "add C and D"}),
+    )
+    .await;
+    // Similar, succeeded, another task.
+    let (other_success, _) = escalate(
+        "h2",
+        "Translate this poem into French [AB]",
+        json!({"option_id": "retry", "guidance": "add C and D"}),
+    )
+    .await;
+    // Similar, skipped.
+    let (skipped, _) = escalate("h3", &format!("{task} [AB]"), json!({"option_id": "skip"})).await;
+    // Too far in confidence and pass rate: never suggested.
+    escalate("h4", &format!("{task} [A]"), json!({"option_id": "abort"})).await;
+    escalate(
+        "h5",
+        &format!("{task} [ABC]"),
+        json!({"option_id": "abort"}),
+    )
+    .await;
+
+    let result = f.run(lettered("h6", &format!("{task} [AB]"))).await;
+    let signal = result
+        .signals
+        .iter()
+        .find(|s| s.code == "LOW_CONFIDENCE")
+        .unwrap();
+    let suggestions = signal.meta["suggestions"].as_array().unwrap();
+    let ids: Vec<&str> = suggestions
+        .iter()
+        .map(|s| s["decision_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            similar_success.as_str(),
+            other_success.as_str(),
+            skipped.as_str()
+        ],
+        "successful first, then by prompt similarity at equal confidence: {suggestions:?}"
+    );
+    assert_eq!(suggestions[0]["outcome"], "success");
+    assert_eq!(suggestions[0]["guidance"], "add C and D");
+    assert_eq!(suggestions[2]["outcome"], "skipped");
+    assert!(
+        suggestions[0]["prompt_similarity"].as_f64().unwrap()
+            > suggestions[1]["prompt_similarity"].as_f64().unwrap()
+    );
+}
+
+const DECIDE: &str = r#"
+[[rules]]
+when_last_user_contains = "just answer"
+reply = "ok"
+[[rules]]
+when_last_user_contains = "Decision chosen"
+reply = "Proceeding: {{last_user}}"
+[[rules]]
+reply = "Two ways to go."
+tool_calls = [{ name = "request_decision", arguments = { question = "Which path?", options = [{ id = "fast", label = "Fast" }, { id = "safe", label = "Safe" }], default_option = "safe" } }]
+"#;
+
+#[tokio::test]
+async fn an_expired_decision_takes_its_default_or_expires_and_is_reported() {
+    let mut f = fleet(DECIDE, |s| {
+        s.decisions.ttl_ms = 800;
+        s.escalation.default_option = "skip".into();
+        s.escalation.auto_retry_on_first_failure = false;
+    })
+    .await;
+    // A model decision with a default: answered with it by the fleet.
+    let first = f
+        .run(GenerationRequest {
+            request_id: Some("t1".into()),
+            ..GenerationRequest::user("Plan it.")
+        })
+        .await;
+    let decision = decision_of(
+        &first,
+        SignalType::DecisionRequest,
+        "NEEDS_MANAGER_DECISION",
+    );
+    let decided = f.signal("outcome.DECIDED").await;
+    assert_eq!(decided["meta"]["decided_by"], "timeout");
+    assert_eq!(decided["meta"]["option_id"], "safe");
+    let continuation = decided["meta"]["continuation_request_id"].as_str().unwrap();
+    let next = f.terminal(continuation).await;
+    assert!(
+        next.output.contains("Decision chosen: Safe (safe)"),
+        "{}",
+        next.output
+    );
+    let late = f
+        .answer(&decision.decision_id, json!({"option_id": "fast"}))
+        .await;
+    assert_eq!(late["error"]["code"], "ALREADY_DECIDED");
+
+    // An escalation whose default (from the config) is skip.
+    let escalated = f
+        .run(
+            serde_json::from_value(json!({
+                "request_id": "t2",
+                "messages": [{"role": "user", "content": "just answer"}],
+                "validation": [{"kind": "contains", "text": "never there"}]
+            }))
+            .unwrap(),
+        )
+        .await;
+    let decision = decision_of(&escalated, SignalType::Escalation, "LOW_CONFIDENCE");
+    assert_eq!(decision.default_option.as_deref(), Some("skip"));
+    let skipped = f.signal("outcome.SKIPPED").await;
+    assert_eq!(skipped["meta"]["decided_by"], "timeout");
+
+    // A checkpoint without a default expires: DECISION_EXPIRED, and the answer comes too late.
+    let mut events = Box::pin(f.client.follow("t3").await.unwrap());
+    let guarded = f.run(guarded("t3", "to production")).await;
+    let decision = decision_of(&guarded, SignalType::DecisionRequest, "CHECKPOINT");
+    let expired = f.signal("outcome.DECISION_EXPIRED").await;
+    assert_eq!(
+        expired["meta"]["decision_id"],
+        decision.decision_id.as_str()
+    );
+    let seen = events_until(&mut events, "chain_ended").await;
+    assert!(matches!(
+        seen.last().unwrap().body,
+        EventBody::ChainEnded {
+            outcome: DecisionOutcome::Expired,
+            ..
+        }
+    ));
+    let late = f
+        .answer(&decision.decision_id, json!({"option_id": "proceed"}))
+        .await;
+    assert_eq!(late["error"]["code"], "NOT_FOUND");
+    assert_eq!(
+        f.client.status("t3").await.unwrap().decision_outcome,
+        Some(DecisionOutcome::Expired)
+    );
+}
+
+#[tokio::test]
+async fn cancelling_a_request_that_waits_on_a_decision_expires_the_decision() {
+    let mut f = fleet(DEPLOY, |_| {}).await;
+    let first = f.run(guarded("w1", "to production")).await;
+    let decision = decision_of(&first, SignalType::DecisionRequest, "CHECKPOINT");
+    assert_eq!(
+        f.client.status("w1").await.unwrap().decision_outcome,
+        Some(DecisionOutcome::Pending)
+    );
+    let cancelled = f.client.cancel("w1").await.unwrap();
+    assert_eq!(cancelled.state, RequestState::Cancelled);
+    assert_eq!(
+        cancelled.decision_id.as_deref(),
+        Some(decision.decision_id.as_str())
+    );
+    let expired = f.signal("outcome.DECISION_EXPIRED").await;
+    assert!(
+        expired["meta"]["expired_because"]
+            .as_str()
+            .unwrap()
+            .contains("cancelled"),
+        "{expired}"
+    );
+    let late = f
+        .answer(&decision.decision_id, json!({"option_id": "proceed"}))
+        .await;
+    assert_eq!(late["error"]["code"], "NOT_FOUND");
+    let again = f.client.cancel("w1").await.unwrap_err();
+    assert_eq!(again.code(), Some(ErrorCode::AlreadyFinished));
+}
