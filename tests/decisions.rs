@@ -23,7 +23,7 @@ struct Fleet {
     _worker: WorkerHandle,
     client: Client,
     mock: MockServer,
-    _nats: NatsServer,
+    nats: NatsServer,
     signals: async_nats::Subscriber,
 }
 
@@ -53,7 +53,7 @@ async fn fleet(script: &str, tune: impl Fn(&mut Settings)) -> Fleet {
         _worker: worker,
         client,
         mock,
-        _nats: nats,
+        nats,
         signals,
     }
 }
@@ -735,4 +735,54 @@ async fn cancelling_a_request_that_waits_on_a_decision_expires_the_decision() {
     assert_eq!(late["error"]["code"], "NOT_FOUND");
     let again = f.client.cancel("w1").await.unwrap_err();
     assert_eq!(again.code(), Some(ErrorCode::AlreadyFinished));
+}
+
+#[tokio::test]
+async fn submit_follow_waits_for_the_answer_and_follows_the_continuation() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let f = fleet(DEPLOY, |_| {}).await;
+    let nats_url = f.nats.url();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_genfleet"))
+        .args(["submit", "--follow", "--file", "-", "--wait-secs", "30"])
+        .env("GENFLEET__NATS__URL", &nats_url)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let request = serde_json::to_vec(&guarded("cli1", "Deploy to production.")).unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(&request).await.unwrap();
+    drop(stdin);
+    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+    let decision_id = tokio::time::timeout(Duration::from_secs(15), async {
+        while let Some(line) = stderr.next_line().await.unwrap() {
+            if let Some(rest) = line.strip_prefix("decision ") {
+                return rest.split_whitespace().next().unwrap().to_string();
+            }
+        }
+        panic!("the CLI ended without showing the decision");
+    })
+    .await
+    .expect("the CLI shows the decision it waits for");
+    let decide = tokio::process::Command::new(env!("CARGO_BIN_EXE_genfleet"))
+        .args(["decide", &decision_id, "proceed", "--guidance", "go slowly"])
+        .env("GENFLEET__NATS__URL", &nats_url)
+        .output()
+        .await
+        .unwrap();
+    assert!(decide.status.success(), "{decide:?}");
+    let reply: Value = serde_json::from_slice(&decide.stdout).unwrap();
+    assert_eq!(reply["outcome"], "continued");
+    let output = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("deployed: Guidance from the manager: go slowly"),
+        "{stdout}"
+    );
 }

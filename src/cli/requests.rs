@@ -35,6 +35,10 @@ pub struct SubmitArgs {
     /// With --follow: give up waiting after this many seconds.
     #[arg(long, default_value_t = 600)]
     pub wait_secs: u64,
+    /// With --follow: stop at a decision request instead of waiting for its answer and
+    /// following the continuation.
+    #[arg(long)]
+    pub no_chain: bool,
 }
 
 #[derive(Debug, Args)]
@@ -52,6 +56,15 @@ pub struct DecideArgs {
     /// Who decides (recorded and announced); default: $USER.
     #[arg(long)]
     pub decided_by: Option<String>,
+    /// Escalations and checkpoints, with option modify_prompt: the new last user message.
+    #[arg(long)]
+    pub modified_prompt: Option<String>,
+    /// Escalations and checkpoints: a note for the model in the continuation.
+    #[arg(long)]
+    pub guidance: Option<String>,
+    /// Escalations and checkpoints: lowers the next attempt's escalation threshold (0 to 1).
+    #[arg(long)]
+    pub confidence_boost: Option<f64>,
 }
 
 #[derive(Debug, Args)]
@@ -107,18 +120,85 @@ pub async fn submit(settings: Settings, args: SubmitArgs) -> anyhow::Result<()> 
         .request_id
         .get_or_insert_with(crate::protocol::ids::new_id)
         .clone();
-    let mut events = Box::pin(client.follow(&request_id).await?);
+    let mut events: Events = Box::pin(client.follow(&request_id).await?);
     if args.durable {
         client.enqueue(&pool, &request).await?;
     } else {
         client.submit(&pool, &request).await?;
     }
-    let wait = Duration::from_secs(args.wait_secs);
-    let finished = tokio::time::timeout(wait, async {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(args.wait_secs);
+    let mut current = request_id;
+    loop {
+        let result = follow_one(&client, &current, &mut events, deadline, args.json).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&result)?);
+        } else {
+            println!();
+            let detail = result
+                .detail
+                .as_deref()
+                .map(|d| format!(": {d}"))
+                .unwrap_or_default();
+            eprintln!(
+                "{} {} {}{detail}",
+                result.request_id,
+                result.state.as_str(),
+                result.reason.as_str()
+            );
+        }
+        let decision = result.signals.iter().rev().find_map(|s| s.decision.clone());
+        let waiting = result.reason == crate::protocol::Reason::DecisionRequested;
+        match decision {
+            Some(decision) if waiting && !args.no_chain => {
+                if !args.json {
+                    print_decision(&decision);
+                }
+                // The next thing on this request's subject is `continued` or `chain_ended`.
+                match wait_for_answer(&mut events, deadline).await {
+                    Some(EventBody::Continued {
+                        continuation_request_id,
+                    }) => {
+                        if !args.json {
+                            eprintln!("continuing as {continuation_request_id}");
+                        }
+                        events = Box::pin(client.follow(&continuation_request_id).await?);
+                        current = continuation_request_id;
+                    }
+                    Some(EventBody::ChainEnded { outcome, .. }) => {
+                        anyhow::bail!("the decision ended the job: {}", outcome.as_str());
+                    }
+                    _ => anyhow::bail!(
+                        "no answer to decision {} within the wait",
+                        decision.decision_id
+                    ),
+                }
+            }
+            _ if result.state == crate::protocol::RequestState::Completed => return Ok(()),
+            _ => anyhow::bail!(
+                "request {} ended {} ({})",
+                result.request_id,
+                result.state.as_str(),
+                result.reason.as_str()
+            ),
+        }
+    }
+}
+
+type Events = std::pin::Pin<Box<dyn futures_util::Stream<Item = crate::protocol::Event> + Send>>;
+
+/// Prints one request's output as it streams and returns its stored result.
+async fn follow_one(
+    client: &Client,
+    request_id: &str,
+    events: &mut Events,
+    deadline: tokio::time::Instant,
+    json: bool,
+) -> anyhow::Result<crate::protocol::GenerationResult> {
+    let finished = tokio::time::timeout_at(deadline, async {
         let mut stdout = std::io::stdout();
         while let Some(event) = events.next().await {
             match event.body {
-                EventBody::Delta { text } if !args.json => {
+                EventBody::Delta { text } if !json => {
                     let _ = stdout.write_all(text.as_bytes());
                     let _ = stdout.flush();
                 }
@@ -131,35 +211,56 @@ pub async fn submit(settings: Settings, args: SubmitArgs) -> anyhow::Result<()> 
     .await
     .unwrap_or(false);
     if !finished {
-        eprintln!("(no finished event seen; reading the stored result)");
+        eprintln!("(no finished event seen for {request_id}; reading the stored result)");
     }
-    let result = client.result(&request_id, true).await?;
-    if args.json {
-        println!("{}", serde_json::to_string(&result)?);
-    } else {
-        println!();
-        let detail = result
-            .detail
-            .as_deref()
-            .map(|d| format!(": {d}"))
-            .unwrap_or_default();
-        eprintln!(
-            "{} {} {}{detail}",
-            result.request_id,
-            result.state.as_str(),
-            result.reason.as_str()
-        );
+    // A continuation may have started before it was followed: wait for its result.
+    loop {
+        match client.result(request_id, true).await {
+            Err(error)
+                if error.code() == Some(crate::protocol::ErrorCode::NotReady)
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => return Ok(other?),
+        }
     }
-    if result.state == crate::protocol::RequestState::Completed {
-        Ok(())
-    } else {
-        anyhow::bail!(
-            "request {} ended {} ({})",
-            result.request_id,
-            result.state.as_str(),
-            result.reason.as_str()
-        )
+}
+
+async fn wait_for_answer(events: &mut Events, deadline: tokio::time::Instant) -> Option<EventBody> {
+    tokio::time::timeout_at(deadline, async {
+        while let Some(event) = events.next().await {
+            if matches!(
+                event.body,
+                EventBody::Continued { .. } | EventBody::ChainEnded { .. }
+            ) {
+                return Some(event.body);
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+fn print_decision(decision: &crate::protocol::DecisionBlock) {
+    eprintln!(
+        "decision {} ({:?}): {}",
+        decision.decision_id, decision.kind, decision.question
+    );
+    for option in &decision.options {
+        let default = if decision.default_option.as_deref() == Some(option.id.as_str()) {
+            " (default)"
+        } else {
+            ""
+        };
+        eprintln!("  {}: {}{default}", option.id, option.label);
     }
+    eprintln!(
+        "waiting for an answer (genfleet decide {} <option>) ...",
+        decision.decision_id
+    );
 }
 
 pub async fn status(settings: Settings, args: IdArgs) -> anyhow::Result<()> {
@@ -182,9 +283,9 @@ pub async fn decide(settings: Settings, args: DecideArgs) -> anyhow::Result<()> 
         option_id: args.option_id,
         rationale: args.rationale,
         decided_by: args.decided_by.or_else(|| std::env::var("USER").ok()),
-        modified_prompt: None,
-        guidance: None,
-        confidence_boost: None,
+        modified_prompt: args.modified_prompt,
+        guidance: args.guidance,
+        confidence_boost: args.confidence_boost,
     };
     let reply = client.decide(&args.decision_id, &answer).await?;
     println!("{}", serde_json::to_string(&reply)?);
