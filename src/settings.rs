@@ -31,6 +31,14 @@ pub struct Settings {
     pub tools: ToolSettings,
     pub limits: LimitSettings,
     pub loop_detection: LoopDetectionConfig,
+    pub http: HttpSettings,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    pub listen: String,
+    pub backend_probe_ms: u64,
 }
 
 #[derive(Clone, Serialize, Deserialize)]
@@ -367,6 +375,13 @@ impl Settings {
             return fail(
                 "decisions.sweep_ms and decisions.history_max_entries must be at least 1".into(),
             );
+        }
+        if !self.http.listen.is_empty() && self.http.listen.parse::<std::net::SocketAddr>().is_err()
+        {
+            return fail(format!(
+                "http.listen {:?} is not an address like 0.0.0.0:9090 (empty: no HTTP server)",
+                self.http.listen
+            ));
         }
         if self.limits.max_output_bytes == 0 {
             return fail("limits.max_output_bytes must be at least 1".into());

@@ -17,11 +17,14 @@ use std::collections::HashMap;
 
 use futures_util::StreamExt;
 
+use std::sync::Arc;
+
 use super::history::History;
 use crate::engine::chain::{
     ChainState, DECISION_NOTE_PREFIX, GUIDANCE_NOTE_PREFIX, task_message_index, task_text,
 };
 use crate::engine::history::{HistoryEntry, HistoryOutcome};
+use crate::observe::Metrics;
 pub use crate::protocol::DecisionOutcome;
 use crate::protocol::ids::{new_id, now_rfc3339};
 use crate::protocol::{
@@ -127,6 +130,7 @@ pub struct Decisions {
     gen_prefix: String,
     answer_default_on_expiry: bool,
     max_pending_tracked: usize,
+    metrics: Arc<Metrics>,
 }
 
 /// Who answers a decision that expired with a default option.
@@ -137,6 +141,7 @@ impl Decisions {
         js: &async_nats::jetstream::Context,
         settings: &Settings,
         results: kv::Store,
+        metrics: Arc<Metrics>,
     ) -> Result<Decisions, BusError> {
         let ttl = Duration::from_millis(
             settings
@@ -162,6 +167,7 @@ impl Decisions {
             gen_prefix: settings.subjects.gen_prefix.clone(),
             answer_default_on_expiry: settings.decisions.answer_default_on_expiry,
             max_pending_tracked: 100_000,
+            metrics,
         })
     }
 
@@ -383,6 +389,7 @@ impl Decisions {
                             pending.remove(&entry.key);
                         }
                     }
+                    self.metrics.decisions_pending.set(pending.len() as i64);
                 }
                 _ = tick.tick() => {
                     let now = SystemTime::now();
@@ -395,6 +402,7 @@ impl Decisions {
                         pending.remove(&id);
                         self.on_expiry(client, worker_id, &id).await;
                     }
+                    self.metrics.decisions_pending.set(pending.len() as i64);
                 }
             }
         }

@@ -129,7 +129,9 @@ async fn reap(shared: &Shared) -> Result<(), BusError> {
                     &worker,
                 );
                 result.attempt = record.attempt;
-                shared.stores.store_result(&result).await?;
+                if shared.stores.store_result(&result).await? == super::store::Stored::Stored {
+                    shared.metrics.observe_result(&result);
+                }
                 let _ = shared.stores.results.purge(live_key(&request_id)).await;
                 tracing::warn!(message = "ended the request of a lost worker", request_id = %request_id, lost_worker = %worker);
                 purge_index().await;

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use super::BusError;
 use super::decisions::{CHAIN_HEADER, CHAIN_STATE_HEADER, PARENT_HEADER, ROOT_HEADER};
 use super::reply::{encoding_of, header};
-use super::store::LiveRecord;
+use super::store::{LiveRecord, Stored};
 use super::subjects::Subjects;
 use super::worker::{Asked, Shared};
 use crate::actors::{Capacity, Placement, Submit};
@@ -50,6 +50,28 @@ pub(super) async fn pool_consumer(shared: &Shared) -> Result<consumer::PullConsu
                 "cannot open the queue consumer of pool {pool}: {e}"
             ))
         })
+}
+
+/// Keeps `genfleet_queue_pending` and `genfleet_queue_ack_pending` current (the pool's lag).
+pub(super) async fn measure_lag(shared: Arc<Shared>) {
+    let name = consumer_name(&shared.settings.worker.pool);
+    loop {
+        let info = shared
+            .stores
+            .queue
+            .get_consumer::<consumer::pull::Config>(&name)
+            .await;
+        if let Ok(mut consumer) = info
+            && let Ok(info) = consumer.info().await
+        {
+            shared.metrics.queue_pending.set(info.num_pending as i64);
+            shared
+                .metrics
+                .queue_ack_pending
+                .set(info.num_ack_pending as i64);
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
 }
 
 /// Pulls as many messages as there are free slots, for as long as the worker runs.
@@ -247,7 +269,9 @@ async fn refuse(
         &shared.worker_id,
     );
     result.attempt = attempt;
-    let _ = shared.stores.store_result(&result).await;
+    if let Ok(Stored::Stored) = shared.stores.store_result(&result).await {
+        shared.metrics.observe_result(&result);
+    }
     let _ = message.ack_with(AckKind::Term).await;
 }
 
@@ -334,7 +358,9 @@ pub(super) async fn cancel_queued(
             "cancelled while queued".into(),
             &shared.worker_id,
         );
-        shared.stores.store_result(&result).await?;
+        if shared.stores.store_result(&result).await? == Stored::Stored {
+            shared.metrics.observe_result(&result);
+        }
     }
     Ok(removed)
 }
@@ -378,9 +404,13 @@ pub(super) async fn watch_exhausted(shared: Arc<Shared>) -> Result<(), BusError>
                     &shared.worker_id,
                 );
                 result.attempt = u32::try_from(deliveries).unwrap_or(u32::MAX);
-                if let Err(error) = shared.stores.store_result(&result).await {
-                    tracing::warn!(message = "could not store a worker_lost result", %error, request_id = %request_id);
-                    continue;
+                match shared.stores.store_result(&result).await {
+                    Ok(Stored::Stored) => shared.metrics.observe_result(&result),
+                    Ok(_) => {}
+                    Err(error) => {
+                        tracing::warn!(message = "could not store a worker_lost result", %error, request_id = %request_id);
+                        continue;
+                    }
                 }
                 tracing::warn!(message = "a durable request ran out of deliveries", request_id = %request_id, deliveries);
             }

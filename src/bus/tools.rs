@@ -1,10 +1,14 @@
 //! The bus [`ToolRunner`]: a tool call is a request on `tools.<name>` answered by a tool
 //! service, with headers that let the service correlate it.
 
+use std::sync::Arc;
+use std::time::Instant;
+
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 
 use super::subjects::Subjects;
+use crate::observe::Metrics;
 use crate::tools::{ToolInvocation, ToolReply, ToolRunError, ToolRunner};
 
 pub const REQUEST_ID_HEADER: &str = "Genfleet-Request-Id";
@@ -15,11 +19,45 @@ pub const JOB_NAME_HEADER: &str = "Genfleet-Job-Name";
 pub struct BusToolRunner {
     client: async_nats::Client,
     subjects: Subjects,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl BusToolRunner {
     pub fn new(client: async_nats::Client, subjects: Subjects) -> Self {
-        BusToolRunner { client, subjects }
+        BusToolRunner {
+            client,
+            subjects,
+            metrics: None,
+        }
+    }
+
+    /// Times every call into `genfleet_tool_call_seconds`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+}
+
+/// Records a call's duration when it ends, however it ends: the engine drops the future on a
+/// timeout or a cancellation, which counts as `abandoned`.
+struct CallTimer {
+    metrics: Option<Arc<Metrics>>,
+    tool: String,
+    started: Instant,
+    outcome: &'static str,
+}
+
+impl CallTimer {
+    fn finish(mut self, outcome: &'static str) {
+        self.outcome = outcome;
+    }
+}
+
+impl Drop for CallTimer {
+    fn drop(&mut self) {
+        if let Some(metrics) = &self.metrics {
+            metrics.observe_tool_call(&self.tool, self.outcome, self.started.elapsed());
+        }
     }
 }
 
@@ -27,7 +65,32 @@ impl ToolRunner for BusToolRunner {
     fn run(&self, call: ToolInvocation) -> BoxFuture<'static, Result<ToolReply, ToolRunError>> {
         let client = self.client.clone();
         let subject = self.subjects.tool(&call.name);
+        let timer = CallTimer {
+            metrics: self.metrics.clone(),
+            tool: call.name.clone(),
+            started: Instant::now(),
+            outcome: "abandoned",
+        };
         async move {
+            let reply = Self::call(client, subject, call).await;
+            timer.finish(match &reply {
+                Ok(ToolReply::Ok(_)) => "ok",
+                Ok(ToolReply::Error(_)) => "error_reply",
+                Err(_) => "failed",
+            });
+            reply
+        }
+        .boxed()
+    }
+}
+
+impl BusToolRunner {
+    async fn call(
+        client: async_nats::Client,
+        subject: String,
+        call: ToolInvocation,
+    ) -> Result<ToolReply, ToolRunError> {
+        {
             let mut headers = async_nats::HeaderMap::new();
             headers.insert(REQUEST_ID_HEADER, call.request_id.as_str());
             headers.insert(CALL_ID_HEADER, call.call_id.as_str());
@@ -64,6 +127,5 @@ impl ToolRunner for BusToolRunner {
                 ))),
             }
         }
-        .boxed()
     }
 }

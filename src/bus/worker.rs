@@ -3,6 +3,7 @@
 //! the shared stores, publishes events and signals, and drains on shutdown.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,6 +24,7 @@ use crate::actors::{
 };
 use crate::engine::{DefaultBios, Engine, EngineConfig};
 use crate::llm::OpenAiBackend;
+use crate::observe::{MeteredBackend, Metrics, Readiness};
 use crate::protocol::{
     ErrorCode, Event, EventBody, GenerationRequest, Reason, RequestState, Signal, WireError,
 };
@@ -39,6 +41,8 @@ const EVENT_BUFFER: usize = 4096;
 /// A running worker, started on its own thread with its own actix system (tests and embedding).
 pub struct WorkerHandle {
     pub worker_id: String,
+    /// Where its HTTP server (metrics, health) listens, when `http.listen` is set.
+    pub http_addr: Option<std::net::SocketAddr>,
     shutdown: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<Result<(), BusError>>>,
 }
@@ -69,8 +73,9 @@ impl WorkerHandle {
             })
             .map_err(|e| BusError::Setup(format!("cannot start the worker thread: {e}")))?;
         match ready_rx.recv() {
-            Ok(Ok(())) => Ok(WorkerHandle {
+            Ok(Ok(http_addr)) => Ok(WorkerHandle {
                 worker_id,
+                http_addr,
                 shutdown: Some(shutdown_tx),
                 thread: Some(thread),
             }),
@@ -132,6 +137,7 @@ pub(super) struct Shared {
     /// back, is told apart).
     cancelled_by_callers: Mutex<HashSet<String>>,
     in_flight: Arc<Semaphore>,
+    pub(super) metrics: Arc<Metrics>,
 }
 
 /// A running request as it was asked.
@@ -171,15 +177,15 @@ pub async fn run(
     settings: Settings,
     worker_id: String,
     shutdown: impl std::future::Future<Output = ()>,
-    ready: Option<std::sync::mpsc::Sender<Result<(), BusError>>>,
+    ready: Option<std::sync::mpsc::Sender<Result<Option<std::net::SocketAddr>, BusError>>>,
 ) -> Result<(), BusError> {
     let started = start(settings, worker_id).await;
     let (shared, handle, tasks) = match started {
-        Ok(parts) => {
+        Ok((shared, handle, tasks, http_addr)) => {
             if let Some(ready) = &ready {
-                let _ = ready.send(Ok(()));
+                let _ = ready.send(Ok(http_addr));
             }
-            parts
+            (shared, handle, tasks)
         }
         Err(error) => {
             if let Some(ready) = ready {
@@ -220,6 +226,7 @@ type Started = (
     Arc<Shared>,
     SupervisorHandle,
     Vec<tokio::task::JoinHandle<()>>,
+    Option<std::net::SocketAddr>,
 );
 
 async fn start(settings: Settings, worker_id: String) -> Result<Started, BusError> {
@@ -228,7 +235,15 @@ async fn start(settings: Settings, worker_id: String) -> Result<Started, BusErro
         .map_err(|e| BusError::Setup(e.to_string()))?;
     let jetstream = async_nats::jetstream::new(client.clone());
     let stores = Stores::ensure(jetstream, &settings.jetstream, &settings.subjects).await?;
-    let decisions = Decisions::open(&stores.jetstream, &settings, stores.results.clone()).await?;
+    let metrics = Arc::new(Metrics::new());
+    metrics.slots_total.set(i64::from(settings.worker.slots));
+    let decisions = Decisions::open(
+        &stores.jetstream,
+        &settings,
+        stores.results.clone(),
+        metrics.clone(),
+    )
+    .await?;
     let workers = super::heartbeat::open(
         &stores.jetstream,
         Duration::from_millis(settings.worker.lost_after_ms),
@@ -237,10 +252,13 @@ async fn start(settings: Settings, worker_id: String) -> Result<Started, BusErro
     .await?;
     let subjects = Subjects::new(&settings.subjects);
     let backend = OpenAiBackend::new(&settings.llm).map_err(|e| BusError::Setup(e.to_string()))?;
-    let runner = BusToolRunner::new(client.clone(), subjects.clone());
+    let runner = BusToolRunner::new(client.clone(), subjects.clone()).with_metrics(metrics.clone());
     let engine = Engine::new(
         EngineConfig::from_settings(&settings),
-        Arc::new(backend),
+        Arc::new(MeteredBackend::new(
+            Arc::new(backend.clone()),
+            metrics.clone(),
+        )),
         Arc::new(runner),
         Arc::new(DefaultBios),
     )
@@ -268,6 +286,7 @@ async fn start(settings: Settings, worker_id: String) -> Result<Started, BusErro
         durable: Mutex::new(HashMap::new()),
         cancelled_by_callers: Mutex::new(HashSet::new()),
         in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+        metrics: metrics.clone(),
         settings,
     });
     let mut tasks = vec![tools_task];
@@ -323,6 +342,37 @@ async fn start(settings: Settings, worker_id: String) -> Result<Started, BusErro
             .sweep(sweeper.client.clone(), sweeper.worker_id.clone())
             .await
     }));
+    let backend_up = Arc::new(AtomicBool::new(false));
+    tasks.push(tokio::spawn(probe_backend(
+        shared.clone(),
+        backend,
+        backend_up.clone(),
+    )));
+    tasks.push(tokio::spawn(watch_capacity(
+        metrics.clone(),
+        handle.capacity.clone(),
+    )));
+    tasks.push(tokio::spawn(queue::measure_lag(shared.clone())));
+    let http_addr = match shared.settings.http.listen.as_str() {
+        "" => None,
+        listen => {
+            let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+                BusError::Setup(format!("cannot listen on {listen} (http.listen): {e}"))
+            })?;
+            let addr = listener.local_addr().ok();
+            let readiness = Arc::new(Readiness {
+                nats: client.clone(),
+                capacity: handle.capacity.clone(),
+                backend_up: backend_up.clone(),
+            });
+            tasks.push(tokio::spawn(crate::observe::serve(
+                listener,
+                metrics.clone(),
+                readiness,
+            )));
+            addr
+        }
+    };
     let service = start_service(&shared, handle.capacity.clone()).await?;
     tasks.push(tokio::spawn(async move {
         // The service lives as long as this task; it is stopped with the worker.
@@ -339,7 +389,42 @@ async fn start(settings: Settings, worker_id: String) -> Result<Started, BusErro
         pool = %shared.settings.worker.pool,
         slots = shared.settings.worker.slots
     );
-    Ok((shared, handle, tasks))
+    Ok((shared, handle, tasks, http_addr))
+}
+
+/// Checks every `http.backend_probe_ms` that the backend answers, for `/readyz`.
+async fn probe_backend(shared: Arc<Shared>, backend: OpenAiBackend, up: Arc<AtomicBool>) {
+    let every = Duration::from_millis(shared.settings.http.backend_probe_ms.max(100));
+    let mut was_up = None;
+    loop {
+        let result = backend.probe(Duration::from_secs(5)).await;
+        let now_up = result.is_ok();
+        up.store(now_up, Ordering::Relaxed);
+        shared.metrics.backend_up.set(i64::from(now_up));
+        if was_up != Some(now_up) {
+            match result {
+                Ok(()) => tracing::info!(message = "the backend answers"),
+                Err(error) => tracing::warn!(message = "the backend does not answer", %error),
+            }
+            was_up = Some(now_up);
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// Mirrors the supervisor's capacity into the slot gauges.
+async fn watch_capacity(metrics: Arc<Metrics>, mut capacity: watch::Receiver<Capacity>) {
+    loop {
+        {
+            let now = capacity.borrow_and_update();
+            metrics.slots_total.set(i64::from(now.total));
+            metrics.slots_busy.set(i64::from(now.busy));
+            metrics.draining.set(i64::from(now.draining));
+        }
+        if capacity.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Registers with the NATS service API so `$SRV.PING/INFO/STATS` find this worker; the stats
@@ -545,6 +630,7 @@ async fn publish_events(shared: Arc<Shared>, mut events: mpsc::Receiver<Event>) 
                     continue;
                 }
                 store_result(&shared, result).await;
+                shared.metrics.observe_result(result);
                 queue::settle(&shared, id, false).await;
                 release_local(&shared, id).await;
                 if let Some(chain) = asked.map(|a| a.chain) {
@@ -552,6 +638,7 @@ async fn publish_events(shared: Arc<Shared>, mut events: mpsc::Receiver<Event>) 
                 }
             }
             EventBody::Signal { signal } => {
+                shared.metrics.observe_signal(signal.kind, &signal.code);
                 if let Some(decision) = &signal.decision {
                     record_decision(&shared, signal, decision, event.seq).await;
                 }

@@ -66,6 +66,26 @@ impl OpenAiBackend {
             }),
         })
     }
+
+    /// Whether the backend answers HTTP at all (`GET <base>/models`, any status): what a
+    /// readiness check wants to know. Errors are the caller's to log.
+    pub async fn probe(&self, timeout: Duration) -> Result<(), String> {
+        let url = self
+            .inner
+            .url
+            .trim_end_matches("/chat/completions")
+            .to_string()
+            + "/models";
+        let mut builder = self.inner.http.get(url).timeout(timeout);
+        if let Some(key) = &self.inner.api_key {
+            builder = builder.bearer_auth(key);
+        }
+        builder
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("the backend does not answer: {e}"))
+    }
 }
 
 /// reqwest is built without a bundled crypto provider so that it shares ring with the NATS

@@ -109,10 +109,15 @@ pub struct MockServer {
 impl MockServer {
     /// Binds `127.0.0.1:0` and starts serving `script`.
     pub async fn start(script: Script) -> io::Result<MockServer> {
+        Self::start_at(SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 0)), script).await
+    }
+
+    /// Binds `addr` (e.g. the address of a server that stopped, to bring it back).
+    pub async fn start_at(addr: SocketAddr, script: Script) -> io::Result<MockServer> {
         script
             .validate()
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let listener = TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await?;
+        let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let shared = server::Shared::new(script);
         let (tx, rx) = oneshot::channel::<()>();

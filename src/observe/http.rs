@@ -1,0 +1,81 @@
+//! The worker's HTTP server on `http.listen`: `/metrics` (Prometheus text), `/healthz` (the
+//! process is up) and `/readyz` (it can take work: connected to NATS, the backend answers, not
+//! draining).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tokio::sync::watch;
+
+use super::Metrics;
+use crate::actors::Capacity;
+
+/// What `/readyz` looks at.
+pub struct Readiness {
+    pub nats: async_nats::Client,
+    pub capacity: watch::Receiver<Capacity>,
+    /// Set by the backend probe.
+    pub backend_up: Arc<AtomicBool>,
+}
+
+impl Readiness {
+    /// Ready, or why not.
+    pub fn check(&self) -> Result<(), String> {
+        if self.capacity.borrow().draining {
+            return Err("draining".into());
+        }
+        if self.nats.connection_state() != async_nats::connection::State::Connected {
+            return Err("not connected to NATS".into());
+        }
+        if !self.backend_up.load(Ordering::Relaxed) {
+            return Err("the backend does not answer".into());
+        }
+        Ok(())
+    }
+}
+
+struct Served {
+    metrics: Arc<Metrics>,
+    readiness: Arc<Readiness>,
+}
+
+/// Serves until the task is aborted.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    readiness: Arc<Readiness>,
+) {
+    let app = Router::new()
+        .route("/metrics", get(metrics_text))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .with_state(Arc::new(Served { metrics, readiness }));
+    if let Err(error) = axum::serve(listener, app).await {
+        tracing::error!(message = "the HTTP server stopped", %error);
+    }
+}
+
+async fn metrics_text(State(served): State<Arc<Served>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        served.metrics.encode(),
+    )
+}
+
+async fn ready(State(served): State<Arc<Served>>) -> impl IntoResponse {
+    match served.readiness.check() {
+        Ok(()) => (StatusCode::OK, "ready\n".to_string()),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        ),
+    }
+}

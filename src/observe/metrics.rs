@@ -1,0 +1,269 @@
+//! The worker's Prometheus metrics. Names and labels are documented in docs/operations.md; label
+//! values come from bounded sets (states, reasons, signal codes, registered tool names).
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::protocol::{GenerationResult, SignalType};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub state: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SignalLabels {
+    pub r#type: String,
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolLabels {
+    pub tool: String,
+    /// ok, error_reply, timeout or failed.
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub slots_total: Gauge,
+    pub slots_busy: Gauge,
+    pub draining: Gauge,
+    pub requests: Family<ResultLabels, Counter>,
+    pub queue_pending: Gauge,
+    pub queue_ack_pending: Gauge,
+    pub signals: Family<SignalLabels, Counter>,
+    pub decisions_pending: Gauge,
+    pub decisions: Family<OutcomeLabels, Counter>,
+    pub queue_wait: Histogram,
+    pub first_token: Histogram,
+    pub request_seconds: Histogram,
+    pub tool_calls: Family<ToolLabels, Histogram>,
+    pub backend_errors: Family<KindLabels, Counter>,
+    pub backend_up: Gauge,
+}
+
+/// Seconds, from 5 ms to about 20 minutes.
+fn latency_buckets() -> impl Iterator<Item = f64> {
+    prometheus_client::metrics::histogram::exponential_buckets(0.005, 2.5, 14)
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("genfleet");
+        let slots_total = Gauge::default();
+        registry.register("slots_total", "Slots of this worker", slots_total.clone());
+        let slots_busy = Gauge::default();
+        registry.register("slots_busy", "Slots running a request", slots_busy.clone());
+        let draining = Gauge::default();
+        registry.register(
+            "draining",
+            "1 while the worker drains before it stops",
+            draining.clone(),
+        );
+        let requests = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "requests",
+            "Requests that ended on this worker, by state and reason",
+            requests.clone(),
+        );
+        let queue_pending = Gauge::default();
+        registry.register(
+            "queue_pending",
+            "Messages of this pool's durable queue not yet delivered to a worker",
+            queue_pending.clone(),
+        );
+        let queue_ack_pending = Gauge::default();
+        registry.register(
+            "queue_ack_pending",
+            "Messages of this pool's durable queue delivered and not yet acknowledged",
+            queue_ack_pending.clone(),
+        );
+        let signals = Family::<SignalLabels, Counter>::default();
+        registry.register(
+            "signals",
+            "Signals this worker published, by type and code",
+            signals.clone(),
+        );
+        let decisions_pending = Gauge::default();
+        registry.register(
+            "decisions_pending",
+            "Decisions awaiting an answer in the fleet (as this worker sees the bucket)",
+            decisions_pending.clone(),
+        );
+        let decisions = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "decisions",
+            "Decisions this worker answered or expired, by outcome",
+            decisions.clone(),
+        );
+        let queue_wait = Histogram::new(latency_buckets());
+        registry.register(
+            "queue_wait_seconds",
+            "From acceptance until the generation started",
+            queue_wait.clone(),
+        );
+        let first_token = Histogram::new(latency_buckets());
+        registry.register(
+            "first_token_seconds",
+            "From the start of the generation until the first token",
+            first_token.clone(),
+        );
+        let request_seconds = Histogram::new(latency_buckets());
+        registry.register(
+            "request_seconds",
+            "From acceptance until the result",
+            request_seconds.clone(),
+        );
+        let tool_calls = Family::<ToolLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(latency_buckets())
+        });
+        registry.register(
+            "tool_call_seconds",
+            "Tool calls through tool services, by tool and outcome",
+            tool_calls.clone(),
+        );
+        let backend_errors = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "backend_errors",
+            "Failed backend calls, by kind (http, transport, idle, stream_broken, protocol, tools_rejected)",
+            backend_errors.clone(),
+        );
+        let backend_up = Gauge::default();
+        registry.register(
+            "backend_up",
+            "1 when the last probe of the backend got an HTTP answer",
+            backend_up.clone(),
+        );
+        Metrics {
+            registry,
+            slots_total,
+            slots_busy,
+            draining,
+            requests,
+            queue_pending,
+            queue_ack_pending,
+            signals,
+            decisions_pending,
+            decisions,
+            queue_wait,
+            first_token,
+            request_seconds,
+            tool_calls,
+            backend_errors,
+            backend_up,
+        }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)
+            .expect("writing to a String cannot fail");
+        text
+    }
+
+    /// Counts an ended request and its timings.
+    pub fn observe_result(&self, result: &GenerationResult) {
+        self.requests
+            .get_or_create(&ResultLabels {
+                state: result.state.as_str().to_string(),
+                reason: result.reason.as_str().to_string(),
+            })
+            .inc();
+        let seconds = |ms: u64| Duration::from_millis(ms).as_secs_f64();
+        self.queue_wait.observe(seconds(result.timings_ms.queued));
+        if let Some(ms) = result.timings_ms.first_token {
+            self.first_token.observe(seconds(ms));
+        }
+        self.request_seconds
+            .observe(seconds(result.timings_ms.total));
+    }
+
+    pub fn observe_signal(&self, kind: SignalType, code: &str) {
+        self.signals
+            .get_or_create(&SignalLabels {
+                r#type: kind.as_str().to_string(),
+                code: code.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn observe_decision(&self, outcome: &str) {
+        self.decisions
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn observe_tool_call(&self, tool: &str, outcome: &str, took: Duration) {
+        self.tool_calls
+            .get_or_create(&ToolLabels {
+                tool: tool.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn observe_backend_error(&self, kind: &str) {
+        self.backend_errors
+            .get_or_create(&KindLabels {
+                kind: kind.to_string(),
+            })
+            .inc();
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::Reason;
+
+    #[test]
+    fn the_exposition_carries_every_family_with_its_labels() {
+        let metrics = Metrics::new();
+        metrics.slots_total.set(4);
+        let mut result = GenerationResult::empty("r", Reason::Stop, "x".into(), "w");
+        result.timings_ms.total = 1500;
+        metrics.observe_result(&result);
+        metrics.observe_signal(SignalType::Escalation, "LOW_CONFIDENCE");
+        metrics.observe_tool_call("calculate", "ok", Duration::from_millis(20));
+        metrics.observe_backend_error("http");
+        let text = metrics.encode();
+        for line in [
+            "genfleet_slots_total 4",
+            "genfleet_requests_total{state=\"COMPLETED\",reason=\"stop\"} 1",
+            "genfleet_signals_total{type=\"escalation\",code=\"LOW_CONFIDENCE\"} 1",
+            "genfleet_backend_errors_total{kind=\"http\"} 1",
+            "genfleet_request_seconds_count 1",
+            "genfleet_tool_call_seconds_count{tool=\"calculate\",outcome=\"ok\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

@@ -1,0 +1,9 @@
+//! What a worker tells operators: Prometheus metrics, liveness and readiness over HTTP.
+
+pub mod backend;
+pub mod http;
+pub mod metrics;
+
+pub use backend::MeteredBackend;
+pub use http::{Readiness, serve};
+pub use metrics::Metrics;

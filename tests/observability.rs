@@ -1,0 +1,355 @@
+//! The worker's HTTP server: /metrics parses and moves with load, /healthz, and /readyz going
+//! unready while draining, without NATS, or without a backend.
+
+mod common;
+
+use std::time::Duration;
+
+use common::nats::NatsServer;
+use genfleet::bus::client::Client;
+use genfleet::bus::worker::WorkerHandle;
+use genfleet::llm::mock::{MockServer, Script};
+use genfleet::protocol::GenerationRequest;
+use genfleet::settings::Settings;
+
+struct Served {
+    worker: Option<WorkerHandle>,
+    base: String,
+    client: Client,
+    mock: Option<MockServer>,
+    nats: NatsServer,
+}
+
+async fn served(script: &str) -> Served {
+    let nats = NatsServer::start().await;
+    let mock = MockServer::start(Script::from_toml_str(script).unwrap())
+        .await
+        .unwrap();
+    let mut s = Settings::defaults();
+    s.nats.url = nats.url();
+    s.llm.base_url = mock.base_url();
+    s.worker.slots = 2;
+    s.worker.drain_timeout_ms = 5000;
+    s.http.listen = "127.0.0.1:0".into();
+    s.http.backend_probe_ms = 100;
+    let client_settings = s.clone();
+    let worker = tokio::task::spawn_blocking(move || WorkerHandle::spawn(s))
+        .await
+        .unwrap()
+        .unwrap();
+    let base = format!(
+        "http://{}",
+        worker.http_addr.expect("the HTTP server listens")
+    );
+    let client = Client::connect(&client_settings)
+        .await
+        .unwrap()
+        .with_timeout(Duration::from_secs(10));
+    Served {
+        worker: Some(worker),
+        base,
+        client,
+        mock: Some(mock),
+        nats,
+    }
+}
+
+async fn get(base: &str, path: &str) -> (u16, String) {
+    let response = reqwest::get(format!("{base}{path}")).await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap())
+}
+
+/// Polls `path` until its status is `want`, returning the body.
+async fn until_status(base: &str, path: &str, want: u16) -> String {
+    let mut last = (0, String::new());
+    for _ in 0..200 {
+        last = get(base, path).await;
+        if last.0 == want {
+            return last.1;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("{path} stayed {} ({}) instead of {want}", last.0, last.1);
+}
+
+/// The samples of a metric as (labels, value).
+fn samples(text: &str, name: &str) -> Vec<(Vec<(String, String)>, f64)> {
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("Prometheus text parses");
+    scrape
+        .samples
+        .into_iter()
+        .filter(|s| s.metric == name)
+        .map(|s| {
+            let mut labels: Vec<(String, String)> = s
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            labels.sort();
+            let value = match s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                prometheus_parse::Value::Histogram(_) | prometheus_parse::Value::Summary(_) => {
+                    f64::NAN
+                }
+            };
+            (labels, value)
+        })
+        .collect()
+}
+
+fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let mut want: Vec<(String, String)> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    want.sort();
+    samples(text, name)
+        .into_iter()
+        .find(|(l, _)| *l == want)
+        .map(|(_, v)| v)
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn metrics_parse_and_move_with_load() {
+    let s = served(
+        "[[rules]]\nwhen_last_user_contains = \"slow\"\nreply = \"a b c d e f\"\ndelay_ms = 150\n\
+         [[rules]]\nreply = \"done\"\n",
+    )
+    .await;
+    assert_eq!(get(&s.base, "/healthz").await.0, 200);
+    until_status(&s.base, "/readyz", 200).await;
+    let before = get(&s.base, "/metrics").await.1;
+    assert_eq!(value(&before, "genfleet_slots_total", &[]), 2.0);
+    assert_eq!(value(&before, "genfleet_slots_busy", &[]), 0.0);
+    assert_eq!(value(&before, "genfleet_backend_up", &[]), 1.0);
+
+    let slow = GenerationRequest {
+        request_id: Some("slow-1".into()),
+        ..GenerationRequest::user("slow")
+    };
+    s.client.submit("default", &slow).await.unwrap();
+    let mut busy = 0.0;
+    for _ in 0..100 {
+        busy = value(
+            &get(&s.base, "/metrics").await.1,
+            "genfleet_slots_busy",
+            &[],
+        );
+        if busy == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(busy, 1.0, "a running request shows as a busy slot");
+    for i in 0..3 {
+        s.client
+            .run(
+                "default",
+                GenerationRequest::user(format!("quick {i}")),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+    }
+    // A bad request through the durable queue ends FAILED invalid_request.
+    let js = async_nats::jetstream::new(s.client.nats().clone());
+    js.publish("gen.queue.default.bad-1", "not json".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let mut text = String::new();
+    for _ in 0..200 {
+        text = get(&s.base, "/metrics").await.1;
+        let completed = value(
+            &text,
+            "genfleet_requests_total",
+            &[("state", "COMPLETED"), ("reason", "stop")],
+        );
+        let failed = value(
+            &text,
+            "genfleet_requests_total",
+            &[("state", "FAILED"), ("reason", "invalid_request")],
+        );
+        if completed == 4.0 && failed == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        value(
+            &text,
+            "genfleet_requests_total",
+            &[("state", "COMPLETED"), ("reason", "stop")]
+        ),
+        4.0,
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &text,
+            "genfleet_requests_total",
+            &[("state", "FAILED"), ("reason", "invalid_request")]
+        ),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(value(&text, "genfleet_request_seconds_count", &[]), 5.0);
+    assert_eq!(
+        value(&text, "genfleet_first_token_seconds_count", &[]),
+        4.0,
+        "the refused request had no first token"
+    );
+    assert!(value(&text, "genfleet_request_seconds_sum", &[]) > 0.1);
+    assert_eq!(value(&text, "genfleet_slots_busy", &[]), 0.0);
+    for family in [
+        "genfleet_queue_pending",
+        "genfleet_decisions_pending",
+        "genfleet_draining",
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {family} gauge")),
+            "{family} missing"
+        );
+    }
+}
+
+#[tokio::test]
+async fn metrics_count_signals_tool_calls_and_backend_errors() {
+    let s = served(
+        "[[rules]]\nwhen_last_user_contains = \"fail\"\nstatus = 400\n\
+         [[rules]]\nwhen_last_role = \"tool\"\nreply = \"tool done\"\n\
+         [[rules]]\nwhen_last_user_contains = \"tool\"\ntool_calls = [{ name = \"calculate\", arguments = { operation = \"mul\", a = 6, b = 7 } }]\n\
+         [[rules]]\nreply = \"Loop forever. Loop forever. Loop forever. Loop forever. Loop forever. Loop forever. Loop forever. Loop forever. Loop forever. Loop forever.\"\nrepeat = 40\n",
+    )
+    .await;
+    until_status(&s.base, "/readyz", 200).await;
+    let failed = s
+        .client
+        .run(
+            "default",
+            GenerationRequest::user("fail"),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    assert_eq!(failed.reason.as_str(), "backend_error");
+    let settings = {
+        let mut settings = Settings::defaults();
+        settings.nats.url = s.nats.url();
+        settings
+    };
+    let service = genfleet::bus::tool_service::ToolService::start(
+        s.client.nats().clone(),
+        &settings,
+        genfleet::cli::tool_demo::calculate_definition(),
+        |arguments, _| async move { genfleet::cli::tool_demo::calculate(&arguments) },
+    )
+    .await
+    .unwrap();
+    let mut tooled = GenerationRequest::user("tool");
+    tooled.tools = vec!["calculate".into()];
+    // The worker learns of the tool from the bucket it watches.
+    let mut ran = None;
+    for _ in 0..100 {
+        match s
+            .client
+            .run("default", tooled.clone(), Duration::from_secs(10))
+            .await
+        {
+            Ok(result) => {
+                ran = Some(result);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    assert_eq!(ran.expect("the tool became known").output, "tool done");
+    service.withdraw().await.unwrap();
+    let looped = s
+        .client
+        .run(
+            "default",
+            GenerationRequest::user("go"),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    assert_eq!(looped.reason.as_str(), "loop_detected");
+    let text = get(&s.base, "/metrics").await.1;
+    assert_eq!(
+        value(&text, "genfleet_backend_errors_total", &[("kind", "http")]),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &text,
+            "genfleet_signals_total",
+            &[("type", "issue"), ("code", "LOOP_DETECTED")]
+        ),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &text,
+            "genfleet_tool_call_seconds_count",
+            &[("tool", "calculate"), ("outcome", "ok")]
+        ),
+        1.0,
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn readyz_goes_unready_without_nats_or_backend_and_while_draining() {
+    let mut s = served("[[rules]]\nreply = \"a b c d e f g h\"\ndelay_ms = 200\n").await;
+    until_status(&s.base, "/readyz", 200).await;
+
+    // NATS gone: unready; back: ready again.
+    s.nats.kill().await;
+    let body = until_status(&s.base, "/readyz", 503).await;
+    assert!(body.contains("NATS"), "{body}");
+    assert_eq!(get(&s.base, "/healthz").await.0, 200, "alive all the same");
+    s.nats.restart().await;
+    until_status(&s.base, "/readyz", 200).await;
+
+    // The backend gone: unready.
+    let mock = s.mock.take().unwrap();
+    let mock_addr = mock.addr();
+    drop(mock);
+    let body = until_status(&s.base, "/readyz", 503).await;
+    assert!(body.contains("backend"), "{body}");
+    let mock = MockServer::start_at(
+        mock_addr,
+        Script::from_toml_str("[[rules]]\nreply = \"a b c d e f g h\"\ndelay_ms = 200\n").unwrap(),
+    )
+    .await
+    .unwrap();
+    s.mock = Some(mock);
+    until_status(&s.base, "/readyz", 200).await;
+
+    // Draining: unready while the running request finishes.
+    let client = s.client.clone();
+    for _ in 0..50 {
+        if client
+            .submit("default", &GenerationRequest::user("long"))
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let worker = s.worker.take().unwrap();
+    let stopping = tokio::task::spawn_blocking(move || worker.stop());
+    let body = until_status(&s.base, "/readyz", 503).await;
+    assert!(body.contains("draining"), "{body}");
+    stopping.await.unwrap().unwrap();
+}
