@@ -196,22 +196,39 @@ async fn follow_one(
 ) -> anyhow::Result<crate::protocol::GenerationResult> {
     let finished = tokio::time::timeout_at(deadline, async {
         let mut stdout = std::io::stdout();
-        while let Some(event) = events.next().await {
-            match event.body {
-                EventBody::Delta { text } if !json => {
-                    let _ = stdout.write_all(text.as_bytes());
-                    let _ = stdout.flush();
+        // Events are at most once, and a continuation may have ended before it was followed:
+        // the stored state is checked now and then too.
+        let mut check = tokio::time::interval(Duration::from_secs(1));
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                event = events.next() => match event {
+                    Some(event) => match event.body {
+                        EventBody::Delta { text } if !json => {
+                            let _ = stdout.write_all(text.as_bytes());
+                            let _ = stdout.flush();
+                        }
+                        EventBody::Finished { .. } => return true,
+                        _ => {}
+                    },
+                    None => return false,
+                },
+                _ = check.tick() => {
+                    if client
+                        .status(request_id)
+                        .await
+                        .is_ok_and(|s| s.state.is_terminal())
+                    {
+                        return false;
+                    }
                 }
-                EventBody::Finished { .. } => return true,
-                _ => {}
             }
         }
-        false
     })
     .await
     .unwrap_or(false);
-    if !finished {
-        eprintln!("(no finished event seen for {request_id}; reading the stored result)");
+    if !finished && !json {
+        eprintln!("(reading the stored result of {request_id})");
     }
     // A continuation may have started before it was followed: wait for its result.
     loop {
