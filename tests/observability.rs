@@ -353,3 +353,68 @@ async fn readyz_goes_unready_without_nats_or_backend_and_while_draining() {
     assert!(body.contains("draining"), "{body}");
     stopping.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn a_callers_traceparent_reaches_the_tool_services() {
+    let nats = NatsServer::start().await;
+    let mock = MockServer::start(
+        Script::from_toml_str(
+            "[[rules]]\nwhen_last_role = \"tool\"\nreply = \"done\"\n\
+             [[rules]]\ntool_calls = [{ name = \"calculate\", arguments = { operation = \"add\", a = 1, b = 2 } }]\n",
+        )
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let mut s = Settings::defaults();
+    s.nats.url = nats.url();
+    s.llm.base_url = mock.base_url();
+    s.tools.definitions =
+        vec![serde_json::to_value(genfleet::cli::tool_demo::calculate_definition()).unwrap()];
+    let client_settings = s.clone();
+    let _worker = tokio::task::spawn_blocking(move || WorkerHandle::spawn(s))
+        .await
+        .unwrap()
+        .unwrap();
+    let client = Client::connect(&client_settings).await.unwrap();
+    let nats_client = client.nats().clone();
+    let mut tool = nats_client.subscribe("tools.calculate").await.unwrap();
+    nats_client.flush().await.unwrap();
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("traceparent", traceparent);
+    let body = serde_json::to_vec(&serde_json::json!({
+        "request_id": "traced", "messages": [{"role": "user", "content": "add"}], "tools": ["calculate"]
+    }))
+    .unwrap();
+    nats_client
+        .request_with_headers("gen.submit.default", headers, body.into())
+        .await
+        .unwrap();
+    let call = tokio::time::timeout(
+        Duration::from_secs(10),
+        futures_util::StreamExt::next(&mut tool),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let got = call
+        .headers
+        .as_ref()
+        .and_then(|h| h.get("traceparent"))
+        .map(|v| v.to_string());
+    assert_eq!(got.as_deref(), Some(traceparent));
+    nats_client
+        .publish(call.reply.unwrap(), "{\"result\": 3}".into())
+        .await
+        .unwrap();
+    let mut result = None;
+    for _ in 0..200 {
+        if let Ok(r) = client.result("traced", false).await {
+            result = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(result.expect("the request ends").output, "done");
+}

@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use tracing::Instrument;
 
 use actix::prelude::*;
 use tokio_util::sync::CancellationToken;
@@ -61,8 +62,18 @@ impl Actor for SlotActor {
         let started = context.clone();
         // The generation runs as its own task: on a multi-threaded runtime it uses every core,
         // and a panic inside it is caught by the JoinHandle instead of unwinding the actor.
-        let handle =
-            tokio::spawn(async move { engine.run(request, context, emitter, cancel).await });
+        let span = tracing::info_span!(
+            "request",
+            request_id = %context.request_id,
+            worker_id = %context.worker_id,
+            pool = %context.pool,
+            chain_position = context.chain_position,
+            attempt = context.attempt,
+            traceparent = context.traceparent.as_deref().unwrap_or(""),
+        );
+        let handle = tokio::spawn(
+            async move { engine.run(request, context, emitter, cancel).await }.instrument(span),
+        );
         self.task = Some(handle.abort_handle());
         ctx.spawn(handle.into_actor(self).map(move |joined, act, ctx| {
             let outcome = match joined {

@@ -95,6 +95,8 @@ pub struct Placement {
     pub durable: bool,
     /// What it carries from earlier in its decision chain.
     pub chain: crate::engine::ChainState,
+    /// The caller's W3C trace context (`traceparent` header), if it sent one.
+    pub traceparent: Option<String>,
 }
 
 /// Start a request now, in a free slot.
@@ -364,6 +366,7 @@ impl Handler<Submit> for Supervisor {
             pool: self.config.pool.clone(),
             accepted_at: placement.accepted_at.unwrap_or_else(Instant::now),
             chain: placement.chain,
+            traceparent: placement.traceparent,
         };
         let cancel = CancellationToken::new();
         let sequence = Arc::new(AtomicU64::new(0));

@@ -186,6 +186,7 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
                     accepted_at: Some(accepted_at),
                     durable: true,
                     chain: chain.clone(),
+                    traceparent: super::tools::traceparent_of(&message.message),
                 },
             })
             .await;

@@ -14,6 +14,21 @@ use crate::tools::{ToolInvocation, ToolReply, ToolRunError, ToolRunner};
 pub const REQUEST_ID_HEADER: &str = "Genfleet-Request-Id";
 pub const CALL_ID_HEADER: &str = "Genfleet-Call-Id";
 pub const JOB_NAME_HEADER: &str = "Genfleet-Job-Name";
+/// W3C trace context, passed on from the request when its caller sent one.
+pub const TRACEPARENT_HEADER: &str = "traceparent";
+
+/// The `traceparent` header of a message, when it is well formed
+/// (`<2 hex>-<32 hex>-<16 hex>-<2 hex>`); anything else is ignored.
+pub fn traceparent_of(message: &async_nats::Message) -> Option<String> {
+    let value = message.headers.as_ref()?.get(TRACEPARENT_HEADER)?.as_str();
+    let parts: Vec<&str> = value.split('-').collect();
+    let well_formed = parts.len() >= 4
+        && [2, 32, 16, 2]
+            .iter()
+            .zip(&parts)
+            .all(|(len, part)| part.len() == *len && part.bytes().all(|b| b.is_ascii_hexdigit()));
+    well_formed.then(|| value.to_string())
+}
 
 #[derive(Clone)]
 pub struct BusToolRunner {
@@ -96,6 +111,9 @@ impl BusToolRunner {
             headers.insert(CALL_ID_HEADER, call.call_id.as_str());
             if let Some(job) = &call.job_name {
                 headers.insert(JOB_NAME_HEADER, job.as_str());
+            }
+            if let Some(traceparent) = &call.traceparent {
+                headers.insert(TRACEPARENT_HEADER, traceparent.as_str());
             }
             let body = serde_json::to_vec(&call.arguments).expect("arguments serialize");
             let request = async_nats::Request::new()

@@ -588,7 +588,10 @@ async fn submit(
         .supervisor
         .send(Submit {
             request,
-            placement: Placement::default(),
+            placement: Placement {
+                traceparent: super::tools::traceparent_of(message),
+                ..Placement::default()
+            },
         })
         .await
         .map_err(|_| WireError::new(ErrorCode::Internal, "the worker is stopping"))

@@ -718,6 +718,7 @@ impl<'e> Generation<'e> {
             max_tokens: self.max_tokens(),
             temperature: self.request.temperature,
             options,
+            traceparent: self.ctx.traceparent.clone(),
         };
         let mut stream = self.engine.backend.chat_stream(chat);
         let parse_mode = match self.mode {
@@ -1017,6 +1018,7 @@ impl<'e> Generation<'e> {
                 request_id: self.ctx.request_id.clone(),
                 call_id: call.id.clone(),
                 job_name: self.request.job_name.clone(),
+                traceparent: self.ctx.traceparent.clone(),
             };
             let run = self.engine.runner.run(invocation);
             async move {

@@ -129,6 +129,8 @@ pub struct RequestContext {
     pub accepted_at: Instant,
     /// What the request carries from earlier in its decision chain.
     pub chain: ChainState,
+    /// The caller's W3C trace context, passed on to the backend and to tool services.
+    pub traceparent: Option<String>,
 }
 
 impl RequestContext {
@@ -149,6 +151,7 @@ impl RequestContext {
             pool: pool.into(),
             accepted_at: Instant::now(),
             chain: ChainState::default(),
+            traceparent: None,
         }
     }
 }

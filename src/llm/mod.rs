@@ -24,6 +24,8 @@ pub struct ChatRequest {
     pub temperature: Option<f64>,
     /// Passed through as is (sampling and format parameters).
     pub options: serde_json::Map<String, serde_json::Value>,
+    /// W3C trace context, sent as the `traceparent` header.
+    pub traceparent: Option<String>,
 }
 
 /// A function the model may call natively (OpenAI's `tools[].function`).

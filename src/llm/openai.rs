@@ -168,6 +168,9 @@ impl Inner {
             if let Some(key) = &self.api_key {
                 builder = builder.bearer_auth(key);
             }
+            if let Some(traceparent) = &request.traceparent {
+                builder = builder.header("traceparent", traceparent);
+            }
             let (retryable, error, retry_after) = match builder.send().await {
                 Ok(response) if response.status().is_success() => return Ok(response),
                 Ok(response) => {

@@ -319,6 +319,8 @@ pub struct ToolInvocation {
     pub request_id: String,
     pub call_id: String,
     pub job_name: Option<String>,
+    /// W3C trace context of the request, sent as the `traceparent` header.
+    pub traceparent: Option<String>,
 }
 
 /// What a tool service answered. An error reply is not a failure of the request: it goes back
