@@ -23,10 +23,14 @@
 //! of the same size bound the signals held and the decisions in progress; waiting decisions
 //! (a rule's `after_ms`, the console, the model) are tasks, so they never hold up the log.
 
+pub mod console;
+pub mod llm_pick;
 pub mod log;
 pub mod rules;
 pub mod view;
 
+pub use console::{Console, ConsoleHandle};
+pub use llm_pick::LlmPicker;
 pub use log::{Log, LogSink, MemorySink, StdoutSink};
 pub use rules::Policy;
 pub use view::DecisionView;
