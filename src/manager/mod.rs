@@ -23,14 +23,65 @@
 //! of the same size bound the signals held and the decisions in progress; waiting decisions
 //! (a rule's `after_ms`, the console, the model) are tasks, so they never hold up the log.
 
+mod agent;
 pub mod console;
 pub mod llm_pick;
 pub mod log;
 pub mod rules;
 pub mod view;
 
+pub use agent::{Manager, consumer_name};
 pub use console::{Console, ConsoleHandle};
 pub use llm_pick::LlmPicker;
 pub use log::{Log, LogSink, MemorySink, StdoutSink};
 pub use rules::Policy;
 pub use view::DecisionView;
+
+/// Which signals a new consumer starts with. An existing consumer (same name) keeps its place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Deliver {
+    /// Every signal still in the stream, then the new ones.
+    #[default]
+    All,
+    /// Only signals published from now on.
+    New,
+}
+
+/// How a manager decides (everything beyond the settings).
+pub struct ManagerOptions {
+    /// Managers with one name share the signals; each name sees all of them.
+    pub name: String,
+    pub deliver: Deliver,
+    /// Print signals and actions as JSON lines.
+    pub json: bool,
+    pub policy: Policy,
+    /// A person at a console, and their `decided_by` (`human:<user>`).
+    pub console: Option<(ConsoleHandle, String)>,
+    /// A higher-level model.
+    pub llm: Option<LlmPicker>,
+}
+
+impl ManagerOptions {
+    /// A manager with only the given rules.
+    pub fn new(name: impl Into<String>, policy: Policy) -> ManagerOptions {
+        ManagerOptions {
+            name: name.into(),
+            deliver: Deliver::All,
+            json: false,
+            policy,
+            console: None,
+            llm: None,
+        }
+    }
+}
+
+/// Why a manager could not start or go on. Each renders as one line.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Connect(String),
+    #[error("{0}")]
+    Setup(String),
+}
