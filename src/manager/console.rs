@@ -20,6 +20,9 @@ use crate::protocol::DecisionKind;
 
 /// The option id whose answer carries a replacement prompt.
 pub const MODIFY_PROMPT: &str = "modify_prompt";
+/// Options of escalations and checkpoints that end the chain: the fleet takes no guidance or
+/// confidence boost with them.
+pub const CHAIN_ENDING_OPTIONS: &[&str] = &["skip", "abort"];
 
 /// What a person answered.
 #[derive(Debug, Clone, PartialEq)]
@@ -81,7 +84,7 @@ impl<R: BufRead, W: Write> Console<R, W> {
             return Ok(ConsoleVerdict::Closed("end of input".into()));
         };
         answer.rationale = non_empty(rationale);
-        if view.takes_extras() {
+        if view.takes_extras() && !CHAIN_ENDING_OPTIONS.contains(&answer.option_id.as_str()) {
             if answer.option_id == MODIFY_PROMPT {
                 loop {
                     let Some(prompt) =
@@ -103,19 +106,18 @@ impl<R: BufRead, W: Write> Console<R, W> {
             answer.guidance = non_empty(guidance);
             if view.decision.kind == DecisionKind::Escalation {
                 loop {
-                    let Some(boost) = self.read_line(
-                        "Confidence boost (optional, e.g. 0.1, lowers the threshold): ",
-                    )?
+                    let Some(boost) = self
+                        .read_line("Confidence boost (optional, 0 to 1, lowers the threshold): ")?
                     else {
                         return Ok(ConsoleVerdict::Closed("end of input".into()));
                     };
                     let Some(boost) = non_empty(boost) else { break };
                     match boost.parse::<f64>() {
-                        Ok(b) if b.is_finite() && b >= 0.0 => {
+                        Ok(b) if (0.0..=1.0).contains(&b) => {
                             answer.confidence_boost = Some(b);
                             break;
                         }
-                        _ => writeln!(self.output, "Not a number of at least 0: {boost}")?,
+                        _ => writeln!(self.output, "Not a number from 0 to 1: {boost}")?,
                     }
                 }
             }
@@ -342,8 +344,14 @@ mod tests {
             (
                 "escalations take a confidence boost",
                 escalation(json!({})),
-                "1\n\n\nx\n-1\n0.15\n",
+                "1\n\n\nx\n-1\n2\n0.15\n",
                 with(&|a| a.confidence_boost = Some(0.15), "retry"),
+            ),
+            (
+                "an option that ends the chain takes no extras",
+                escalation(json!({})),
+                "2\nnot worth it\n",
+                with(&|a| a.rationale = Some("not worth it".into()), "skip"),
             ),
             (
                 "the end of input closes",

@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde_json::Value;
 
-use super::console::MODIFY_PROMPT;
+use super::console::{CHAIN_ENDING_OPTIONS, MODIFY_PROMPT};
 use super::view::{DecisionView, one_line};
 use crate::llm::{ChatRequest, LlmBackend, LlmError, OpenAiBackend, StreamEvent};
 use crate::protocol::{DecisionOption, Message};
@@ -251,7 +251,7 @@ pub fn parse_reply(
         modified_prompt: None,
         guidance: None,
     };
-    if extras_allowed {
+    if extras_allowed && !CHAIN_ENDING_OPTIONS.contains(&answer.option_id.as_str()) {
         answer.guidance = text_field("guidance");
         if answer.option_id == MODIFY_PROMPT {
             answer.modified_prompt = text_field("modified_prompt");

@@ -332,10 +332,10 @@ impl Rule {
                     return Err(fail("answer: must name an option id or \"default\"".into()));
                 }
                 if let Some(boost) = spec.confidence_boost
-                    && !(boost.is_finite() && boost >= 0.0)
+                    && !(0.0..=1.0).contains(&boost)
                 {
                     return Err(fail(format!(
-                        "confidence_boost: {boost} must be a number of at least 0"
+                        "confidence_boost: {boost} must be a number from 0 to 1"
                     )));
                 }
                 let option = if answer == "default" {
@@ -751,6 +751,10 @@ answer = "proceed"
             ),
             (
                 "[[rule]]\nanswer = \"a\"\nconfidence_boost = -0.5\n",
+                vec!["rule 1", "confidence_boost"],
+            ),
+            (
+                "[[rule]]\nanswer = \"a\"\nconfidence_boost = 1.5\n",
                 vec!["rule 1", "confidence_boost"],
             ),
             (
