@@ -547,6 +547,98 @@ reply = "I would say {\"option_id\": \"warp\", \"rationale\": \"fastest\"} of co
     m.stop().await;
 }
 
+/// Without guidance the model leaves out TOTAL, which the request's validation wants.
+const SUMS: &str = r#"
+[[rules]]
+when_any_message_contains = "write TOTAL"
+reply = "TOTAL 42"
+[[rules]]
+reply = "the sum is 42"
+"#;
+
+#[tokio::test]
+async fn escalations_and_checkpoints_are_answered_from_their_own_options() {
+    let f = fleet(SUMS).await;
+    let m = manager(
+        &f.settings,
+        ManagerOptions::new(
+            "fleet-ops",
+            rules(
+                r#"
+[[rule]]
+type = "escalation"
+code = "LOW_CONFIDENCE"
+kind = "escalation"
+answer = "retry"
+rationale = "worth one more go"
+guidance = "Please write TOTAL before the number."
+confidence_boost = 0.1
+[[rule]]
+kind = "checkpoint"
+code = "CHECKPOINT"
+answer = "proceed"
+"#,
+            ),
+        ),
+    )
+    .await;
+    let checked: GenerationRequest = serde_json::from_value(serde_json::json!({
+        "request_id": "sums",
+        "messages": [{"role": "user", "content": "Sum the numbers."}],
+        "validation": [{"kind": "contains", "text": "TOTAL", "weight": 3.0}, {"kind": "max_chars", "max": 200}]
+    }))
+    .unwrap();
+    let first = f.client.run("default", checked, WAIT).await.unwrap();
+    let escalation = first
+        .signals
+        .iter()
+        .find_map(|s| s.decision.clone().filter(|_| s.code == "LOW_CONFIDENCE"))
+        .unwrap_or_else(|| panic!("an escalation: {first:?}"));
+    let line = m
+        .wait_line(&escalation.decision_id, "action answered")
+        .await;
+    assert!(line.contains("option=retry by=manager:fleet-ops"), "{line}");
+    let answer = f.record(&escalation.decision_id).await.answer.unwrap();
+    assert_eq!(
+        (answer.guidance.as_deref(), answer.confidence_boost),
+        (Some("Please write TOTAL before the number."), Some(0.1))
+    );
+    let next = f
+        .wait_terminal(answer.continuation_request_id.as_deref().unwrap())
+        .await;
+    assert_eq!(next.output, "TOTAL 42", "{next:?}");
+
+    let guarded: GenerationRequest = serde_json::from_value(serde_json::json!({
+        "request_id": "deploy",
+        "messages": [{"role": "user", "content": "Deploy build 7 to production."}],
+        "checkpoints": [{"name": "prod", "prompt_contains": ["production"], "requires_confirmation": true}]
+    }))
+    .unwrap();
+    let first = f.client.run("default", guarded, WAIT).await.unwrap();
+    let checkpoint = first
+        .signals
+        .iter()
+        .find_map(|s| s.decision.clone().filter(|_| s.code == "CHECKPOINT"))
+        .unwrap_or_else(|| panic!("a checkpoint: {first:?}"));
+    let line = m
+        .wait_line(&checkpoint.decision_id, "action answered")
+        .await;
+    assert!(
+        line.contains("option=proceed by=manager:fleet-ops"),
+        "{line}"
+    );
+    let answer = f.record(&checkpoint.decision_id).await.answer.unwrap();
+    let next = f
+        .wait_terminal(answer.continuation_request_id.as_deref().unwrap())
+        .await;
+    assert_eq!(
+        next.reason,
+        Reason::Stop,
+        "the checkpoint does not fire again: {next:?}"
+    );
+    m.stop().await;
+}
+
 /// The binary's standard output, gathered line by line as it comes.
 #[derive(Clone, Default)]
 struct Output(Arc<Mutex<String>>);
