@@ -8,6 +8,7 @@ pub mod bus;
 pub mod cli;
 pub mod engine;
 pub mod llm;
+pub mod manager;
 pub mod observe;
 pub mod protocol;
 pub mod settings;

@@ -32,6 +32,7 @@ pub struct Settings {
     pub limits: LimitSettings,
     pub loop_detection: LoopDetectionConfig,
     pub http: HttpSettings,
+    pub manager: ManagerSettings,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -228,6 +229,93 @@ pub struct LimitSettings {
     pub max_model_signals: u32,
     pub max_model_signal_bytes: usize,
     pub max_worker_signal_bytes: usize,
+}
+
+/// `genfleet manager`, the reference manager agent (see docs/manager.md).
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ManagerSettings {
+    pub name: String,
+    pub rules_file: String,
+    pub llm_base_url: String,
+    pub llm_model: String,
+    pub llm_api_key: String,
+    pub llm_timeout_ms: u64,
+    pub max_in_flight: usize,
+    pub ack_wait_ms: u64,
+}
+
+impl ManagerSettings {
+    /// Checked by the manager itself, so that a worker never refuses to start over them.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        let fail = |msg: String| Err(SettingsError(msg));
+        if !is_valid_name(&self.name) {
+            return fail(format!(
+                "manager.name {:?} must be 1-64 characters of A-Z, a-z, 0-9, '_' or '-'",
+                self.name
+            ));
+        }
+        if !self.llm_base_url.is_empty() {
+            match reqwest::Url::parse(&self.llm_base_url) {
+                Ok(url) if matches!(url.scheme(), "http" | "https") => {}
+                _ => {
+                    return fail(format!(
+                        "manager.llm_base_url {:?} is not an http(s) URL",
+                        self.llm_base_url
+                    ));
+                }
+            }
+        }
+        if self.max_in_flight == 0 || self.max_in_flight > 10_000 {
+            return fail("manager.max_in_flight must be between 1 and 10000".into());
+        }
+        if self.ack_wait_ms < 1000 {
+            return fail("manager.ack_wait_ms must be at least 1000".into());
+        }
+        if self.llm_timeout_ms == 0 {
+            return fail("manager.llm_timeout_ms must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// The settings of the manager's model: `llm.*` with the manager's non-empty overrides.
+    pub fn llm(&self, base: &LlmSettings) -> LlmSettings {
+        let pick = |own: &str, fallback: &str| {
+            if own.is_empty() {
+                fallback.to_string()
+            } else {
+                own.to_string()
+            }
+        };
+        let mut llm = base.clone();
+        llm.base_url = pick(&self.llm_base_url, &base.base_url);
+        llm.model = pick(&self.llm_model, &base.model);
+        llm.api_key = pick(&self.llm_api_key, &base.api_key);
+        llm
+    }
+}
+
+/// Written by hand so the API key can never reach a log line through `{:?}`.
+impl std::fmt::Debug for ManagerSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ManagerSettings")
+            .field("name", &self.name)
+            .field("rules_file", &self.rules_file)
+            .field("llm_base_url", &self.llm_base_url)
+            .field("llm_model", &self.llm_model)
+            .field(
+                "llm_api_key",
+                &if self.llm_api_key.is_empty() {
+                    ""
+                } else {
+                    "<redacted>"
+                },
+            )
+            .field("llm_timeout_ms", &self.llm_timeout_ms)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("ack_wait_ms", &self.ack_wait_ms)
+            .finish()
+    }
 }
 
 /// A configuration problem, rendered as one line that names the key.
@@ -487,6 +575,45 @@ mod tests {
     fn api_key_is_not_debug_printed() {
         let mut s = Settings::defaults();
         s.llm.api_key = "sk-secret".into();
-        assert!(!format!("{s:?}").contains("sk-secret"));
+        s.manager.llm_api_key = "sk-manager".into();
+        let printed = format!("{s:?}");
+        assert!(!printed.contains("sk-secret") && !printed.contains("sk-manager"));
+    }
+
+    #[test]
+    fn manager_settings_are_checked_and_fall_back_to_llm() {
+        let s = Settings::defaults();
+        s.manager.validate().unwrap();
+        let llm = s.manager.llm(&s.llm);
+        assert_eq!(
+            (llm.base_url, llm.model),
+            (s.llm.base_url.clone(), s.llm.model.clone())
+        );
+        let s = load_toml("[manager]\nllm_model = \"big\"\nllm_api_key = \"k\"\n").unwrap();
+        let llm = s.manager.llm(&s.llm);
+        assert_eq!((llm.model.as_str(), llm.api_key.as_str()), ("big", "k"));
+        for (toml, needle) in [
+            ("[manager]\nname = \"a.b\"\n", "manager.name"),
+            (
+                "[manager]\nllm_base_url = \"ftp://x\"\n",
+                "manager.llm_base_url",
+            ),
+            ("[manager]\nmax_in_flight = 0\n", "manager.max_in_flight"),
+            ("[manager]\nack_wait_ms = 10\n", "manager.ack_wait_ms"),
+        ] {
+            let err = load_toml(toml)
+                .unwrap()
+                .manager
+                .validate()
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(needle), "{toml}: {err}");
+        }
+        assert!(
+            load_toml("[manager]\nnmae = \"x\"\n")
+                .unwrap_err()
+                .to_string()
+                .contains("nmae")
+        );
     }
 }

@@ -2,6 +2,7 @@
 //! dispatches, and turns an error into one line and a non-zero exit status.
 
 mod fleet;
+mod manager;
 mod mock_llm;
 mod requests;
 pub mod tool_demo;
@@ -48,6 +49,8 @@ pub enum Command {
     ToolDemo(tool_demo::ToolDemoArgs),
     /// List the workers of the fleet with their pools and slots.
     Fleet(fleet::FleetArgs),
+    /// Follow the fleet's signals and answer decisions by rules, at a console or by a model.
+    Manager(manager::ManagerArgs),
     /// Serve a scripted OpenAI-compatible chat completions API (for tests, demos, benchmarks).
     MockLlm(mock_llm::MockLlmArgs),
 }
@@ -76,6 +79,7 @@ impl Cli {
                         Command::Result(args) => requests::result(settings()?, args).await,
                         Command::Cancel(args) => requests::cancel(settings()?, args).await,
                         Command::Fleet(args) => fleet::run(settings()?, args).await,
+                        Command::Manager(args) => manager::run(settings()?, args).await,
                         Command::Decide(args) => requests::decide(settings()?, args).await,
                         Command::ToolDemo(args) => tool_demo::run(settings()?, args).await,
                         Command::MockLlm(args) => mock_llm::run(args).await,
