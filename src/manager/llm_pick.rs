@@ -152,6 +152,7 @@ impl LlmPicker {
             max_tokens: Some(MAX_TOKENS),
             temperature: Some(0.0),
             options: Default::default(),
+            traceparent: None,
         };
         let call = async {
             let mut stream = self.backend.chat_stream(request);
