@@ -49,9 +49,7 @@ async fn terminal(
                 if tokio::time::Instant::now() < deadline
                     && matches!(
                         e.code(),
-                        Some(ErrorCode::NotReady)
-                            | Some(ErrorCode::NotFound)
-                            | Some(ErrorCode::NoSlotAvailable)
+                        Some(ErrorCode::NotReady) | Some(ErrorCode::NotFound) | None
                     ) =>
             {
                 tokio::time::sleep(Duration::from_millis(50)).await

@@ -110,10 +110,16 @@ impl Client {
             .headers(headers)
             .payload(payload)
             .timeout(Some(self.timeout));
-        let reply = self.nats.send_request(subject, request).await.map_err(|error| match error.kind() {
-            async_nats::RequestErrorKind::NoResponders => ClientError::Wire(WireError::new(
+        let is_submit = subject.starts_with(&self.subjects.submit(""));
+        let reply = self.nats.send_request(subject.clone(), request).await.map_err(|error| match error.kind() {
+            // Only submits are answered by workers with a free slot; any connected worker
+            // answers the other subjects.
+            async_nats::RequestErrorKind::NoResponders if is_submit => ClientError::Wire(WireError::new(
                 ErrorCode::NoSlotAvailable,
-                "no worker answers on this subject (none has a free slot, or none is connected)",
+                "no worker of the pool answers (none has a free slot, or none is connected)",
+            )),
+            async_nats::RequestErrorKind::NoResponders => ClientError::Transport(format!(
+                "no worker answers on {subject}: is a genfleet worker connected?"
             )),
             async_nats::RequestErrorKind::TimedOut => ClientError::Timeout(self.timeout),
             _ => ClientError::Transport(error.to_string()),

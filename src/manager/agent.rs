@@ -653,7 +653,7 @@ impl Shared {
                         );
                         return Disposition::Ack;
                     }
-                    // No responders (no worker connected) and the fleet's own trouble pass.
+                    // The fleet's own trouble is worth another try.
                     ErrorCode::NoSlotAvailable | ErrorCode::Internal => error.to_string(),
                     _ => {
                         self.log.action(
