@@ -7,24 +7,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-say() { printf '==> %s\n' "$*"; }
-as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 
-apt_updated=""
-apt_install() {
-  if [ -z "$apt_updated" ]; then
-    say "updating the package lists (apt-get update)"
-    as_root apt-get update -qq
-    apt_updated=1
-  fi
-  say "installing $* (apt-get install)"
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
-}
-
-if ! command -v nats-server >/dev/null 2>&1; then
-  apt_install nats-server
-fi
-say "nats-server: $(nats-server --version)"
+ensure_nats_server
 
 if ! command -v python3 >/dev/null 2>&1; then
   apt_install python3 python3-venv

@@ -1,6 +1,7 @@
 //! The `genfleet` command line. Each command lives in its own module; `main` only parses and
 //! dispatches, and turns an error into one line and a non-zero exit status.
 
+mod demo;
 mod fleet;
 mod manager;
 mod mock_llm;
@@ -53,6 +54,9 @@ pub enum Command {
     Manager(manager::ManagerArgs),
     /// Serve a scripted OpenAI-compatible chat completions API (for tests, demos, benchmarks).
     MockLlm(mock_llm::MockLlmArgs),
+    /// Run the whole flow on this machine, narrated: a private nats-server, the mock backend, a
+    /// worker, a tool service, a manager, and a job through a tool call and a decision.
+    Demo(demo::DemoArgs),
 }
 
 impl Cli {
@@ -83,6 +87,7 @@ impl Cli {
                         Command::Decide(args) => requests::decide(settings()?, args).await,
                         Command::ToolDemo(args) => tool_demo::run(settings()?, args).await,
                         Command::MockLlm(args) => mock_llm::run(args).await,
+                        Command::Demo(args) => demo::run(args).await,
                         Command::Worker(_) => unreachable!("handled above"),
                     }
                 })

@@ -1,0 +1,114 @@
+//! `genfleet demo` as a user runs it: the whole flow narrated, and nothing left behind.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+fn demo() -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_genfleet"));
+    command
+        .arg("demo")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    command
+}
+
+/// The port of the demo's nats-server, from its first line.
+fn nats_port(line: &str) -> u16 {
+    let at = line.find("127.0.0.1:").expect("the address is printed") + "127.0.0.1:".len();
+    line[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+async fn gone(port: u16) -> bool {
+    for _ in 0..50 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn the_demo_shows_the_tool_call_the_decision_the_answer_and_the_result() {
+    let output = tokio::time::timeout(Duration::from_secs(60), demo().output())
+        .await
+        .expect("the demo ends")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for expected in [
+        "tool call: calculate",
+        "tool result: calculate",
+        "signal decision_request.NEEDS_MANAGER_DECISION",
+        "option email: Email it to the team (default)",
+        "finished: COMPLETED decision_requested",
+        "manager:demo chose Email it to the team (email)",
+        "the job continues as request",
+        "chain position 2",
+        "finished: COMPLETED stop",
+        "Report filed as the manager decided.",
+        "stopped: manager, tool service, worker, mock backend, nats-server",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "{expected:?} missing from\n{stdout}"
+        );
+    }
+    let port = nats_port(stdout.lines().next().unwrap());
+    assert!(gone(port).await, "the demo's nats-server is stopped");
+}
+
+#[tokio::test]
+async fn ctrl_c_stops_everything_the_demo_started() {
+    let mut child = demo().spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next_line().await.unwrap().unwrap();
+    let port = nats_port(&first);
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains("request started") {
+                return;
+            }
+        }
+        panic!("the demo ended before its job started");
+    })
+    .await
+    .expect("the job starts");
+    let pid = child.id().unwrap().to_string();
+    let kill = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let mut rest = Vec::new();
+    let status = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            rest.push(line);
+        }
+        child.wait().await.unwrap()
+    })
+    .await
+    .expect("the demo stops after Ctrl-C");
+    assert!(status.success(), "{rest:?}");
+    assert!(
+        rest.iter().any(|l| l.contains("interrupted"))
+            && rest.iter().any(|l| l.starts_with("stopped:")),
+        "{rest:?}"
+    );
+    assert!(gone(port).await, "no nats-server is left behind");
+}
