@@ -102,7 +102,8 @@ pub struct Timings {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+// What the fleet writes is read leniently: a reader built before a field was added still
+// reads what newer workers write (requests, what callers write, stay strict).
 pub struct GenerationResult {
     pub request_id: String,
     pub root_request_id: String,

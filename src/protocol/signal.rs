@@ -122,7 +122,8 @@ impl DecisionOutcome {
 
 /// Present on every signal that awaits an answer on `decisions.<decision_id>`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+// What the fleet writes is read leniently: a reader built before a field was added still
+// reads what newer workers write (requests, what callers write, stay strict).
 pub struct DecisionBlock {
     pub decision_id: String,
     pub question: String,
@@ -137,7 +138,8 @@ pub struct DecisionBlock {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+// What the fleet writes is read leniently: a reader built before a field was added still
+// reads what newer workers write (requests, what callers write, stay strict).
 pub struct Signal {
     pub signal_id: String,
     #[serde(rename = "type")]
