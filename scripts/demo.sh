@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
 ensure_nats_server
-say "building genfleet (cargo build)"
+say "building genfleet (cargo build; the first time takes a few minutes)"
 cargo build --quiet
 say "running the demo (genfleet demo)"
-exec ./target/debug/genfleet demo --nats-server "$(command -v nats-server)" "$@"
+exec cargo run --quiet -- demo --nats-server "$(command -v nats-server)" "$@"
