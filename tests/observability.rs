@@ -55,6 +55,7 @@ async fn served(script: &str) -> Served {
 }
 
 async fn get(base: &str, path: &str) -> (u16, String) {
+    genfleet::llm::openai::install_crypto_provider();
     let response = reqwest::get(format!("{base}{path}")).await.unwrap();
     let status = response.status().as_u16();
     (status, response.text().await.unwrap())
@@ -417,4 +418,35 @@ async fn a_callers_traceparent_reaches_the_tool_services() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(result.expect("the request ends").output, "done");
+}
+
+#[tokio::test]
+async fn healthz_answers_while_the_worker_waits_for_nats() {
+    let mut nats = NatsServer::start().await;
+    nats.kill().await;
+    let mock = MockServer::start(Script::echo()).await.unwrap();
+    let mut s = Settings::defaults();
+    s.nats.url = nats.url();
+    s.llm.base_url = mock.base_url();
+    let port = common::nats::free_port();
+    s.http.listen = format!("127.0.0.1:{port}");
+    let base = format!("http://127.0.0.1:{port}");
+    let starting = tokio::task::spawn_blocking(move || WorkerHandle::spawn(s));
+    genfleet::llm::openai::install_crypto_provider();
+    let mut alive = None;
+    for _ in 0..200 {
+        if let Ok(response) = reqwest::get(format!("{base}/healthz")).await {
+            alive = Some(response.status().as_u16());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let ready = get(&base, "/readyz").await;
+    // NATS comes back before any assertion, so a failure cannot leave the worker waiting.
+    nats.restart().await;
+    assert_eq!(alive, Some(200), "/healthz answers before NATS is there");
+    assert_eq!(ready.0, 503);
+    assert!(ready.1.contains("starting"), "{}", ready.1);
+    let _worker = starting.await.unwrap().unwrap();
+    until_status(&base, "/readyz", 200).await;
 }

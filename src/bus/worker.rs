@@ -230,13 +230,56 @@ type Started = (
 );
 
 async fn start(settings: Settings, worker_id: String) -> Result<Started, BusError> {
+    // The HTTP server comes first, so /healthz answers while the worker waits for NATS.
+    let metrics = Arc::new(Metrics::new());
+    metrics.slots_total.set(i64::from(settings.worker.slots));
+    let readiness = Arc::new(Readiness::default());
+    let (http_addr, http_task) = match settings.http.listen.as_str() {
+        "" => (None, None),
+        listen => {
+            let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+                BusError::Setup(format!("cannot listen on {listen} (http.listen): {e}"))
+            })?;
+            let addr = listener.local_addr().ok();
+            let task = tokio::spawn(crate::observe::serve(
+                listener,
+                metrics.clone(),
+                readiness.clone(),
+            ));
+            (addr, Some(task))
+        }
+    };
+    match start_serving(settings, worker_id, metrics, readiness).await {
+        Ok((shared, handle, mut tasks)) => {
+            tasks.extend(http_task);
+            Ok((shared, handle, tasks, http_addr))
+        }
+        Err(error) => {
+            if let Some(task) = http_task {
+                task.abort();
+            }
+            Err(error)
+        }
+    }
+}
+
+type Serving = (
+    Arc<Shared>,
+    SupervisorHandle,
+    Vec<tokio::task::JoinHandle<()>>,
+);
+
+async fn start_serving(
+    settings: Settings,
+    worker_id: String,
+    metrics: Arc<Metrics>,
+    readiness: Arc<Readiness>,
+) -> Result<Serving, BusError> {
     let client = connect::connect(&settings.nats, connect::ConnectPurpose::Worker)
         .await
         .map_err(|e| BusError::Setup(e.to_string()))?;
     let jetstream = async_nats::jetstream::new(client.clone());
     let stores = Stores::ensure(jetstream, &settings.jetstream, &settings.subjects).await?;
-    let metrics = Arc::new(Metrics::new());
-    metrics.slots_total.set(i64::from(settings.worker.slots));
     let decisions = Decisions::open(
         &stores.jetstream,
         &settings,
@@ -342,37 +385,17 @@ async fn start(settings: Settings, worker_id: String) -> Result<Started, BusErro
             .sweep(sweeper.client.clone(), sweeper.worker_id.clone())
             .await
     }));
-    let backend_up = Arc::new(AtomicBool::new(false));
     tasks.push(tokio::spawn(probe_backend(
         shared.clone(),
         backend,
-        backend_up.clone(),
+        readiness.backend_up.clone(),
     )));
     tasks.push(tokio::spawn(watch_capacity(
         metrics.clone(),
         handle.capacity.clone(),
     )));
     tasks.push(tokio::spawn(queue::measure_lag(shared.clone())));
-    let http_addr = match shared.settings.http.listen.as_str() {
-        "" => None,
-        listen => {
-            let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
-                BusError::Setup(format!("cannot listen on {listen} (http.listen): {e}"))
-            })?;
-            let addr = listener.local_addr().ok();
-            let readiness = Arc::new(Readiness {
-                nats: client.clone(),
-                capacity: handle.capacity.clone(),
-                backend_up: backend_up.clone(),
-            });
-            tasks.push(tokio::spawn(crate::observe::serve(
-                listener,
-                metrics.clone(),
-                readiness,
-            )));
-            addr
-        }
-    };
+    readiness.started(client.clone(), handle.capacity.clone());
     let service = start_service(&shared, handle.capacity.clone()).await?;
     tasks.push(tokio::spawn(async move {
         // The service lives as long as this task; it is stopped with the worker.
@@ -389,7 +412,7 @@ async fn start(settings: Settings, worker_id: String) -> Result<Started, BusErro
         pool = %shared.settings.worker.pool,
         slots = shared.settings.worker.slots
     );
-    Ok((shared, handle, tasks, http_addr))
+    Ok((shared, handle, tasks))
 }
 
 /// Checks every `http.backend_probe_ms` that the backend answers, for `/readyz`.

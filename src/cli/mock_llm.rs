@@ -20,6 +20,8 @@ pub struct MockLlmArgs {
 }
 
 pub async fn run(args: MockLlmArgs) -> anyhow::Result<()> {
+    // SIGTERM (a container's stop) or Ctrl-C.
+    let shutdown = super::shutdown_signal();
     let script = match &args.script {
         Some(path) => Script::from_file(path)
             .map_err(anyhow::Error::msg)
@@ -33,9 +35,6 @@ pub async fn run(args: MockLlmArgs) -> anyhow::Result<()> {
     // The one line scripts and tests wait for.
     println!("mock-llm listening on http://{addr}/v1");
     tracing::info!(message = "mock-llm serving", %addr, rules = script.rules.len());
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
     mock::serve(listener, script, shutdown)
         .await
         .context("mock-llm server failed")

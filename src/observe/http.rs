@@ -2,8 +2,8 @@
 //! process is up) and `/readyz` (it can take work: connected to NATS, the backend answers, not
 //! draining).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use axum::Router;
 use axum::extract::State;
@@ -15,21 +15,43 @@ use tokio::sync::watch;
 use super::Metrics;
 use crate::actors::Capacity;
 
-/// What `/readyz` looks at.
+/// What `/readyz` looks at. The server starts before the worker reaches NATS (so liveness
+/// holds while it waits); until the worker is started it is not ready.
 pub struct Readiness {
-    pub nats: async_nats::Client,
-    pub capacity: watch::Receiver<Capacity>,
+    started: OnceLock<Started>,
     /// Set by the backend probe.
     pub backend_up: Arc<AtomicBool>,
 }
 
+struct Started {
+    nats: async_nats::Client,
+    capacity: watch::Receiver<Capacity>,
+}
+
+impl Default for Readiness {
+    fn default() -> Self {
+        Readiness {
+            started: OnceLock::new(),
+            backend_up: Arc::new(AtomicBool::new(false)),
+        }
+    }
+}
+
 impl Readiness {
+    /// The worker is connected and has its slots.
+    pub fn started(&self, nats: async_nats::Client, capacity: watch::Receiver<Capacity>) {
+        let _ = self.started.set(Started { nats, capacity });
+    }
+
     /// Ready, or why not.
     pub fn check(&self) -> Result<(), String> {
-        if self.capacity.borrow().draining {
+        let Some(started) = self.started.get() else {
+            return Err("starting (waiting for NATS and the stores)".into());
+        };
+        if started.capacity.borrow().draining {
             return Err("draining".into());
         }
-        if self.nats.connection_state() != async_nats::connection::State::Connected {
+        if started.nats.connection_state() != async_nats::connection::State::Connected {
             return Err("not connected to NATS".into());
         }
         if !self.backend_up.load(Ordering::Relaxed) {
