@@ -37,6 +37,8 @@ const MAX_IN_FLIGHT: usize = 256;
 const STORE_WAIT: Duration = Duration::from_secs(4);
 /// Events waiting to be published before generations wait for the publisher.
 const EVENT_BUFFER: usize = 4096;
+/// Requests whose results are being stored at once (see [`publish_events`]).
+const FINISHING_AT_ONCE: u32 = 64;
 
 /// A running worker, started on its own thread with its own actix system (tests and embedding).
 pub struct WorkerHandle {
@@ -137,6 +139,8 @@ pub(super) struct Shared {
     /// back, is told apart).
     cancelled_by_callers: Mutex<HashSet<String>>,
     in_flight: Arc<Semaphore>,
+    /// Requests being finished (result stored, then `finished` published) at once.
+    finishing: Arc<Semaphore>,
     pub(super) metrics: Arc<Metrics>,
 }
 
@@ -211,6 +215,8 @@ pub async fn run(
     // Let the last results and events go out.
     let mut capacity = handle.capacity.clone();
     let _ = tokio::time::timeout(deadline, capacity.wait_for(|c| c.busy == 0)).await;
+    // Every result being stored is stored (and its `finished` published) before the tasks stop.
+    let _ = tokio::time::timeout(deadline, shared.finishing.acquire_many(FINISHING_AT_ONCE)).await;
     drop(handle);
     tokio::time::sleep(Duration::from_millis(50)).await;
     for task in tasks {
@@ -329,6 +335,7 @@ async fn start_serving(
         durable: Mutex::new(HashMap::new()),
         cancelled_by_callers: Mutex::new(HashSet::new()),
         in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+        finishing: Arc::new(Semaphore::new(FINISHING_AT_ONCE as usize)),
         metrics: metrics.clone(),
         settings,
     });
@@ -639,29 +646,24 @@ async fn submit(
 
 /// Publishes events in order; a `finished` event goes out only after its result is stored, and
 /// signals also go to their own subjects (captured by the signals stream).
+///
+/// `finished` is the last event a request sends through here, so finishing it (storing the
+/// result, settling its queue message, then publishing) runs as a task of its own: the store
+/// round trips of one request do not hold up the events of all the others. At most
+/// [`FINISHING_AT_ONCE`] run at once; past that this loop waits, and so do the generations.
 async fn publish_events(shared: Arc<Shared>, mut events: mpsc::Receiver<Event>) {
     while let Some(event) = events.recv().await {
         match &event.body {
-            EventBody::Finished { result } => {
-                let id = &result.request_id;
-                shared.lock_running().remove(id);
-                let asked = shared.lock_asked().remove(id);
-                let by_caller = shared.lock_cancelled().remove(id);
-                let durable = shared.lock_durable().contains_key(id);
-                if durable && result.reason == Reason::Cancelled && !by_caller {
-                    // A drain cancelled it: hand it back for another worker, store nothing.
-                    queue::settle(&shared, id, true).await;
-                    release_local(&shared, id).await;
-                    tracing::info!(message = "handed a durable request back to the queue", request_id = %id);
-                    continue;
-                }
-                store_result(&shared, result).await;
-                shared.metrics.observe_result(result);
-                queue::settle(&shared, id, false).await;
-                release_local(&shared, id).await;
-                if let Some(chain) = asked.map(|a| a.chain) {
-                    record_outcome(&shared, &chain, result).await;
-                }
+            EventBody::Finished { .. } => {
+                let Ok(permit) = shared.finishing.clone().acquire_owned().await else {
+                    return;
+                };
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    finish(&shared, event).await;
+                    drop(permit);
+                });
+                continue;
             }
             EventBody::Signal { signal } => {
                 shared.metrics.observe_signal(signal.kind, &signal.code);
@@ -672,11 +674,42 @@ async fn publish_events(shared: Arc<Shared>, mut events: mpsc::Receiver<Event>) 
             }
             _ => {}
         }
-        let subject = shared.subjects.events(&event.request_id);
-        let body = serde_json::to_vec(&event).expect("events serialize");
-        if let Err(error) = shared.client.publish(subject, body.into()).await {
-            tracing::warn!(message = "could not publish an event", %error, request_id = %event.request_id);
-        }
+        publish_event(&shared, &event).await;
+    }
+}
+
+/// Stores a request's result, settles its queue message, then publishes its `finished` event.
+async fn finish(shared: &Shared, event: Event) {
+    let EventBody::Finished { result } = &event.body else {
+        return;
+    };
+    let id = &result.request_id;
+    shared.lock_running().remove(id);
+    let asked = shared.lock_asked().remove(id);
+    let by_caller = shared.lock_cancelled().remove(id);
+    let durable = shared.lock_durable().contains_key(id);
+    if durable && result.reason == Reason::Cancelled && !by_caller {
+        // A drain cancelled it: hand it back for another worker, store nothing.
+        queue::settle(shared, id, true).await;
+        release_local(shared, id).await;
+        tracing::info!(message = "handed a durable request back to the queue", request_id = %id);
+        return;
+    }
+    store_result(shared, result).await;
+    shared.metrics.observe_result(result);
+    queue::settle(shared, id, false).await;
+    release_local(shared, id).await;
+    if let Some(chain) = asked.map(|a| a.chain) {
+        record_outcome(shared, &chain, result).await;
+    }
+    publish_event(shared, &event).await;
+}
+
+async fn publish_event(shared: &Shared, event: &Event) {
+    let subject = shared.subjects.events(&event.request_id);
+    let body = serde_json::to_vec(event).expect("events serialize");
+    if let Err(error) = shared.client.publish(subject, body.into()).await {
+        tracing::warn!(message = "could not publish an event", %error, request_id = %event.request_id);
     }
 }
 

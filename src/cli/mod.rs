@@ -1,6 +1,7 @@
 //! The `genfleet` command line. Each command lives in its own module; `main` only parses and
 //! dispatches, and turns an error into one line and a non-zero exit status.
 
+mod bench;
 mod demo;
 mod fleet;
 mod manager;
@@ -54,6 +55,9 @@ pub enum Command {
     Manager(manager::ManagerArgs),
     /// Serve a scripted OpenAI-compatible chat completions API (for tests, demos, benchmarks).
     MockLlm(mock_llm::MockLlmArgs),
+    /// Load a fleet (or a private one, --local) and report latency, throughput, the streaming
+    /// relay and memory against the floors of NATS and the backend.
+    Bench(bench::BenchArgs),
     /// Run the whole flow on this machine, narrated: a private nats-server, the mock backend, a
     /// worker, a tool service, a manager, and a job through a tool call and a decision.
     Demo(demo::DemoArgs),
@@ -71,6 +75,7 @@ impl Cli {
     /// Runs the command. The worker builds its own runtime (actix on a multi-threaded tokio);
     /// every other command runs on a plain tokio runtime.
     pub fn run(self) -> anyhow::Result<()> {
+        let config_file = self.config.clone();
         let settings = || crate::settings::Settings::load(self.config.as_deref());
         match self.command {
             Command::Worker(args) => worker::run(settings()?, args),
@@ -88,6 +93,7 @@ impl Cli {
                         Command::ToolDemo(args) => tool_demo::run(settings()?, args).await,
                         Command::MockLlm(args) => mock_llm::run(args).await,
                         Command::Demo(args) => demo::run(args).await,
+                        Command::Bench(args) => bench::run(settings()?, config_file, args).await,
                         Command::Worker(_) => unreachable!("handled above"),
                     }
                 })

@@ -110,6 +110,13 @@ pub(super) async fn run(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, rules = shared.script.rules.len(), "mock LLM server listening");
     }
+    // A stream is many small writes: with Nagle's algorithm each response stalls until the
+    // client's delayed ACK (40 ms on Linux), which would make every streamed reply that slow.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::debug!(%error, "cannot set TCP_NODELAY on a mock connection");
+        }
+    });
     axum::serve(listener, router(shared))
         .with_graceful_shutdown(shutdown)
         .await

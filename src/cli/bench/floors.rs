@@ -1,0 +1,241 @@
+//! The floors a run compares genfleet with, measured in the same run at the same concurrency:
+//! plain NATS request-reply against a trivial responder that echoes the payload (what one bus
+//! round trip costs), and the backend called directly over HTTP with the request a worker
+//! sends it, read to the last byte (what the model call costs without genfleet).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde::Serialize;
+
+use super::budget::Budget;
+use super::latency::{Samples, Summary};
+use super::procstat::{self, ProcessUsage, Watched};
+use super::progress::Progress;
+use super::target::Target;
+use super::workload;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FloorReport {
+    pub concurrency: usize,
+    pub payload_bytes: usize,
+    pub requests: u64,
+    pub errors: u64,
+    pub duration_secs: f64,
+    pub requests_per_sec: f64,
+    pub latency_ms: Option<Summary>,
+    /// Backend floor only: reply tokens per second (known reply length × calls / seconds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_sec: Option<f64>,
+    /// Backend floor only: `as sent by the worker` (taken from the mock's request log) or
+    /// `constructed` (the backend keeps no log).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+    pub processes: Vec<ProcessUsage>,
+}
+
+/// Request-reply against an echo responder on a subject of this run, with a payload the size
+/// of a submit of `reply_tokens`. The responder runs in this process on its own connection.
+pub async fn nats_request_reply(
+    target: &Target,
+    concurrency: usize,
+    reply_tokens: usize,
+    requests: Option<u64>,
+    duration: Option<Duration>,
+    watched: &[Watched],
+) -> anyhow::Result<FloorReport> {
+    let payload: bytes::Bytes = serde_json::to_vec(&workload::request(
+        target.request_id("floor", 0),
+        reply_tokens,
+    ))
+    .expect("requests serialize")
+    .into();
+    let subject = format!("_genfleet_bench.{}.echo", target.run_id);
+    let responder = crate::bus::connect::connect(
+        &target.settings.nats,
+        crate::bus::connect::ConnectPurpose::Client,
+    )
+    .await?;
+    let mut requests_in = responder.subscribe(subject.clone()).await?;
+    responder.flush().await?;
+    let echo = tokio::spawn(async move {
+        while let Some(message) = requests_in.next().await {
+            if let Some(reply) = message.reply {
+                let _ = responder.publish(reply, message.payload).await;
+            }
+        }
+    });
+    let call = |client: usize| {
+        let nats = target.connection(client).clone();
+        let subject = subject.clone();
+        let payload = payload.clone();
+        async move {
+            let request = async_nats::Request::new()
+                .payload(payload)
+                .timeout(Some(target.timeout));
+            nats.send_request(subject, request).await.is_ok()
+        }
+    };
+    // Warm up: one call per client.
+    futures_util::future::join_all((0..concurrency).map(call)).await;
+    let report = drive(
+        "floor: nats",
+        concurrency,
+        requests,
+        duration,
+        watched,
+        call,
+    )
+    .await;
+    echo.abort();
+    Ok(FloorReport {
+        payload_bytes: payload.len(),
+        tokens_per_sec: None,
+        body: None,
+        ..report
+    })
+}
+
+/// The backend called directly: the streaming chat request a worker sends for a request of
+/// `reply_tokens`, timed to the last byte of the response.
+pub async fn backend_http(
+    backend_url: &str,
+    model: &str,
+    concurrency: usize,
+    reply_tokens: usize,
+    requests: Option<u64>,
+    duration: Option<Duration>,
+    watched: &[Watched],
+) -> anyhow::Result<FloorReport> {
+    let http = reqwest::Client::builder().build()?;
+    let base = backend_url.trim_end_matches('/');
+    let (body, how) = match worker_request(&http, base, reply_tokens).await {
+        Some(body) => (body, "as sent by the worker"),
+        None => (constructed_request(model, reply_tokens), "constructed"),
+    };
+    let body: bytes::Bytes = body.into();
+    let url = format!("{base}/chat/completions");
+    let call = |_client: usize| {
+        let request = http
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body.clone());
+        async move {
+            match request.send().await {
+                Ok(response) if response.status().is_success() => response.bytes().await.is_ok(),
+                _ => false,
+            }
+        }
+    };
+    futures_util::future::join_all((0..concurrency).map(call)).await;
+    let report = drive(
+        "floor: backend",
+        concurrency,
+        requests,
+        duration,
+        watched,
+        call,
+    )
+    .await;
+    let ok = report.requests - report.errors;
+    Ok(FloorReport {
+        payload_bytes: body.len(),
+        tokens_per_sec: Some((ok * reply_tokens as u64) as f64 / report.duration_secs),
+        body: Some(how.to_string()),
+        ..report
+    })
+}
+
+/// The body a worker sent the mock for a request of `reply_tokens` (the warm-up made one),
+/// from the mock's request log; `None` when the backend keeps no log or has none such.
+async fn worker_request(
+    http: &reqwest::Client,
+    base: &str,
+    reply_tokens: usize,
+) -> Option<Vec<u8>> {
+    let log_url = format!("{}/mock/requests", base.trim_end_matches("/v1"));
+    let bodies: Vec<serde_json::Value> = http.get(log_url).send().await.ok()?.json().await.ok()?;
+    let text = workload::words(reply_tokens);
+    let body = bodies.into_iter().rev().find(|body| {
+        body.pointer("/messages")
+            .and_then(|m| m.as_array())
+            .and_then(|m| m.last())
+            .and_then(|m| m.get("content"))
+            .and_then(|c| c.as_str())
+            == Some(text.as_str())
+    })?;
+    serde_json::to_vec(&body).ok()
+}
+
+fn constructed_request(model: &str, reply_tokens: usize) -> Vec<u8> {
+    let request = workload::request(String::new(), reply_tokens);
+    serde_json::to_vec(&serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": request.messages[0].text()}],
+        "stream": true,
+        "stream_options": {"include_usage": true},
+        "max_tokens": request.max_tokens,
+    }))
+    .expect("JSON serializes")
+}
+
+/// `concurrency` clients calling `call` in a loop until the budget is spent.
+async fn drive<F, Fut>(
+    label: &str,
+    concurrency: usize,
+    requests: Option<u64>,
+    duration: Option<Duration>,
+    watched: &[Watched],
+    call: F,
+) -> FloorReport
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let budget = Arc::new(Budget::new(requests, duration));
+    let progress = Progress::start(label, budget.clone());
+    let cpu = procstat::snapshot(watched);
+    let started = Instant::now();
+    let clients = (0..concurrency).map(|client| {
+        let budget = budget.clone();
+        let call = &call;
+        async move {
+            let mut samples = Samples::default();
+            let mut errors = 0u64;
+            while budget.take().is_some() {
+                let at = Instant::now();
+                if call(client).await {
+                    samples.push(at.elapsed());
+                } else {
+                    errors += 1;
+                }
+                budget.done();
+            }
+            (samples, errors)
+        }
+    });
+    let results = futures_util::future::join_all(clients).await;
+    let secs = started.elapsed().as_secs_f64().max(1e-9);
+    let processes = procstat::usage_since(watched, &cpu);
+    progress.finish();
+    let mut samples = Samples::default();
+    let mut errors = 0;
+    for (s, e) in results {
+        samples.extend(s);
+        errors += e;
+    }
+    let ok = samples.len() as u64;
+    FloorReport {
+        concurrency,
+        payload_bytes: 0,
+        requests: ok + errors,
+        errors,
+        duration_secs: secs,
+        requests_per_sec: ok as f64 / secs,
+        latency_ms: samples.summary(),
+        tokens_per_sec: None,
+        body: None,
+        processes,
+    }
+}

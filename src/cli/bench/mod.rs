@@ -1,0 +1,465 @@
+//! `genfleet bench`: a load generator over NATS, against a running fleet or a private one it
+//! starts itself (`--local`: nats-server, worker processes, the mock backend).
+//!
+//! Phases (`--mode`): interactive submits at a fixed concurrency, a durable burst on the
+//! queue, a streaming relay of long replies, and (`--local` only) the memory of a worker with
+//! many slots. In the same run it measures the floors genfleet is compared with: plain NATS
+//! request-reply against an echo responder, and the backend called directly over HTTP. The
+//! result is a set of tables, or one JSON object with `--json`; docs/benchmarks.md explains
+//! the figures and holds the project's own.
+
+mod budget;
+mod durable;
+mod floors;
+mod interactive;
+mod latency;
+mod local;
+mod memory;
+mod procstat;
+mod progress;
+mod report;
+mod target;
+mod workload;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use crate::settings::Settings;
+use local::{LocalFleet, LocalOptions};
+use procstat::Watched;
+use report::{FleetInfo, Floors, Report, TargetCheck};
+use target::Target;
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Start a private fleet for the run: nats-server on a free port, the mock backend and
+    /// --workers worker processes; all stopped at the end. Without it the fleet the
+    /// configuration names is loaded (its backend must be the echoing mock, e.g.
+    /// `genfleet mock-llm`, for replies of the asked length).
+    #[arg(long)]
+    pub local: bool,
+    /// Which phases to run; `all` runs memory only with --local.
+    #[arg(long, value_enum, default_value_t = Mode::All)]
+    pub mode: Mode,
+    /// Concurrent clients (each with its own NATS connection) in the interactive phase and
+    /// the floors.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// Concurrent clients in the streaming phase [default: --concurrency].
+    #[arg(long)]
+    pub stream_concurrency: Option<usize>,
+    /// Length of each timed phase [default: 10, unless --requests is given].
+    #[arg(long, value_name = "SECS")]
+    pub duration_secs: Option<u64>,
+    /// Requests per phase (and the durable burst); with --duration-secs, whichever ends first.
+    #[arg(long, value_name = "N")]
+    pub requests: Option<u64>,
+    /// Durable burst size when --requests is not given.
+    #[arg(long, default_value_t = 2000)]
+    pub burst: u64,
+    /// --local: worker processes.
+    #[arg(long, default_value_t = 1)]
+    pub workers: u32,
+    /// --local: slots per worker.
+    #[arg(long, default_value_t = 64)]
+    pub slots: u32,
+    /// --local: the mock backend's delay before each token.
+    #[arg(long, default_value_t = 0, value_name = "MS")]
+    pub token_delay_ms: u64,
+    /// Reply length of interactive and durable requests, in tokens.
+    #[arg(long, default_value_t = 32)]
+    pub reply_tokens: usize,
+    /// Reply length of streaming requests, in tokens.
+    #[arg(long, default_value_t = 2000)]
+    pub stream_tokens: usize,
+    /// The pool to load [default: worker.pool of the configuration].
+    #[arg(long)]
+    pub pool: Option<String>,
+    /// The backend to call directly for the floor [default: the local mock, else llm.base_url].
+    #[arg(long, value_name = "URL")]
+    pub backend_url: Option<String>,
+    /// A worker process of a running fleet, on this machine, whose CPU and memory to report
+    /// (repeatable).
+    #[arg(long = "worker-pid", value_name = "PID")]
+    pub worker_pids: Vec<u32>,
+    /// Memory phase: slots of the worker measured.
+    #[arg(long, default_value_t = 256)]
+    pub memory_slots: u32,
+    /// Memory phase: requests kept running while it is measured.
+    #[arg(long, default_value_t = 128)]
+    pub memory_requests: u32,
+    /// Memory phase: size of each running request's user message.
+    #[arg(long, default_value_t = 4096, value_name = "BYTES")]
+    pub memory_prompt_bytes: usize,
+    /// Longest wait for one request's `finished` event (and for progress of a durable burst).
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    pub timeout_secs: u64,
+    /// --local: the nats-server binary [default: nats-server on PATH, /usr/sbin, /usr/local/bin].
+    #[arg(long, value_name = "PATH")]
+    pub nats_server: Option<PathBuf>,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    Interactive,
+    Durable,
+    Streaming,
+    Memory,
+    All,
+}
+
+impl Mode {
+    fn runs(self, phase: Mode) -> bool {
+        self == phase || self == Mode::All
+    }
+}
+
+pub async fn run(
+    settings: Settings,
+    config: Option<PathBuf>,
+    args: BenchArgs,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(args.concurrency > 0, "--concurrency must be at least 1");
+    // reqwest is built without a bundled TLS provider; the process-wide one goes in first.
+    crate::llm::openai::install_crypto_provider();
+    anyhow::ensure!(
+        args.local || args.mode != Mode::Memory,
+        "--mode memory needs --local (the bench starts the worker it measures)"
+    );
+    // Installed first: Ctrl-C at any point ends the run, and dropping it stops the fleet.
+    let interrupted = super::shutdown_signal();
+    tokio::select! {
+        outcome = bench(settings, config, &args) => outcome,
+        _ = interrupted => anyhow::bail!("interrupted; everything the bench started is stopped"),
+    }
+}
+
+async fn bench(
+    mut settings: Settings,
+    config: Option<PathBuf>,
+    args: &BenchArgs,
+) -> anyhow::Result<()> {
+    let load_average_before = procstat::load_average();
+    let pool = args
+        .pool
+        .clone()
+        .unwrap_or_else(|| settings.worker.pool.clone());
+    let fleet = if args.local {
+        eprintln!(
+            "starting a local fleet: nats-server, genfleet mock-llm, {} worker(s) × {} slots",
+            args.workers, args.slots
+        );
+        let fleet = LocalFleet::start(LocalOptions {
+            nats_server: args.nats_server.clone(),
+            config,
+            pool: pool.clone(),
+            workers: args.workers.max(1),
+            slots: args.slots.max(1),
+            token_delay_ms: args.token_delay_ms,
+        })
+        .await?;
+        settings.nats.url = fleet.nats_url.clone();
+        Some(fleet)
+    } else {
+        None
+    };
+    let backend_url = args
+        .backend_url
+        .clone()
+        .or_else(|| fleet.as_ref().map(|f| f.backend_url.clone()))
+        .unwrap_or_else(|| settings.llm.base_url.clone());
+    let model = settings.llm.model.clone();
+    let stream_concurrency = args.stream_concurrency.unwrap_or(args.concurrency).max(1);
+    let duration = match (args.duration_secs, args.requests) {
+        (Some(secs), _) => Some(Duration::from_secs(secs)),
+        (None, Some(_)) => None,
+        (None, None) => Some(Duration::from_secs(10)),
+    };
+    let requests = args.requests;
+    let target = Target::connect(
+        settings.clone(),
+        pool.clone(),
+        args.concurrency.max(stream_concurrency),
+        Duration::from_secs(args.timeout_secs),
+    )
+    .await?;
+
+    let mut watched: Vec<Watched> = fleet.as_ref().map(LocalFleet::watched).unwrap_or_default();
+    for (i, pid) in args.worker_pids.iter().enumerate() {
+        watched.insert(
+            i,
+            Watched {
+                role: format!("worker (pid {pid})"),
+                pid: *pid,
+            },
+        );
+    }
+    watched.push(Watched {
+        role: "genfleet bench".into(),
+        pid: std::process::id(),
+    });
+    let release = fleet.is_none();
+    let mut floors = Floors::default();
+    let mut interactive_report = None;
+    let mut durable_report = None;
+    let mut streaming_report = None;
+    let mut memory_report = None;
+
+    if args.mode.runs(Mode::Interactive) {
+        interactive::warm_up(&target, "interactive", args.concurrency, args.reply_tokens).await;
+        floors.nats_request_reply = Some(
+            floors::nats_request_reply(
+                &target,
+                args.concurrency,
+                args.reply_tokens,
+                requests,
+                duration,
+                &watched,
+            )
+            .await?,
+        );
+        floors.backend_http = Some(
+            floors::backend_http(
+                &backend_url,
+                &model,
+                args.concurrency,
+                args.reply_tokens,
+                requests,
+                duration,
+                &watched,
+            )
+            .await?,
+        );
+        let spec = interactive::LoadSpec {
+            phase: "interactive",
+            concurrency: args.concurrency,
+            reply_tokens: args.reply_tokens,
+            requests,
+            duration,
+        };
+        interactive_report = Some(interactive::run(&target, &spec, &watched, release).await);
+    }
+    if args.mode.runs(Mode::Durable) {
+        let burst = requests.unwrap_or(args.burst);
+        durable_report =
+            Some(durable::run(&target, burst, args.reply_tokens, &watched, release).await?);
+    }
+    if args.mode.runs(Mode::Streaming) {
+        interactive::warm_up(&target, "streaming", stream_concurrency, args.stream_tokens).await;
+        floors.backend_http_streaming = Some(
+            floors::backend_http(
+                &backend_url,
+                &model,
+                stream_concurrency,
+                args.stream_tokens,
+                requests,
+                duration,
+                &watched,
+            )
+            .await?,
+        );
+        let spec = interactive::LoadSpec {
+            phase: "streaming",
+            concurrency: stream_concurrency,
+            reply_tokens: args.stream_tokens,
+            requests,
+            duration,
+        };
+        streaming_report = Some(interactive::run(&target, &spec, &watched, release).await);
+    }
+    if let Some(fleet) = &fleet
+        && args.mode.runs(Mode::Memory)
+    {
+        let spec = memory::MemorySpec {
+            slots: args.memory_slots,
+            running: args.memory_requests.min(args.memory_slots),
+            prompt_bytes: args.memory_prompt_bytes,
+        };
+        memory_report = Some(memory::run(fleet, &target, &spec).await?);
+    }
+
+    let ratios = report::ratios(
+        &floors,
+        interactive_report.as_ref(),
+        streaming_report.as_ref(),
+    );
+    let mut notes = Vec::new();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cfg!(debug_assertions) {
+        notes.push(
+            "a debug build: quote figures from a release build (cargo build --release)".into(),
+        );
+    }
+    if let Some(load) = load_average_before
+        && load > 0.5 * cpus as f64
+    {
+        notes.push(format!(
+            "the machine was busy before the run (load average {load:.2} on {cpus} CPUs): measure again when it is quiet"
+        ));
+    }
+    notes.push(
+        "the NATS floor's echo responder and all clients run inside the bench process".into(),
+    );
+    if fleet.is_none() && args.mode.runs(Mode::Memory) {
+        notes.push("memory is measured only with --local".into());
+    }
+    let worker_stats = if fleet.is_some() {
+        "read from /proc of the worker processes the bench started".to_string()
+    } else if args.worker_pids.is_empty() {
+        "not available for a fleet the bench did not start; pass --worker-pid PID for workers on this machine".to_string()
+    } else {
+        "read from /proc of the --worker-pid processes".to_string()
+    };
+    let conditions = Conditions {
+        local: fleet.is_some(),
+        concurrency: args.concurrency,
+        workers: args.workers,
+        slots: args.slots,
+        token_delay_ms: args.token_delay_ms,
+        memory_slots: args.memory_slots,
+    };
+    let targets = targets(
+        &conditions,
+        &ratios,
+        streaming_report.as_ref(),
+        memory_report.as_ref(),
+    );
+    let report = Report {
+        genfleet_version: env!("CARGO_PKG_VERSION"),
+        build: if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        cpus,
+        load_average_before,
+        fleet: FleetInfo {
+            local: fleet.is_some(),
+            nats_url: settings.nats.url.clone(),
+            backend_url,
+            pool,
+            workers: fleet.as_ref().map(|f| f.workers.len() as u32),
+            slots: fleet.as_ref().map(|_| args.slots),
+            token_delay_ms: fleet.as_ref().map(|_| args.token_delay_ms),
+            backend: if fleet.is_some() {
+                "a separate process (genfleet mock-llm) started by the bench".into()
+            } else {
+                "not started by the bench".into()
+            },
+            worker_stats,
+        },
+        floors,
+        interactive: interactive_report,
+        durable: durable_report,
+        streaming: streaming_report,
+        memory: memory_report,
+        ratios,
+        targets,
+        notes,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.to_table());
+    }
+    // Closed before the fleet stops, so no client sees its server go away.
+    target.close().await;
+    drop(fleet);
+    nothing_completed(&report)
+}
+
+/// A phase in which no request completed is a failed run, whatever the figures say.
+fn nothing_completed(report: &Report) -> anyhow::Result<()> {
+    for (phase, completed, requests) in [
+        (
+            "interactive",
+            report.interactive.as_ref().map(|r| r.completed),
+            report.interactive.as_ref().map(|r| r.requests),
+        ),
+        (
+            "streaming",
+            report.streaming.as_ref().map(|r| r.completed),
+            report.streaming.as_ref().map(|r| r.requests),
+        ),
+        (
+            "durable",
+            report.durable.as_ref().map(|r| r.completed),
+            report.durable.as_ref().map(|r| r.burst),
+        ),
+    ] {
+        if completed == Some(0) && requests.unwrap_or(0) > 0 {
+            anyhow::bail!("no request of the {phase} phase completed (see the errors above)");
+        }
+    }
+    Ok(())
+}
+
+/// What the run was, for judging whether a target's conditions held.
+struct Conditions {
+    local: bool,
+    concurrency: usize,
+    workers: u32,
+    slots: u32,
+    token_delay_ms: u64,
+    memory_slots: u32,
+}
+
+/// The project's targets (docs/benchmarks.md), as this run measured them.
+fn targets(
+    run: &Conditions,
+    ratios: &report::Ratios,
+    streaming: Option<&interactive::LoadReport>,
+    memory: Option<&memory::MemoryReport>,
+) -> Vec<TargetCheck> {
+    let local = |holds: bool| if run.local { Some(holds) } else { None };
+    let zero_delay_one_worker = run.token_delay_ms == 0 && run.workers == 1;
+    vec![
+        TargetCheck {
+            name: "added latency p50",
+            target: "< 1 ms at concurrency 16, zero-delay mock",
+            value: ratios.added_latency_p50_ms,
+            unit: "ms",
+            met: ratios.added_latency_p50_ms.map(|v| v < 1.0),
+            conditions_met: local(run.concurrency == 16 && run.token_delay_ms == 0),
+        },
+        TargetCheck {
+            name: "throughput vs NATS request-reply",
+            target: ">= 25% (zero-delay mock, one worker, 64 slots)",
+            value: ratios.throughput_vs_nats.map(|r| r * 100.0),
+            unit: "%",
+            met: ratios.throughput_vs_nats.map(|r| r >= 0.25),
+            conditions_met: local(zero_delay_one_worker && run.slots == 64),
+        },
+        TargetCheck {
+            name: "streaming relay",
+            target: ">= 100000 tokens/s through one worker, no delta dropped",
+            value: streaming.map(|s| s.tokens_per_sec),
+            unit: "tokens/s",
+            met: streaming.map(|s| {
+                s.tokens_per_sec >= 100_000.0 && s.missing_events == 0 && s.delta_mismatches == 0
+            }),
+            conditions_met: local(zero_delay_one_worker),
+        },
+        TargetCheck {
+            name: "idle worker RSS",
+            target: "< 40 MiB with 256 slots",
+            value: memory.map(|m| m.idle_rss_mib),
+            unit: "MiB",
+            met: memory.map(|m| m.idle_rss_mib < 40.0),
+            conditions_met: memory.map(|_| run.memory_slots == 256),
+        },
+        TargetCheck {
+            name: "memory per running request",
+            target: "< 256 KiB beyond its conversation text",
+            value: memory.map(|m| m.per_request_kib),
+            unit: "KiB",
+            met: memory.map(|m| m.per_request_kib < 256.0),
+            conditions_met: memory.map(|_| true),
+        },
+    ]
+}

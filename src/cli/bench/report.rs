@@ -1,0 +1,501 @@
+//! What a run reports: one JSON object (`--json`), or the same as readable tables.
+
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use super::durable::DurableReport;
+use super::floors::FloorReport;
+use super::interactive::LoadReport;
+use super::latency::Summary;
+use super::memory::MemoryReport;
+use super::procstat::ProcessUsage;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub genfleet_version: &'static str,
+    /// `release` or `debug`: figures worth quoting come from release builds.
+    pub build: &'static str,
+    pub cpus: usize,
+    /// The machine's 1-minute load average before the run (other work skews figures).
+    pub load_average_before: Option<f64>,
+    pub fleet: FleetInfo,
+    pub floors: Floors,
+    pub interactive: Option<LoadReport>,
+    pub durable: Option<DurableReport>,
+    pub streaming: Option<LoadReport>,
+    pub memory: Option<MemoryReport>,
+    pub ratios: Ratios,
+    pub targets: Vec<TargetCheck>,
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetInfo {
+    pub local: bool,
+    pub nats_url: String,
+    pub backend_url: String,
+    pub pool: String,
+    /// `--local` only: what the bench started.
+    pub workers: Option<u32>,
+    pub slots: Option<u32>,
+    pub token_delay_ms: Option<u64>,
+    /// Where the backend runs, relative to the load generator.
+    pub backend: String,
+    /// Where worker CPU and memory figures come from, or why there are none.
+    pub worker_stats: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Floors {
+    /// Plain NATS request-reply against an echo responder, interactive request size.
+    pub nats_request_reply: Option<FloorReport>,
+    /// The backend called directly with the interactive request.
+    pub backend_http: Option<FloorReport>,
+    /// The backend called directly with the streaming request.
+    pub backend_http_streaming: Option<FloorReport>,
+}
+
+/// genfleet over its floors, from the same run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Ratios {
+    /// Interactive requests/s ÷ NATS request-reply/s.
+    pub throughput_vs_nats: Option<f64>,
+    /// Interactive p50 submit→result ÷ NATS request-reply p50.
+    pub p50_vs_nats: Option<f64>,
+    /// Interactive p50 submit→result ÷ direct backend call p50.
+    pub p50_vs_backend: Option<f64>,
+    /// Interactive p50 submit→result − direct backend call p50, ms.
+    pub added_latency_p50_ms: Option<f64>,
+    /// Streaming tokens/s relayed ÷ tokens/s of the backend called directly.
+    pub streaming_tokens_vs_backend: Option<f64>,
+}
+
+/// One of the project's performance targets, as this run measured it.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetCheck {
+    pub name: &'static str,
+    pub target: &'static str,
+    pub value: Option<f64>,
+    pub unit: &'static str,
+    pub met: Option<bool>,
+    /// Whether the run had the target's conditions (concurrency, delay, workers, slots);
+    /// `None` when the bench could not tell (a fleet it did not start).
+    pub conditions_met: Option<bool>,
+}
+
+pub fn ratios(
+    floors: &Floors,
+    interactive: Option<&LoadReport>,
+    streaming: Option<&LoadReport>,
+) -> Ratios {
+    let p50 = |s: &Option<Summary>| s.as_ref().map(|s| s.p50);
+    let nats = floors.nats_request_reply.as_ref();
+    let backend = floors.backend_http.as_ref();
+    let genfleet_p50 = interactive.and_then(|i| p50(&i.submit_to_result_ms));
+    let divide = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    Ratios {
+        throughput_vs_nats: divide(
+            interactive.map(|i| i.requests_per_sec),
+            nats.map(|n| n.requests_per_sec),
+        ),
+        p50_vs_nats: divide(genfleet_p50, nats.and_then(|n| p50(&n.latency_ms))),
+        p50_vs_backend: divide(genfleet_p50, backend.and_then(|b| p50(&b.latency_ms))),
+        added_latency_p50_ms: genfleet_p50
+            .zip(backend.and_then(|b| p50(&b.latency_ms)))
+            .map(|(g, b)| g - b),
+        streaming_tokens_vs_backend: divide(
+            streaming.map(|s| s.tokens_per_sec),
+            floors
+                .backend_http_streaming
+                .as_ref()
+                .and_then(|b| b.tokens_per_sec),
+        ),
+    }
+}
+
+impl Report {
+    /// The readable form: one table per phase, then the ratios and the targets.
+    pub fn to_table(&self) -> String {
+        let mut out = String::new();
+        let f = &self.fleet;
+        let _ = writeln!(
+            out,
+            "genfleet bench {} ({} build), {} CPUs, load average before: {}",
+            self.genfleet_version,
+            self.build,
+            self.cpus,
+            opt(self.load_average_before, 2)
+        );
+        let _ = writeln!(
+            out,
+            "fleet: {}, NATS {}, pool {}, backend {} ({})",
+            if f.local {
+                "local (--local)"
+            } else {
+                "running"
+            },
+            f.nats_url,
+            f.pool,
+            f.backend_url,
+            f.backend
+        );
+        if f.local {
+            let _ = writeln!(
+                out,
+                "       {} worker process(es) × {} slots, mock token delay {} ms",
+                f.workers.unwrap_or(0),
+                f.slots.unwrap_or(0),
+                f.token_delay_ms.unwrap_or(0)
+            );
+        }
+        let _ = writeln!(out, "worker CPU/RSS: {}", f.worker_stats);
+
+        let mut latency = Table::new(&[
+            "phase", "conc", "requests", "errors", "req/s", "p50 ms", "p90 ms", "p99 ms", "max ms",
+        ]);
+        let mut floor_row = |name: &str, r: &FloorReport| {
+            latency.row(latency_row(
+                name,
+                r.concurrency,
+                r.requests,
+                r.errors,
+                r.requests_per_sec,
+                &r.latency_ms,
+            ));
+        };
+        if let Some(r) = &self.floors.nats_request_reply {
+            floor_row("floor: NATS request-reply", r);
+        }
+        if let Some(r) = &self.floors.backend_http {
+            floor_row("floor: backend HTTP", r);
+        }
+        if let Some(r) = &self.floors.backend_http_streaming {
+            floor_row("floor: backend HTTP (stream)", r);
+        }
+        for (name, r) in [
+            ("interactive", &self.interactive),
+            ("streaming", &self.streaming),
+        ] {
+            if let Some(r) = r {
+                latency.row(latency_row(
+                    &format!("{name} submit→result"),
+                    r.concurrency,
+                    r.requests,
+                    r.errors,
+                    r.requests_per_sec,
+                    &r.submit_to_result_ms,
+                ));
+                latency.row(latency_row(
+                    &format!("{name} submit→1st delta"),
+                    r.concurrency,
+                    r.requests,
+                    r.errors,
+                    r.requests_per_sec,
+                    &r.submit_to_first_delta_ms,
+                ));
+            }
+        }
+        if let Some(d) = &self.durable {
+            latency.row(latency_row(
+                "durable enqueue→finished",
+                0,
+                d.burst,
+                d.errors,
+                d.drain_per_sec,
+                &d.enqueue_to_finished_ms,
+            ));
+        }
+        let _ = writeln!(out, "\n{}", latency.render());
+
+        let mut relay = Table::new(&[
+            "phase",
+            "tokens/s",
+            "tokens",
+            "missing events",
+            "req. with gaps",
+            "delta≠output",
+            "NO_SLOT replies",
+            "NO_SLOT rate",
+        ]);
+        for (name, r) in [
+            ("interactive", &self.interactive),
+            ("streaming", &self.streaming),
+        ] {
+            if let Some(r) = r {
+                relay.row(vec![
+                    name.to_string(),
+                    format!("{:.0}", r.tokens_per_sec),
+                    r.tokens_relayed.to_string(),
+                    r.missing_events.to_string(),
+                    r.requests_with_gaps.to_string(),
+                    r.delta_mismatches.to_string(),
+                    r.no_slot_replies.to_string(),
+                    format!("{:.4}", r.no_slot_rate),
+                ]);
+            }
+        }
+        if let Some(b) = &self.floors.backend_http_streaming {
+            relay.row(vec![
+                "floor: backend HTTP (stream)".into(),
+                opt(b.tokens_per_sec, 0),
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+            ]);
+        }
+        if !relay.rows.is_empty() {
+            let _ = writeln!(out, "{}", relay.render());
+        }
+        for (name, r) in [
+            ("interactive", &self.interactive),
+            ("streaming", &self.streaming),
+        ] {
+            if let Some(r) = r
+                && !r.error_kinds.is_empty()
+            {
+                let kinds: Vec<String> = r
+                    .error_kinds
+                    .iter()
+                    .map(|(k, n)| format!("{k} ×{n}"))
+                    .collect();
+                let _ = writeln!(out, "{name} errors: {}", kinds.join(", "));
+            }
+        }
+        if let Some(d) = &self.durable {
+            let _ = writeln!(
+                out,
+                "durable: {} enqueued in {:.2} s ({:.0}/s, {} refused), all stored after {:.2} s: \
+                 {:.0} results/s, {} completed, {} errors, {} finished events missed\n",
+                d.burst,
+                d.enqueue_secs,
+                d.enqueue_per_sec,
+                d.enqueue_errors,
+                d.drain_secs,
+                d.drain_per_sec,
+                d.completed,
+                d.errors,
+                d.missed_finished_events
+            );
+        }
+
+        let mut cpu = Table::new(&[
+            "phase",
+            "process",
+            "CPU s",
+            "cores",
+            "RSS MiB",
+            "peak RSS MiB",
+        ])
+        .text_columns(2);
+        let mut cpu_rows = |phase: &str, processes: &[ProcessUsage]| {
+            for p in processes {
+                cpu.row(vec![
+                    phase.to_string(),
+                    format!("{} ({})", p.role, p.pid),
+                    format!("{:.2}", p.cpu_seconds),
+                    format!("{:.2}", p.cpu_cores),
+                    opt(p.rss_mib, 1),
+                    opt(p.peak_rss_mib, 1),
+                ]);
+            }
+        };
+        if let Some(r) = &self.floors.nats_request_reply {
+            cpu_rows("floor: NATS", &r.processes);
+        }
+        if let Some(r) = &self.floors.backend_http {
+            cpu_rows("floor: backend", &r.processes);
+        }
+        if let Some(r) = &self.interactive {
+            cpu_rows("interactive", &r.processes);
+        }
+        if let Some(r) = &self.durable {
+            cpu_rows("durable", &r.processes);
+        }
+        if let Some(r) = &self.floors.backend_http_streaming {
+            cpu_rows("floor: backend (stream)", &r.processes);
+        }
+        if let Some(r) = &self.streaming {
+            cpu_rows("streaming", &r.processes);
+        }
+        if !cpu.rows.is_empty() {
+            let _ = writeln!(out, "{}", cpu.render());
+        }
+        if let Some(m) = &self.memory {
+            let _ = writeln!(
+                out,
+                "memory: worker with {} slots: {:.1} MiB idle, {:.1} MiB with {} requests running \
+                 ({} B of conversation text each): {:.1} KiB per running request beyond its text\n",
+                m.slots,
+                m.idle_rss_mib,
+                m.running_rss_mib,
+                m.running,
+                m.conversation_bytes,
+                m.per_request_kib
+            );
+        }
+
+        let r = &self.ratios;
+        let _ = writeln!(
+            out,
+            "ratios (genfleet / floor): throughput {} of NATS request-reply; p50 {}× NATS, {}× backend; \
+             added latency p50 {} ms; streaming tokens/s {} of the backend's",
+            pct(r.throughput_vs_nats),
+            opt(r.p50_vs_nats, 1),
+            opt(r.p50_vs_backend, 2),
+            opt(r.added_latency_p50_ms, 3),
+            pct(r.streaming_tokens_vs_backend)
+        );
+        let mut targets = Table::new(&["target", "goal", "value", "met", "run had its conditions"])
+            .text_columns(2);
+        for t in &self.targets {
+            targets.row(vec![
+                t.name.to_string(),
+                t.target.to_string(),
+                match t.value {
+                    Some(v) => format!("{v:.2} {}", t.unit),
+                    None => "not measured".into(),
+                },
+                yes_no(t.met),
+                yes_no(t.conditions_met),
+            ]);
+        }
+        let _ = writeln!(out, "\n{}", targets.render());
+        for note in &self.notes {
+            let _ = writeln!(out, "note: {note}");
+        }
+        out
+    }
+}
+
+fn latency_row(
+    name: &str,
+    concurrency: usize,
+    requests: u64,
+    errors: u64,
+    rate: f64,
+    summary: &Option<Summary>,
+) -> Vec<String> {
+    let at = |f: fn(&Summary) -> f64| {
+        summary
+            .as_ref()
+            .map(|s| format!("{:.3}", f(s)))
+            .unwrap_or_else(|| "-".into())
+    };
+    vec![
+        name.to_string(),
+        if concurrency == 0 {
+            "-".into()
+        } else {
+            concurrency.to_string()
+        },
+        requests.to_string(),
+        errors.to_string(),
+        format!("{rate:.0}"),
+        at(|s| s.p50),
+        at(|s| s.p90),
+        at(|s| s.p99),
+        at(|s| s.max),
+    ]
+}
+
+fn opt(value: Option<f64>, decimals: usize) -> String {
+    value.map_or_else(|| "-".into(), |v| format!("{v:.decimals$}"))
+}
+
+fn pct(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".into(), |v| format!("{:.1}%", v * 100.0))
+}
+
+fn yes_no(value: Option<bool>) -> String {
+    match value {
+        Some(true) => "yes".into(),
+        Some(false) => "no".into(),
+        None => "-".into(),
+    }
+}
+
+/// A plain-text table: columns as wide as their widest cell, text columns left-aligned and
+/// figures right-aligned.
+struct Table {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+    /// The first this many columns are text.
+    text_columns: usize,
+}
+
+impl Table {
+    fn new(header: &[&str]) -> Table {
+        Table {
+            header: header.iter().map(|h| h.to_string()).collect(),
+            rows: Vec::new(),
+            text_columns: 1,
+        }
+    }
+
+    fn text_columns(mut self, n: usize) -> Table {
+        self.text_columns = n;
+        self
+    }
+
+    fn row(&mut self, row: Vec<String>) {
+        self.rows.push(row);
+    }
+
+    fn render(&self) -> String {
+        let width = |i: usize| {
+            std::iter::once(&self.header)
+                .chain(&self.rows)
+                .map(|r| r.get(i).map_or(0, |c| c.chars().count()))
+                .max()
+                .unwrap_or(0)
+        };
+        let widths: Vec<usize> = (0..self.header.len()).map(width).collect();
+        let line = |row: &[String]| {
+            let cells: Vec<String> = row
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let pad = widths[i].saturating_sub(c.chars().count());
+                    if i < self.text_columns {
+                        format!("{c}{}", " ".repeat(pad))
+                    } else {
+                        format!("{}{c}", " ".repeat(pad))
+                    }
+                })
+                .collect();
+            cells.join("  ").trim_end().to_string()
+        };
+        let mut out = line(&self.header) + "\n";
+        let total: usize = widths.iter().sum::<usize>() + 2 * widths.len().saturating_sub(1);
+        out.push_str(&"-".repeat(total));
+        out.push('\n');
+        for row in &self.rows {
+            out.push_str(&line(row));
+            out.push('\n');
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align_their_columns() {
+        let mut table = Table::new(&["phase", "req/s"]);
+        table.row(vec!["interactive".into(), "1200".into()]);
+        table.row(vec!["x".into(), "7".into()]);
+        assert_eq!(
+            table.render(),
+            "phase        req/s\n------------------\ninteractive   1200\nx                7\n"
+        );
+    }
+}

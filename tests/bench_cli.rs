@@ -1,0 +1,167 @@
+//! `genfleet bench` as users run it: a short run against a fleet it starts itself. No timing
+//! is asserted here (figures belong in docs/benchmarks.md); what is checked is that every phase
+//! ran, every request completed with no event lost, and the report carries its fields.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::Value;
+
+fn bench(args: &[&str]) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_genfleet"));
+    command.arg("bench").args(args);
+    if let Some(nats_server) = std::env::var_os("NATS_SERVER") {
+        command.arg("--nats-server").arg(nats_server);
+    }
+    command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    command
+}
+
+async fn run(args: &[&str]) -> std::process::Output {
+    tokio::time::timeout(Duration::from_secs(240), bench(args).output())
+        .await
+        .expect("the bench ends")
+        .expect("the bench runs")
+}
+
+/// The value at `pointer`, which must be present and not null.
+fn field<'a>(report: &'a Value, pointer: &str) -> &'a Value {
+    match report.pointer(pointer) {
+        Some(Value::Null) | None => panic!("{pointer} missing from\n{report:#}"),
+        Some(value) => value,
+    }
+}
+
+fn number(report: &Value, pointer: &str) -> f64 {
+    field(report, pointer)
+        .as_f64()
+        .unwrap_or_else(|| panic!("{pointer} is not a number in\n{report:#}"))
+}
+
+async fn gone(url: &str) -> bool {
+    let address = url.trim_start_matches("nats://");
+    for _ in 0..50 {
+        if tokio::net::TcpStream::connect(address).await.is_err() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn a_local_run_reports_every_phase_as_json() {
+    let output = run(&["--local", "--requests", "20", "--json"]).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("stdout is one JSON object ({e}); stderr:\n{stderr}"));
+
+    for floor in [
+        "nats_request_reply",
+        "backend_http",
+        "backend_http_streaming",
+    ] {
+        assert_eq!(number(&report, &format!("/floors/{floor}/errors")), 0.0);
+        number(&report, &format!("/floors/{floor}/requests_per_sec"));
+        number(&report, &format!("/floors/{floor}/latency_ms/p50"));
+    }
+    for phase in ["interactive", "streaming"] {
+        let at = |key: &str| format!("/{phase}/{key}");
+        assert_eq!(number(&report, &at("requests")), 20.0, "{phase}");
+        assert_eq!(
+            number(&report, &at("completed")),
+            20.0,
+            "{phase}: {report:#}"
+        );
+        assert_eq!(number(&report, &at("errors")), 0.0, "{phase}");
+        assert_eq!(number(&report, &at("missing_events")), 0.0, "{phase}");
+        assert_eq!(number(&report, &at("delta_mismatches")), 0.0, "{phase}");
+        for key in [
+            "requests_per_sec",
+            "no_slot_replies",
+            "no_slot_rate",
+            "tokens_per_sec",
+            "submit_to_result_ms/p50",
+            "submit_to_result_ms/p90",
+            "submit_to_result_ms/p99",
+            "submit_to_result_ms/max",
+            "submit_to_first_delta_ms/p50",
+        ] {
+            number(&report, &at(key));
+        }
+        // Every reply token the mock generated reached the client as delta text.
+        assert_eq!(
+            number(&report, &at("tokens_relayed")),
+            number(&report, &at("completion_tokens")),
+            "{phase}"
+        );
+        let processes = field(&report, &at("processes")).as_array().unwrap();
+        let worker = processes
+            .iter()
+            .find(|p| p["role"].as_str().unwrap().starts_with("worker "))
+            .unwrap_or_else(|| panic!("no worker in {processes:?}"));
+        assert!(worker["cpu_seconds"].is_number() && worker["peak_rss_mib"].is_number());
+    }
+    assert_eq!(number(&report, "/streaming/reply_tokens"), 2000.0);
+    assert_eq!(number(&report, "/durable/burst"), 20.0);
+    assert_eq!(number(&report, "/durable/completed"), 20.0);
+    number(&report, "/durable/drain_per_sec");
+    number(&report, "/durable/enqueue_to_finished_ms/p50");
+    number(&report, "/memory/idle_rss_mib");
+    number(&report, "/memory/per_request_kib");
+    for ratio in [
+        "throughput_vs_nats",
+        "p50_vs_nats",
+        "p50_vs_backend",
+        "added_latency_p50_ms",
+        "streaming_tokens_vs_backend",
+    ] {
+        number(&report, &format!("/ratios/{ratio}"));
+    }
+    let targets = field(&report, "/targets").as_array().unwrap();
+    assert_eq!(targets.len(), 5);
+    assert!(
+        targets.iter().all(|t| t["value"].is_number()),
+        "{targets:?}"
+    );
+    assert_eq!(field(&report, "/fleet/local"), &Value::Bool(true));
+
+    let nats_url = field(&report, "/fleet/nats_url").as_str().unwrap();
+    assert!(gone(nats_url).await, "the bench's nats-server is stopped");
+}
+
+#[tokio::test]
+async fn the_table_shows_the_floors_beside_genfleet() {
+    let output = run(&["--local", "--mode", "interactive", "--requests", "5"]).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for expected in [
+        "floor: NATS request-reply",
+        "floor: backend HTTP",
+        "interactive submit→result",
+        "interactive submit→1st delta",
+        "ratios (genfleet / floor)",
+        "added latency p50",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "{expected:?} missing from\n{stdout}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn memory_needs_a_local_fleet() {
+    let output = run(&["--mode", "memory"]).await;
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--local"), "{stderr}");
+}
