@@ -90,6 +90,7 @@ async fn a_local_run_reports_every_phase_as_json() {
             "submit_to_result_ms/p99",
             "submit_to_result_ms/max",
             "submit_to_first_delta_ms/p50",
+            "submit_to_accepted_ms/p50",
         ] {
             number(&report, &at(key));
         }
