@@ -90,6 +90,7 @@ async fn a_local_run_reports_every_phase_as_json() {
             "submit_to_result_ms/p99",
             "submit_to_result_ms/max",
             "submit_to_first_delta_ms/p50",
+            "submit_to_accepted_ms/p50",
         ] {
             number(&report, &at(key));
         }
@@ -156,6 +157,43 @@ async fn the_table_shows_the_floors_beside_genfleet() {
             "{expected:?} missing from\n{stdout}"
         );
     }
+}
+
+#[tokio::test]
+async fn ctrl_c_stops_everything_the_bench_started() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let mut child = bench(&["--local", "--duration-secs", "60"])
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let ready = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(rest) = line.strip_prefix("local fleet ready: NATS ") {
+                return rest.split(',').next().unwrap().to_string();
+            }
+        }
+        panic!("the bench ended before its fleet was ready");
+    })
+    .await
+    .expect("the local fleet starts");
+    let pid = child.id().unwrap().to_string();
+    let kill = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let mut rest = Vec::new();
+    let status = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            rest.push(line);
+        }
+        child.wait().await.unwrap()
+    })
+    .await
+    .expect("the bench stops after Ctrl-C");
+    assert!(!status.success());
+    assert!(rest.iter().any(|l| l.contains("interrupted")), "{rest:?}");
+    assert!(gone(&ready).await, "no nats-server is left behind");
 }
 
 #[tokio::test]

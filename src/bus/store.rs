@@ -178,9 +178,12 @@ impl Stores {
             .await
         {
             Ok(_) => {
-                let _ = self.results.purge(live_key(&result.request_id)).await;
+                // Two independent writes: one round trip instead of two.
                 let index = super::heartbeat::index_key(&result.worker_id, &result.request_id);
-                let _ = self.results.purge(index).await;
+                let _ = tokio::join!(
+                    self.results.purge(live_key(&result.request_id)),
+                    self.results.purge(index)
+                );
                 Ok(Stored::Stored)
             }
             Err(error) if error.kind() == kv::CreateErrorKind::AlreadyExists => {
@@ -232,15 +235,25 @@ impl Stores {
                 )));
             }
         }
-        if self.stored(&record.request_id).await?.is_some() {
-            let _ = self.results.purge(live_key(&record.request_id)).await;
-            return Ok(false);
-        }
+        // The index is written while the result is looked for (one round trip instead of
+        // two); a refused claim takes both back.
         let index = super::heartbeat::index_key(&record.worker_id, &record.request_id);
-        self.results
-            .put(index, bytes::Bytes::new())
-            .await
-            .map_err(|e| BusError::Store(format!("cannot index the request record: {e}")))?;
+        let (stored, indexed) = tokio::join!(
+            self.stored(&record.request_id),
+            self.results.put(index, bytes::Bytes::new())
+        );
+        match stored {
+            Ok(None) => {}
+            Ok(Some(_)) => {
+                self.unclaim(record).await;
+                return Ok(false);
+            }
+            Err(error) => {
+                self.unclaim(record).await;
+                return Err(error);
+            }
+        }
+        indexed.map_err(|e| BusError::Store(format!("cannot index the request record: {e}")))?;
         Ok(true)
     }
 

@@ -62,6 +62,9 @@ pub struct LoadReport {
     pub requests_per_sec: f64,
     pub submit_to_result_ms: Option<Summary>,
     pub submit_to_first_delta_ms: Option<Summary>,
+    /// From sending the submit to the worker's acceptance (its reply): the part of
+    /// submit→result spent before the generation starts.
+    pub submit_to_accepted_ms: Option<Summary>,
     /// Tokens (words) in the delta events received.
     pub tokens_relayed: u64,
     pub tokens_per_sec: f64,
@@ -78,6 +81,7 @@ pub struct LoadReport {
 /// How one request went.
 #[derive(Debug, Default)]
 struct Outcome {
+    accepted: Option<Duration>,
     submit_to_result: Option<Duration>,
     first_delta: Option<Duration>,
     no_slot: u64,
@@ -99,6 +103,7 @@ struct Tally {
     submits: u64,
     results: Samples,
     first_deltas: Samples,
+    accepted: Samples,
     tokens: u64,
     completion_tokens: u64,
     missing_events: u64,
@@ -124,6 +129,9 @@ impl Tally {
         if let Some(latency) = outcome.first_delta {
             self.first_deltas.push(latency);
         }
+        if let Some(latency) = outcome.accepted {
+            self.accepted.push(latency);
+        }
         match outcome.error {
             None => self.completed += 1,
             Some(kind) => *self.errors.entry(kind).or_default() += 1,
@@ -140,6 +148,7 @@ impl Tally {
         self.submits += other.submits;
         self.results.extend(other.results);
         self.first_deltas.extend(other.first_deltas);
+        self.accepted.extend(other.accepted);
         self.tokens += other.tokens;
         self.completion_tokens += other.completion_tokens;
         self.missing_events += other.missing_events;
@@ -213,6 +222,7 @@ pub async fn run(
         requests_per_sec: tally.completed as f64 / secs,
         submit_to_result_ms: tally.results.summary(),
         submit_to_first_delta_ms: tally.first_deltas.summary(),
+        submit_to_accepted_ms: tally.accepted.summary(),
         tokens_relayed: tally.tokens,
         tokens_per_sec: tally.tokens as f64 / secs,
         completion_tokens: tally.completion_tokens,
@@ -254,6 +264,7 @@ async fn one_request(
         outcome.error = Some(kind);
         return outcome;
     }
+    outcome.accepted = Some(started.elapsed());
     let mut next_seq = 0u64;
     let mut text = String::new();
     loop {

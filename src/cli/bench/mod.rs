@@ -163,6 +163,10 @@ async fn bench(
             token_delay_ms: args.token_delay_ms,
         })
         .await?;
+        eprintln!(
+            "local fleet ready: NATS {}, backend {}",
+            fleet.nats_url, fleet.backend_url
+        );
         settings.nats.url = fleet.nats_url.clone();
         Some(fleet)
     } else {

@@ -197,6 +197,14 @@ impl Report {
                     r.requests_per_sec,
                     &r.submit_to_first_delta_ms,
                 ));
+                latency.row(latency_row(
+                    &format!("{name} submit→accepted"),
+                    r.concurrency,
+                    r.requests,
+                    r.errors,
+                    r.requests_per_sec,
+                    &r.submit_to_accepted_ms,
+                ));
             }
         }
         if let Some(d) = &self.durable {
