@@ -863,6 +863,16 @@ fn not_found(request_id: &str) -> WireError {
 }
 
 async fn status(shared: &Shared, request_id: &str) -> Result<StatusReply, WireError> {
+    match status_once(shared, request_id).await {
+        // The result is stored before the live record goes: a read of the result just before
+        // it was stored and of the live record just after it went finds neither. A second look
+        // sees the result.
+        Err(error) if error.code == ErrorCode::NotFound => status_once(shared, request_id).await,
+        other => other,
+    }
+}
+
+async fn status_once(shared: &Shared, request_id: &str) -> Result<StatusReply, WireError> {
     if !crate::protocol::ids::is_valid_request_id(request_id) {
         return Err(WireError::invalid(
             "the subject does not end in a valid request id",
