@@ -5,15 +5,16 @@
 //! Everything it started is stopped on exit, on an error and on Ctrl-C.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use futures_util::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 
+use super::private_nats::{PrivateNats, TempDir};
 use crate::bus::client::Client;
 use crate::bus::tool_service::ToolService;
 use crate::bus::worker::WorkerHandle;
@@ -53,8 +54,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 /// What the demo started, stopped in reverse order.
 #[derive(Default)]
 struct Stack {
-    nats: Option<tokio::process::Child>,
-    store: Option<PathBuf>,
+    nats: Option<PrivateNats>,
+    store: Option<TempDir>,
     mock: Option<MockServer>,
     worker: Option<WorkerHandle>,
     tools: Vec<ToolService>,
@@ -78,39 +79,25 @@ impl Stack {
         }
         self.mock.take();
         if let Some(mut nats) = self.nats.take() {
-            let _ = nats.kill().await;
+            nats.stop().await;
         }
-        if let Some(store) = self.store.take() {
-            let _ = std::fs::remove_dir_all(store);
-        }
+        self.store.take();
         say("stopped: manager, tool service, worker, mock backend, nats-server");
     }
 }
 
 async fn demo(args: &DemoArgs, stack: &mut Stack) -> anyhow::Result<()> {
-    let nats_server = find_nats_server(args.nats_server.as_deref())?;
-    let port = free_port()?;
-    let store =
-        std::env::temp_dir().join(format!("genfleet-demo-{}", crate::protocol::ids::new_id()));
-    std::fs::create_dir_all(&store).context("cannot create the demo's store directory")?;
-    stack.store = Some(store.clone());
+    let store = TempDir::new("genfleet-demo")?;
+    let nats = PrivateNats::start(args.nats_server.as_deref(), store.path()).await?;
     step(&format!(
-        "starting nats-server with JetStream on 127.0.0.1:{port} ({})",
-        nats_server.display()
+        "started nats-server with JetStream on {} ({})",
+        nats.url.trim_start_matches("nats://"),
+        nats.binary.display()
     ));
-    stack.nats = Some(
-        tokio::process::Command::new(&nats_server)
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(&store)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("cannot start {}", nats_server.display()))?,
-    );
-    let url = format!("nats://127.0.0.1:{port}");
-    wait_for_nats(&url).await?;
+    let url = nats.url.clone();
     let nats_url = url.clone();
+    stack.store = Some(store);
+    stack.nats = Some(nats);
 
     let script = Script::from_toml_str(DEMO_SCRIPT).map_err(anyhow::Error::msg)?;
     let mock = MockServer::start(script)
@@ -381,43 +368,4 @@ fn tail(text: &str, max: usize) -> String {
         .collect();
     let count = flat.chars().count();
     flat.chars().skip(count.saturating_sub(max)).collect()
-}
-
-fn find_nats_server(given: Option<&Path>) -> anyhow::Result<PathBuf> {
-    if let Some(path) = given {
-        return Ok(path.to_path_buf());
-    }
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect())
-        .unwrap_or_default();
-    dirs.extend(["/usr/sbin", "/usr/local/bin", "/usr/bin"].map(PathBuf::from));
-    dirs.into_iter()
-        .map(|d| d.join("nats-server"))
-        .find(|p| p.is_file())
-        .context(
-            "nats-server was not found: run ./scripts/demo.sh (it installs it), install it with \
-             `sudo apt-get install nats-server`, or pass --nats-server PATH",
-        )
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
-}
-
-async fn wait_for_nats(url: &str) -> anyhow::Result<()> {
-    let started = Instant::now();
-    loop {
-        match async_nats::connect(url).await {
-            Ok(client) => {
-                drop(client);
-                return Ok(());
-            }
-            Err(error) if started.elapsed() < Duration::from_secs(10) => {
-                tracing::debug!(%error, "nats-server not up yet");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(error) => anyhow::bail!("nats-server did not come up at {url}: {error}"),
-        }
-    }
 }

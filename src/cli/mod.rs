@@ -6,6 +6,7 @@ mod demo;
 mod fleet;
 mod manager;
 mod mock_llm;
+mod private_nats;
 mod requests;
 pub mod tool_demo;
 mod worker;

@@ -14,6 +14,7 @@ use tokio::process::{Child, Command};
 
 use super::procstat::Watched;
 use super::workload;
+use crate::cli::private_nats::{PrivateNats, TempDir, free_port};
 
 /// How long a process of the fleet may take to come up.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -37,7 +38,7 @@ pub struct LocalFleet {
     pub backend_url: String,
     pub workers: Vec<LocalWorker>,
     options: LocalOptions,
-    nats: Child,
+    nats: PrivateNats,
     mock: Child,
     /// Declared last: the processes above are killed (on drop) before it is removed.
     dir: TempDir,
@@ -58,21 +59,9 @@ impl LocalWorker {
 
 impl LocalFleet {
     pub async fn start(options: LocalOptions) -> anyhow::Result<LocalFleet> {
-        let dir = TempDir::new()?;
-        let nats_server = find_nats_server(options.nats_server.as_deref())?;
-        let port = free_port()?;
-        let store = dir.path().join("jetstream");
-        let nats = Command::new(&nats_server)
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(&store)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("cannot start {}", nats_server.display()))?;
-        let nats_url = format!("nats://127.0.0.1:{port}");
-        wait_for_nats(&nats_url).await?;
+        let dir = TempDir::new("genfleet-bench")?;
+        let nats = PrivateNats::start(options.nats_server.as_deref(), dir.path()).await?;
+        let nats_url = nats.url.clone();
 
         let script = dir.path().join("mock-llm.toml");
         std::fs::write(&script, workload::mock_script(options.token_delay_ms))
@@ -157,8 +146,11 @@ impl LocalFleet {
                 })
             })
             .collect();
-        for (role, child) in [("nats-server", &self.nats), ("mock-llm", &self.mock)] {
-            if let Some(pid) = child.id() {
+        for (role, pid) in [
+            ("nats-server", self.nats.pid()),
+            ("mock-llm", self.mock.id()),
+        ] {
+            if let Some(pid) = pid {
                 watched.push(Watched {
                     role: role.to_string(),
                     pid,
@@ -222,66 +214,5 @@ async fn wait_until_ready(worker: &mut LocalWorker, log: &Path) -> anyhow::Resul
             );
         }
         tokio::time::sleep(POLL).await;
-    }
-}
-
-fn find_nats_server(given: Option<&Path>) -> anyhow::Result<PathBuf> {
-    if let Some(path) = given {
-        return Ok(path.to_path_buf());
-    }
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect())
-        .unwrap_or_default();
-    dirs.extend(["/usr/sbin", "/usr/local/sbin", "/usr/local/bin", "/usr/bin"].map(PathBuf::from));
-    dirs.into_iter()
-        .map(|d| d.join("nats-server"))
-        .find(|p| p.is_file())
-        .context(
-            "nats-server was not found: install it (`sudo apt-get install nats-server`) or pass \
-             --nats-server PATH",
-        )
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
-}
-
-async fn wait_for_nats(url: &str) -> anyhow::Result<()> {
-    let started = Instant::now();
-    loop {
-        match async_nats::connect(url).await {
-            Ok(client) => {
-                drop(client);
-                return Ok(());
-            }
-            Err(error) if started.elapsed() < START_TIMEOUT => {
-                tracing::debug!(%error, "nats-server not up yet");
-                tokio::time::sleep(POLL).await;
-            }
-            Err(error) => anyhow::bail!("nats-server did not come up at {url}: {error}"),
-        }
-    }
-}
-
-/// A directory removed on drop (the store, the script, the worker logs).
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> anyhow::Result<TempDir> {
-        let path =
-            std::env::temp_dir().join(format!("genfleet-bench-{}", crate::protocol::ids::new_id()));
-        std::fs::create_dir_all(&path).context("cannot create the bench's temporary directory")?;
-        Ok(TempDir(path))
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }

@@ -1,0 +1,115 @@
+//! A nats-server of the command's own (JetStream, a free loopback port, a store in a temporary
+//! directory), for `genfleet demo` and `genfleet bench --local`. The server is killed and the
+//! directory removed on drop, so an error or Ctrl-C leaves nothing behind.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tokio::process::{Child, Command};
+
+/// How long the server may take to accept connections.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub struct PrivateNats {
+    pub url: String,
+    /// The binary that runs.
+    pub binary: PathBuf,
+    child: Child,
+}
+
+impl PrivateNats {
+    /// Starts `nats-server` (or `given`) with its store under `dir`, and waits until it
+    /// accepts connections.
+    pub async fn start(given: Option<&Path>, dir: &Path) -> anyhow::Result<PrivateNats> {
+        let binary = find_nats_server(given)?;
+        let port = free_port()?;
+        let child = Command::new(&binary)
+            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .arg(dir.join("jetstream"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot start {}", binary.display()))?;
+        let nats = PrivateNats {
+            url: format!("nats://127.0.0.1:{port}"),
+            binary,
+            child,
+        };
+        wait_for_nats(&nats.url).await?;
+        Ok(nats)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Stops the server now (dropping it does too, without waiting).
+    pub async fn stop(&mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+fn find_nats_server(given: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(path) = given {
+        return Ok(path.to_path_buf());
+    }
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    dirs.extend(["/usr/sbin", "/usr/local/sbin", "/usr/local/bin", "/usr/bin"].map(PathBuf::from));
+    dirs.into_iter()
+        .map(|d| d.join("nats-server"))
+        .find(|p| p.is_file())
+        .context(
+            "nats-server was not found: run ./scripts/demo.sh (it installs it), install it with \
+             `sudo apt-get install nats-server`, or pass --nats-server PATH",
+        )
+}
+
+/// A port nothing listens on now (loopback).
+pub fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+async fn wait_for_nats(url: &str) -> anyhow::Result<()> {
+    let started = Instant::now();
+    loop {
+        match async_nats::connect(url).await {
+            Ok(_) => return Ok(()),
+            Err(error) if started.elapsed() < START_TIMEOUT => {
+                tracing::debug!(%error, "nats-server not up yet");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(error) => anyhow::bail!("nats-server did not come up at {url}: {error}"),
+        }
+    }
+}
+
+/// A directory removed on drop (the store, scripts, logs).
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// `<temp>/<prefix>-<ulid>`.
+    pub fn new(prefix: &str) -> anyhow::Result<TempDir> {
+        let path =
+            std::env::temp_dir().join(format!("{prefix}-{}", crate::protocol::ids::new_id()));
+        std::fs::create_dir_all(&path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        Ok(TempDir(path))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
