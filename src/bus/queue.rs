@@ -75,16 +75,28 @@ pub(super) async fn measure_lag(shared: Arc<Shared>) {
 }
 
 /// Pulls as many messages as there are free slots, for as long as the worker runs.
+///
+/// The messages of a pull are started side by side (each start is a look-up of the stored
+/// result and the write of the live record), and the next pull does not wait for them: it asks
+/// only for the slots neither taken nor being taken, so a worker never holds more messages than
+/// it has slots.
 pub(super) async fn serve_queue(
     shared: Arc<Shared>,
     consumer: consumer::PullConsumer,
     mut capacity: watch::Receiver<Capacity>,
 ) {
+    let mut starting = tokio::task::JoinSet::new();
     loop {
+        while starting.try_join_next().is_some() {}
         if capacity.wait_for(|c| c.free() > 0).await.is_err() {
             return;
         }
-        let free = capacity.borrow().free() as usize;
+        let free = (capacity.borrow().free() as usize).saturating_sub(starting.len());
+        if free == 0 {
+            // Every free slot is being taken by a message in hand.
+            starting.join_next().await;
+            continue;
+        }
         let batch = consumer
             .fetch()
             .max_messages(free)
@@ -101,7 +113,10 @@ pub(super) async fn serve_queue(
         };
         while let Some(message) = batch.next().await {
             match message {
-                Ok(message) => handle(&shared, message).await,
+                Ok(message) => {
+                    let shared = shared.clone();
+                    starting.spawn(async move { handle(&shared, message).await });
+                }
                 Err(error) => tracing::debug!(message = "queue pull ended", %error),
             }
         }
@@ -162,6 +177,30 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
     let chain = header(&message.message, CHAIN_STATE_HEADER)
         .and_then(|state| crate::engine::ChainState::from_header(&state))
         .unwrap_or_default();
+    let record = LiveRecord {
+        request_id: request_id.clone(),
+        state: RequestState::Running,
+        worker_id: shared.worker_id.clone(),
+        attempt,
+        durable: true,
+    };
+    // On record, here and in the store, before the generation can start: one that ends at once
+    // must find its message to settle and its record to take away.
+    {
+        let mut running = shared.lock_running();
+        if running.contains_key(&request_id) {
+            // Already running here (a redelivery after a missed keep-alive); the running copy
+            // acks.
+            return;
+        }
+        running.insert(request_id.clone(), record.clone());
+    }
+    shared
+        .lock_durable()
+        .insert(request_id.clone(), message.clone());
+    if let Err(error) = shared.stores.put_live(&record).await {
+        tracing::warn!(message = "could not record a running request", %error, request_id = %request_id);
+    }
     // On record before the generation can raise a decision about it.
     let had = shared.lock_asked().insert(
         request_id.clone(),
@@ -191,11 +230,11 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
             })
             .await;
         match submitted {
-            Ok(Ok(_)) => break,
+            Ok(Ok(_)) => return,
             Ok(Err(error)) if error.code == ErrorCode::NoSlotAvailable => {
                 // An interactive submit took the slot meanwhile: wait for one (unless draining).
                 if capacity.borrow().draining {
-                    restore_asked(shared, &request_id, had);
+                    forget(shared, &record, had, true).await;
                     let _ = message.ack_with(AckKind::Nak(None)).await;
                     return;
                 }
@@ -207,33 +246,33 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
                 .await;
             }
             Ok(Err(error)) if error.code == ErrorCode::DuplicateRequestId => {
-                // Already running here (a redelivery after a missed keep-alive); the running copy acks.
-                restore_asked(shared, &request_id, had);
+                // The id runs here under another path; its records are its own.
+                forget(shared, &record, had, false).await;
                 return;
             }
             Ok(Err(error)) => {
-                restore_asked(shared, &request_id, had);
+                forget(shared, &record, had, true).await;
                 return refuse(shared, message, &request_id, attempt, error.message).await;
             }
             Err(_) => {
-                restore_asked(shared, &request_id, had);
+                forget(shared, &record, had, true).await;
                 let _ = message.ack_with(AckKind::Nak(None)).await;
                 return;
             }
         }
     }
-    let record = LiveRecord {
-        request_id: request_id.clone(),
-        state: RequestState::Running,
-        worker_id: shared.worker_id.clone(),
-        attempt,
-        durable: true,
-    };
-    if let Err(error) = shared.stores.put_live(&record).await {
-        tracing::warn!(message = "could not record a running request", %error, request_id = %request_id);
+}
+
+/// Takes back what was put on record for a message that did not start here: the local
+/// entries, what was recorded as asked before, and (`unrecord`) the stored live record.
+async fn forget(shared: &Shared, record: &LiveRecord, had: Option<Asked>, unrecord: bool) {
+    let request_id = &record.request_id;
+    shared.lock_running().remove(request_id);
+    shared.lock_durable().remove(request_id);
+    restore_asked(shared, request_id, had);
+    if unrecord {
+        shared.stores.unclaim(record).await;
     }
-    shared.lock_running().insert(request_id.clone(), record);
-    shared.lock_durable().insert(request_id, message);
 }
 
 /// Puts back what was recorded as asked under `request_id` before a refused attempt.

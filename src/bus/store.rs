@@ -206,13 +206,13 @@ impl Stores {
     pub async fn put_live(&self, record: &LiveRecord) -> Result<(), BusError> {
         let body = serde_json::to_vec(record).expect("records serialize");
         let index = super::heartbeat::index_key(&record.worker_id, &record.request_id);
-        self.results
-            .put(index, bytes::Bytes::new())
-            .await
-            .map_err(|e| BusError::Store(format!("cannot index the request record: {e}")))?;
-        self.results
-            .put(live_key(&record.request_id), body.into())
-            .await
+        // Two independent writes: one round trip instead of two.
+        let (indexed, written) = tokio::join!(
+            self.results.put(index, bytes::Bytes::new()),
+            self.results.put(live_key(&record.request_id), body.into())
+        );
+        indexed.map_err(|e| BusError::Store(format!("cannot index the request record: {e}")))?;
+        written
             .map(|_| ())
             .map_err(|e| BusError::Store(format!("cannot write the request record: {e}")))
     }

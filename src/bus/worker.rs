@@ -614,6 +614,11 @@ async fn submit(
         chain: Default::default(),
     };
     let known = shared.lock_asked().insert(request_id.clone(), asked);
+    // Running before it can finish: a generation that ends before the supervisor's answer
+    // arrives must find its record here to take it away.
+    shared
+        .lock_running()
+        .insert(record.request_id.clone(), record.clone());
     let submitted = shared
         .supervisor
         .send(Submit {
@@ -631,16 +636,14 @@ async fn submit(
         Err(error) => {
             // Refused: put back whatever ran under this id before (a duplicate).
             match known {
-                Some(previous) => shared.lock_asked().insert(request_id, previous),
+                Some(previous) => shared.lock_asked().insert(request_id.clone(), previous),
                 None => shared.lock_asked().remove(&request_id),
             };
+            shared.lock_running().remove(&request_id);
             shared.stores.unclaim(&record).await;
             return Err(error);
         }
     };
-    shared
-        .lock_running()
-        .insert(record.request_id.clone(), record);
     Ok(accepted)
 }
 
