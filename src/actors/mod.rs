@@ -10,5 +10,5 @@ mod supervisor;
 pub use supervisor::{
     Accepted, Cancel, CancelReply, Capacity, Drain, DrainReport, GetResult, MAILBOX_CAPACITY,
     Placement, Stats, StatsReply, Status, StatusReply, Submit, Supervisor, SupervisorConfig,
-    SupervisorHandle,
+    SupervisorHandle, request_limits,
 };

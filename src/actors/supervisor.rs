@@ -52,12 +52,17 @@ impl SupervisorConfig {
             slots: settings.worker.slots,
             max_retained_results: settings.worker.max_retained_results,
             cancel_wait: Duration::from_millis(settings.worker.cancel_wait_ms),
-            limits: RequestLimits {
-                max_metadata_bytes: settings.limits.max_metadata_bytes,
-                max_tool_iterations: settings.generation.max_tool_iterations,
-                ..RequestLimits::default()
-            },
+            limits: request_limits(settings),
         }
+    }
+}
+
+/// The bounds a request is checked against on acceptance, from the settings.
+pub fn request_limits(settings: &Settings) -> RequestLimits {
+    RequestLimits {
+        max_metadata_bytes: settings.limits.max_metadata_bytes,
+        max_tool_iterations: settings.generation.max_tool_iterations,
+        ..RequestLimits::default()
     }
 }
 

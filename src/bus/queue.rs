@@ -162,6 +162,10 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
         );
         return refuse(shared, message, &request_id, attempt, detail).await;
     }
+    // Refused before anything is written for it (the supervisor checks again, with the tools).
+    if let Err(error) = request.validate(&crate::actors::request_limits(&shared.settings)) {
+        return refuse(shared, message, &request_id, attempt, error.message).await;
+    }
     let accepted_at = Instant::now()
         .checked_sub(queued_for)
         .unwrap_or_else(Instant::now);

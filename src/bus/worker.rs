@@ -39,6 +39,9 @@ const STORE_WAIT: Duration = Duration::from_secs(4);
 const EVENT_BUFFER: usize = 4096;
 /// Requests whose results are being stored at once (see [`publish_events`]).
 const FINISHING_AT_ONCE: u32 = 64;
+/// Notices of stored results kept for cancels waiting on them; a cancel that falls behind looks
+/// in the store instead.
+const STORED_NOTICES: usize = 1024;
 
 /// A running worker, started on its own thread with its own actix system (tests and embedding).
 pub struct WorkerHandle {
@@ -141,6 +144,9 @@ pub(super) struct Shared {
     in_flight: Arc<Semaphore>,
     /// Requests being finished (result stored, then `finished` published) at once.
     finishing: Arc<Semaphore>,
+    /// The id of each request whose result was just stored (or given up), for cancels that
+    /// answer only once the result is there.
+    stored: tokio::sync::broadcast::Sender<String>,
     pub(super) metrics: Arc<Metrics>,
 }
 
@@ -336,6 +342,7 @@ async fn start_serving(
         cancelled_by_callers: Mutex::new(HashSet::new()),
         in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
         finishing: Arc::new(Semaphore::new(FINISHING_AT_ONCE as usize)),
+        stored: tokio::sync::broadcast::channel(STORED_NOTICES).0,
         metrics: metrics.clone(),
         settings,
     });
@@ -592,6 +599,8 @@ async fn submit(
         .request_id
         .get_or_insert_with(crate::protocol::ids::new_id)
         .clone();
+    // Refused before anything is written for it (the supervisor checks again, with the tools).
+    request.validate(&crate::actors::request_limits(&shared.settings))?;
     let record = LiveRecord {
         request_id: request_id.clone(),
         state: RequestState::Running,
@@ -699,6 +708,7 @@ async fn finish(shared: &Shared, event: Event) {
         return;
     }
     store_result(shared, result).await;
+    let _ = shared.stored.send(id.clone());
     shared.metrics.observe_result(result);
     queue::settle(shared, id, false).await;
     release_local(shared, id).await;
@@ -960,6 +970,15 @@ async fn result(
     } else {
         decode(message, 4096)?
     };
+    result_once(shared, request_id, options, false).await
+}
+
+async fn result_once(
+    shared: &Shared,
+    request_id: &str,
+    options: ResultOptions,
+    retried: bool,
+) -> Result<crate::protocol::GenerationResult, WireError> {
     match shared
         .stores
         .stored(request_id)
@@ -983,6 +1002,10 @@ async fn result(
         }
         Some((StoredResult::Released { .. }, _)) => Err(not_found(request_id)),
         None => match status(shared, request_id).await {
+            // Stored between the two reads: read it again.
+            Ok(status) if status.state.is_terminal() && !retried => {
+                Box::pin(result_once(shared, request_id, options, true)).await
+            }
             Ok(status) => Err(WireError::new(
                 ErrorCode::NotReady,
                 format!("request {request_id} is {}", status.state.as_str()),
@@ -1092,6 +1115,8 @@ async fn cancel(shared: &Shared, request_id: &str) -> Result<CancelReply, WireEr
 async fn cancel_here(shared: &Shared, request_id: &str) -> Result<CancelReply, WireError> {
     // Marked before the cancel goes in, so its `finished` (which may come first) sees it.
     shared.lock_cancelled().insert(request_id.to_string());
+    // Listening before the cancel goes in, so the notice of the stored result is not missed.
+    let mut stored = shared.stored.subscribe();
     let reply = shared
         .supervisor
         .send(Cancel {
@@ -1104,7 +1129,26 @@ async fn cancel_here(shared: &Shared, request_id: &str) -> Result<CancelReply, W
         // Nothing was cancelled, so no `finished` will clear the mark: a caller must not be
         // able to grow this set with cancels of requests that are not running here.
         shared.lock_cancelled().remove(request_id);
+        return reply;
     }
+    // The reply comes once the result is stored (bounded), so a caller's next `result` finds
+    // it.
+    let wait = Duration::from_millis(shared.settings.worker.cancel_wait_ms);
+    let _ = tokio::time::timeout(wait, async {
+        loop {
+            match stored.recv().await {
+                Ok(id) if id == request_id => return,
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                    if let Ok(Some(_)) = shared.stores.stored(request_id).await {
+                        return;
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    })
+    .await;
     reply
 }
 
