@@ -2,6 +2,7 @@
 //! OpenAI-compatible client, scripted tools, and helpers to run a request and collect its events.
 #![allow(dead_code)]
 
+pub mod fleet;
 pub mod nats;
 
 use std::collections::HashMap;

@@ -1,0 +1,258 @@
+//! A fleet of real processes for the fault and soak tests: `genfleet worker` and
+//! `genfleet mock-llm` as child processes (so a test can SIGKILL them and read their memory),
+//! and the checks that a fleet has come back to rest: every slot free, no message in flight, no
+//! record left but results.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use genfleet::bus::client::Client;
+use genfleet::protocol::{ErrorCode, GenerationResult};
+
+/// A child process killed (SIGKILL) and reaped on drop.
+pub struct Proc {
+    pub child: Child,
+    pub name: String,
+}
+
+impl Proc {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL, and waits for the process to end.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Resident memory (VmRSS) in KiB, from /proc.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .unwrap_or_else(|e| panic!("{} is not running: {e}", self.name));
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|kib| kib.parse().ok())
+            .expect("VmRSS in /proc/<pid>/status")
+    }
+
+    /// Whether the process still runs.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `genfleet worker` with the given `GENFLEET__...` settings; its log goes to `log_dir`.
+pub fn worker(id: &str, nats_url: &str, env: &[(&str, String)], log_dir: &Path) -> Proc {
+    let log = std::fs::File::create(log_dir.join(format!("{id}.log"))).expect("worker log");
+    let child = Command::new(env!("CARGO_BIN_EXE_genfleet"))
+        .arg("worker")
+        .env("GENFLEET__NATS__URL", nats_url)
+        .env("GENFLEET__WORKER__ID", id)
+        .env("RUST_LOG", "warn")
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("genfleet worker starts");
+    Proc {
+        child,
+        name: format!("worker {id}"),
+    }
+}
+
+/// `genfleet mock-llm` on `listen` (port 0: a free one) with a script file; returns once it
+/// listens, with its base URL.
+pub fn mock_llm(listen: &str, script: &Path) -> (Proc, String) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_genfleet"))
+            .args(["mock-llm", "--listen", listen, "--script"])
+            .arg(script)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("genfleet mock-llm starts");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        if let Some(url) = line.trim().strip_prefix("mock-llm listening on ") {
+            let url = url.to_string();
+            return (
+                Proc {
+                    child,
+                    name: "mock-llm".into(),
+                },
+                url,
+            );
+        }
+        // The port of a killed mock can take a moment to be free again.
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(
+            Instant::now() < deadline,
+            "mock-llm did not listen on {listen}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The `$SRV.STATS` data of every worker that answers within `wait`, by worker id:
+/// `{"slots", "busy", "free", "draining"}`.
+pub async fn worker_stats(
+    nats: &async_nats::Client,
+    wait: Duration,
+) -> BTreeMap<String, serde_json::Value> {
+    let inbox = nats.new_inbox();
+    let mut replies = nats.subscribe(inbox.clone()).await.expect("subscribe");
+    nats.publish_with_reply("$SRV.STATS.genfleet", inbox, "".into())
+        .await
+        .expect("publish");
+    let mut stats = BTreeMap::new();
+    let deadline = tokio::time::Instant::now() + wait;
+    while let Ok(Some(reply)) = tokio::time::timeout_at(deadline, replies.next()).await {
+        if reply.status.is_some() || reply.payload.is_empty() {
+            // No responders (yet): no worker is there.
+            continue;
+        }
+        let value: serde_json::Value = serde_json::from_slice(&reply.payload).expect("stats JSON");
+        let id = value["name"].as_str().unwrap_or_default().to_string();
+        let id = value["id"].as_str().map(str::to_string).unwrap_or(id);
+        stats.insert(id, value["endpoints"][0]["data"].clone());
+    }
+    stats
+}
+
+/// Waits (bounded) until `expected` workers answer and each has all its slots free.
+pub async fn wait_all_slots_free(
+    nats: &async_nats::Client,
+    expected: usize,
+    within: Duration,
+) -> BTreeMap<String, serde_json::Value> {
+    let deadline = Instant::now() + within;
+    loop {
+        let stats = worker_stats(nats, Duration::from_millis(400)).await;
+        let at_rest = stats.len() == expected
+            && stats
+                .values()
+                .all(|s| s["busy"] == 0 && s["free"] == s["slots"]);
+        if at_rest {
+            return stats;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "slots still busy (or workers missing) after {within:?}: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The keys of the results bucket, by kind (`req`, `res`, `idx`, `cont`, ...).
+pub async fn result_keys(nats: &async_nats::Client) -> BTreeMap<String, Vec<String>> {
+    let js = async_nats::jetstream::new(nats.clone());
+    let kv = js
+        .get_key_value("GENFLEET_RESULTS")
+        .await
+        .expect("the results bucket");
+    let mut by_kind: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut keys = kv.keys().await.expect("keys");
+    while let Some(Ok(key)) = keys.next().await {
+        let kind = key.split('.').next().unwrap_or_default().to_string();
+        by_kind.entry(kind).or_default().push(key);
+    }
+    by_kind
+}
+
+/// Waits (bounded) until the results bucket holds only results and tombstones (and the marks
+/// of answered decisions): no record of a running request, no worker index entry.
+pub async fn wait_only_results_left(nats: &async_nats::Client, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let keys = result_keys(nats).await;
+        let stray: Vec<&String> = keys
+            .iter()
+            .filter(|(kind, _)| !matches!(kind.as_str(), "res" | "cont"))
+            .flat_map(|(_, keys)| keys)
+            .collect();
+        if stray.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "records left in the results bucket after {within:?}: {stray:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits (bounded) until the pool's queue holds no message and none is being worked on.
+pub async fn wait_queue_empty(nats: &async_nats::Client, pool: &str, within: Duration) {
+    let js = async_nats::jetstream::new(nats.clone());
+    let deadline = Instant::now() + within;
+    loop {
+        let mut stream = js.get_stream("GENFLEET_QUEUE").await.expect("queue stream");
+        let messages = stream.info().await.expect("stream info").state.messages;
+        let mut consumer: async_nats::jetstream::consumer::PullConsumer = stream
+            .get_consumer(&format!("genfleet-{pool}"))
+            .await
+            .expect("pool consumer");
+        let info = consumer.info().await.expect("consumer info");
+        if messages == 0 && info.num_ack_pending == 0 && info.num_pending == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "queue not empty after {within:?}: {messages} messages, {} pending, {} unacknowledged",
+            info.num_pending,
+            info.num_ack_pending
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The terminal result of `id`, peeked (left stored), waiting (bounded) while it is not ready
+/// or no worker answers.
+pub async fn terminal(client: &Client, id: &str, within: Duration) -> GenerationResult {
+    let deadline = Instant::now() + within;
+    loop {
+        match client.result(id, false).await {
+            Ok(result) => return result,
+            Err(error)
+                if Instant::now() < deadline
+                    && !matches!(
+                        error.code(),
+                        Some(ErrorCode::InvalidRequest) | Some(ErrorCode::Internal)
+                    ) =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(error) => panic!("{id}: no result within {within:?}: {error}"),
+        }
+    }
+}
+
+/// Reads and releases the result of `id`; a second read must find only the tombstone.
+pub async fn take_exactly_once(client: &Client, id: &str) -> GenerationResult {
+    let result = client
+        .result(id, true)
+        .await
+        .unwrap_or_else(|e| panic!("{id}: {e}"));
+    let again = client.result(id, true).await;
+    assert!(
+        matches!(&again, Err(e) if e.code() == Some(ErrorCode::NotFound)),
+        "{id}: the result was there twice: {again:?}"
+    );
+    result
+}

@@ -1,0 +1,557 @@
+//! Faults under load, on real processes and real nats-servers on loopback: a worker killed with
+//! SIGKILL mid-generation, nats-server restarted, a node of a 3-node JetStream cluster killed,
+//! the backend killed mid-stream and brought back, tool services that error, hang or vanish.
+//! Each test ends by checking the fleet came back to rest: every accepted request has exactly
+//! one terminal result, every slot is free, no message or record is left behind.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::fleet;
+use common::nats::{NatsServer, free_port};
+use genfleet::bus::client::Client;
+use genfleet::llm::mock::{MockServer, Script};
+use genfleet::protocol::{ErrorCode, GenerationRequest, Reason, RequestState};
+use genfleet::settings::Settings;
+
+/// The bound on waiting for a fleet to finish its work after a fault.
+const SETTLE: Duration = Duration::from_secs(30);
+
+fn request(id: &str, text: &str) -> GenerationRequest {
+    let mut r = GenerationRequest::user(text);
+    r.request_id = Some(id.into());
+    r
+}
+
+fn client_settings(nats_url: &str) -> Settings {
+    let mut s = Settings::defaults();
+    s.nats.url = nats_url.into();
+    s.nats.request_timeout_ms = 3_000;
+    s
+}
+
+/// Worker settings for fast fault detection: a short ack wait (redelivery of a dead worker's
+/// messages) and short heartbeats (its records reaped).
+fn fast_faults(llm: &str, slots: u32) -> Vec<(&'static str, String)> {
+    vec![
+        ("GENFLEET__LLM__BASE_URL", llm.to_string()),
+        ("GENFLEET__WORKER__SLOTS", slots.to_string()),
+        ("GENFLEET__JETSTREAM__QUEUE_ACK_WAIT_MS", "1500".into()),
+        ("GENFLEET__WORKER__HEARTBEAT_MS", "300".into()),
+        ("GENFLEET__WORKER__LOST_AFTER_MS", "1500".into()),
+        ("GENFLEET__WORKER__DRAIN_TIMEOUT_MS", "500".into()),
+    ]
+}
+
+async fn wait_workers(nats: &async_nats::Client, n: usize) {
+    for _ in 0..200 {
+        if fleet::worker_stats(nats, Duration::from_millis(200))
+            .await
+            .len()
+            >= n
+        {
+            return;
+        }
+    }
+    panic!("{n} workers did not come up");
+}
+
+/// Which worker each of `ids` runs on right now.
+async fn running_on(client: &Client, ids: &[String]) -> BTreeMap<String, String> {
+    let mut on = BTreeMap::new();
+    for id in ids {
+        if let Ok(status) = client.status(id).await
+            && status.state == RequestState::Running
+            && let Some(worker) = status.worker_id
+        {
+            on.insert(id.clone(), worker);
+        }
+    }
+    on
+}
+
+#[tokio::test]
+async fn a_worker_killed_under_durable_load_loses_no_request_and_each_ends_once() {
+    let nats = NatsServer::start().await;
+    let reply = "alpha beta gamma delta epsilon zeta eta theta iota kappa";
+    let mock = MockServer::start(
+        Script::from_toml_str(&format!("[[rules]]\nreply = \"{reply}\"\ndelay_ms = 40\n")).unwrap(),
+    )
+    .await
+    .unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let env = fast_faults(&mock.base_url(), 4);
+    let mut doomed = fleet::worker("doomed", &nats.url(), &env, logs.path());
+    let _steady = fleet::worker("steady", &nats.url(), &env, logs.path());
+    let client = Client::connect(&client_settings(&nats.url()))
+        .await
+        .unwrap();
+    wait_workers(client.nats(), 2).await;
+
+    let ids: Vec<String> = (0..40).map(|i| format!("burst-{i:02}")).collect();
+    for id in &ids {
+        assert!(
+            !client
+                .enqueue("default", &request(id, "go"))
+                .await
+                .unwrap()
+                .duplicate
+        );
+    }
+    // Kill the doomed worker while it runs requests of its own.
+    let mut interrupted = Vec::new();
+    for _ in 0..200 {
+        interrupted = running_on(&client, &ids)
+            .await
+            .into_iter()
+            .filter(|(_, worker)| worker == "doomed")
+            .map(|(id, _)| id)
+            .collect();
+        if interrupted.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !interrupted.is_empty(),
+        "the doomed worker never ran a request"
+    );
+    doomed.kill();
+    let _rescuer = fleet::worker("rescuer", &nats.url(), &env, logs.path());
+
+    for id in &ids {
+        let r = fleet::terminal(&client, id, SETTLE).await;
+        assert_eq!(
+            (r.state, r.output.as_str()),
+            (RequestState::Completed, reply),
+            "{id}: {r:?}"
+        );
+        assert_ne!(
+            r.worker_id, "doomed",
+            "{id} was stored by the killed worker"
+        );
+        if interrupted.contains(id) {
+            assert_eq!(r.attempt, 2, "{id} was interrupted: {r:?}");
+        } else {
+            assert!((1..=2).contains(&r.attempt), "{id}: {r:?}");
+        }
+    }
+    for id in &ids {
+        fleet::take_exactly_once(&client, id).await;
+    }
+    fleet::wait_queue_empty(client.nats(), "default", SETTLE).await;
+    fleet::wait_all_slots_free(client.nats(), 2, SETTLE).await;
+    // The doomed worker's records go once a live worker sees it stopped beating.
+    fleet::wait_only_results_left(client.nats(), SETTLE).await;
+}
+
+#[tokio::test]
+async fn a_nats_restart_under_mixed_load_loses_no_accepted_request_and_leaks_no_slot() {
+    let mut nats = NatsServer::start().await;
+    let reply = "one two three four five six seven eight";
+    let mock = MockServer::start(
+        Script::from_toml_str(&format!("[[rules]]\nreply = \"{reply}\"\ndelay_ms = 60\n")).unwrap(),
+    )
+    .await
+    .unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let env = fast_faults(&mock.base_url(), 4);
+    let _w1 = fleet::worker("w1", &nats.url(), &env, logs.path());
+    let _w2 = fleet::worker("w2", &nats.url(), &env, logs.path());
+    let client = Client::connect(&client_settings(&nats.url()))
+        .await
+        .unwrap();
+    wait_workers(client.nats(), 2).await;
+
+    // Interactive requests running, and durable ones running and waiting, when the server
+    // dies.
+    let mut accepted = Vec::new();
+    for i in 0..6 {
+        let id = format!("int-{i}");
+        if client.submit("default", &request(&id, "go")).await.is_ok() {
+            accepted.push(id);
+        }
+    }
+    assert!(!accepted.is_empty());
+    let durable: Vec<String> = (0..16).map(|i| format!("dur-{i:02}")).collect();
+    for id in &durable {
+        client.enqueue("default", &request(id, "go")).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    nats.kill().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    nats.restart().await;
+
+    for id in durable.iter().chain(&accepted) {
+        let r = fleet::terminal(&client, id, SETTLE).await;
+        assert_eq!(
+            (r.state, r.output.as_str()),
+            (RequestState::Completed, reply),
+            "{id}: {r:?}"
+        );
+    }
+    for id in durable.iter().chain(&accepted) {
+        fleet::take_exactly_once(&client, id).await;
+    }
+    // The fleet serves new work after the restart.
+    let after = client
+        .run("default", request("after", "go"), SETTLE)
+        .await
+        .unwrap();
+    assert_eq!(after.output, reply);
+    fleet::wait_queue_empty(client.nats(), "default", SETTLE).await;
+    fleet::wait_all_slots_free(client.nats(), 2, SETTLE).await;
+    fleet::wait_only_results_left(client.nats(), SETTLE).await;
+}
+
+/// Three nats-servers clustered on loopback, JetStream on each; `replicas = 3` for genfleet's
+/// streams and buckets.
+struct Cluster {
+    nodes: Vec<NatsServer>,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let routes: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let route_urls = routes
+            .iter()
+            .map(|p| format!("\"nats-route://127.0.0.1:{p}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut nodes = Vec::new();
+        for port in &routes {
+            let conf = format!(
+                "cluster {{\n  name: \"genfleet-test\"\n  listen: \"127.0.0.1:{port}\"\n  routes: [{route_urls}]\n}}\n"
+            );
+            nodes.push(NatsServer::start_with_config(&conf).await);
+        }
+        Cluster { nodes }
+    }
+
+    /// Waits (bounded) until JetStream answers through the cluster (a meta leader is elected).
+    async fn wait_jetstream(&self) {
+        let nats = self.nodes[0].client().await;
+        let js = async_nats::jetstream::new(nats);
+        for _ in 0..300 {
+            // "stream not found" is JetStream's own answer: its meta leader is elected.
+            if let Err(error) = js.get_stream("ABSENT").await
+                && error.to_string().contains("not found")
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the cluster's JetStream did not come up");
+    }
+}
+
+#[tokio::test]
+async fn a_cluster_node_killed_under_load_leaves_the_fleet_running() {
+    let mut cluster = Cluster::start().await;
+    cluster.wait_jetstream().await;
+    let reply = "north east south west";
+    let mock = MockServer::start(
+        Script::from_toml_str(&format!("[[rules]]\nreply = \"{reply}\"\ndelay_ms = 50\n")).unwrap(),
+    )
+    .await
+    .unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let mut env = fast_faults(&mock.base_url(), 4);
+    env.push(("GENFLEET__JETSTREAM__REPLICAS", "3".into()));
+    // Each worker first reaches a different node.
+    let urls: Vec<String> = cluster.nodes.iter().map(|n| n.url()).collect();
+    let _w1 = fleet::worker("w1", &format!("{},{}", urls[1], urls[2]), &env, logs.path());
+    let _w2 = fleet::worker("w2", &format!("{},{}", urls[2], urls[1]), &env, logs.path());
+    let mut settings = client_settings(&format!("{},{}", urls[1], urls[2]));
+    settings.nats.request_timeout_ms = 5_000;
+    let client = Client::connect(&settings).await.unwrap();
+    wait_workers(client.nats(), 2).await;
+    let js = async_nats::jetstream::new(client.nats().clone());
+    let queue = js
+        .get_stream("GENFLEET_QUEUE")
+        .await
+        .unwrap()
+        .cached_info()
+        .clone();
+    assert_eq!(queue.config.num_replicas, 3);
+
+    let ids: Vec<String> = (0..24).map(|i| format!("ha-{i:02}")).collect();
+    for id in &ids[..12] {
+        client.enqueue("default", &request(id, "go")).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Node 0 may hold stream leaders; the fleet never talked to it directly.
+    cluster.nodes[0].kill().await;
+    for id in &ids[12..] {
+        // A leader election can make a publish fail for a moment; a client publishes again.
+        let mut tries = 0;
+        loop {
+            match client.enqueue("default", &request(id, "go")).await {
+                Ok(_) => break,
+                Err(error) if tries < 20 => {
+                    tries += 1;
+                    eprintln!("enqueue {id} again: {error}");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(error) => panic!("{id}: {error}"),
+            }
+        }
+    }
+    let interactive = client
+        .run("default", request("ha-interactive", "go"), SETTLE)
+        .await
+        .unwrap();
+    assert_eq!(interactive.output, reply);
+    for id in &ids {
+        let r = fleet::terminal(&client, id, SETTLE).await;
+        assert_eq!(
+            (r.state, r.output.as_str()),
+            (RequestState::Completed, reply),
+            "{id}: {r:?}"
+        );
+        fleet::take_exactly_once(&client, id).await;
+    }
+    fleet::wait_queue_empty(client.nats(), "default", SETTLE).await;
+    fleet::wait_all_slots_free(client.nats(), 2, SETTLE).await;
+    fleet::wait_only_results_left(client.nats(), SETTLE).await;
+}
+
+#[tokio::test]
+async fn the_backend_killed_mid_stream_fails_with_partial_output_and_its_return_is_used() {
+    let nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("slow.toml");
+    let reply = "w01 w02 w03 w04 w05 w06 w07 w08 w09 w10 w11 w12 w13 w14 w15 w16 w17 w18 w19 w20";
+    std::fs::write(
+        &script,
+        format!("[[rules]]\nreply = \"{reply}\"\ndelay_ms = 100\n"),
+    )
+    .unwrap();
+    let (mut backend, base_url) = fleet::mock_llm("127.0.0.1:0", &script);
+    let listen = base_url
+        .trim_start_matches("http://")
+        .trim_end_matches("/v1")
+        .to_string();
+    let mut env = fast_faults(&base_url, 4);
+    // Calls that find the backend down are retried long enough to see it come back.
+    env.push(("GENFLEET__LLM__RETRIES", "8".into()));
+    env.push(("GENFLEET__LLM__RETRY_BACKOFF_MS", "200".into()));
+    let _worker = fleet::worker("w", &nats.url(), &env, dir.path());
+    let client = Client::connect(&client_settings(&nats.url()))
+        .await
+        .unwrap();
+    wait_workers(client.nats(), 1).await;
+
+    client
+        .submit("default", &request("streaming", "go"))
+        .await
+        .unwrap();
+    client
+        .enqueue("default", &request("streaming-durable", "go"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    backend.kill();
+    for id in ["streaming", "streaming-durable"] {
+        let r = fleet::terminal(&client, id, SETTLE).await;
+        assert_eq!(
+            (r.state, r.reason),
+            (RequestState::Failed, Reason::BackendError),
+            "{id}: {r:?}"
+        );
+        assert!(
+            !r.output.is_empty() && reply.starts_with(&r.output) && r.output.len() < reply.len(),
+            "{id}: the partial output is kept: {:?}",
+            r.output
+        );
+        // A durable request that failed on the backend is a result, not a lost delivery.
+        assert_eq!(r.attempt, 1, "{id}: {r:?}");
+    }
+    // With the backend down, a new request waits out the retries ...
+    client
+        .enqueue("default", &request("while-down", "go"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // ... and completes once the backend is back on its address.
+    let (_backend, _) = fleet::mock_llm(&listen, &script);
+    let r = fleet::terminal(&client, "while-down", SETTLE).await;
+    assert_eq!(
+        (r.state, r.output.as_str()),
+        (RequestState::Completed, reply),
+        "{r:?}"
+    );
+    fleet::wait_queue_empty(client.nats(), "default", SETTLE).await;
+    fleet::wait_all_slots_free(client.nats(), 1, SETTLE).await;
+    for id in ["streaming", "streaming-durable", "while-down"] {
+        fleet::take_exactly_once(&client, id).await;
+    }
+    fleet::wait_only_results_left(client.nats(), SETTLE).await;
+}
+
+#[tokio::test]
+async fn tool_services_that_error_hang_or_vanish_end_requests_cleanly() {
+    let nats = NatsServer::start().await;
+    // Each tool is called once; after its result the model says what it got.
+    let script = r#"
+[[rules]]
+when_last_role = "tool"
+reply = "tool said: {{last_message}}"
+
+[[rules]]
+when_last_user_contains = "use grumpy"
+tool_calls = [{ name = "grumpy", arguments = {} }]
+
+[[rules]]
+when_last_user_contains = "use sleepy"
+reply = "Calling sleepy."
+tool_calls = [{ name = "sleepy", arguments = {} }]
+
+[[rules]]
+when_last_user_contains = "use ghost"
+reply = "Calling ghost."
+tool_calls = [{ name = "ghost", arguments = {} }]
+"#;
+    let mock = MockServer::start(Script::from_toml_str(script).unwrap())
+        .await
+        .unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let env = fast_faults(&mock.base_url(), 2);
+    let _worker = fleet::worker("w", &nats.url(), &env, logs.path());
+    let settings = client_settings(&nats.url());
+    let client = Client::connect(&settings).await.unwrap();
+    wait_workers(client.nats(), 1).await;
+
+    let definition = |name: &str, timeout_ms: u64| {
+        serde_json::from_value::<genfleet::tools::ToolDefinition>(serde_json::json!({
+            "name": name, "brief": "Answer the test", "schema": {"type": "object"},
+            "timeout_ms": timeout_ms
+        }))
+        .unwrap()
+    };
+    let service_settings = {
+        let mut s = Settings::defaults();
+        s.nats.url = nats.url();
+        s
+    };
+    let _grumpy = genfleet::bus::tool_service::ToolService::start(
+        nats.client().await,
+        &service_settings,
+        definition("grumpy", 2_000),
+        |_, _| async { Err(serde_json::json!({"code": "REFUSED", "message": "not today"})) },
+    )
+    .await
+    .unwrap();
+    let _sleepy = genfleet::bus::tool_service::ToolService::start(
+        nats.client().await,
+        &service_settings,
+        definition("sleepy", 300),
+        |_, _| async {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            Ok(serde_json::json!("too late"))
+        },
+    )
+    .await
+    .unwrap();
+    // The ghost registers, takes a call and its process goes away without answering.
+    let ghost_connection = nats.client().await;
+    let ghost = genfleet::bus::tool_service::ToolService::start(
+        ghost_connection.clone(),
+        &service_settings,
+        definition("ghost", 1_500),
+        |_, _| async {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            Ok(serde_json::json!("never"))
+        },
+    )
+    .await
+    .unwrap();
+
+    let run = |id: &str, text: &str, tool: &str| {
+        let mut r = request(id, text);
+        r.tools = vec![tool.to_string()];
+        let tool = tool.to_string();
+        let client = &client;
+        async move {
+            // A registration reaches the worker's catalog a moment after it is written.
+            for _ in 0..100 {
+                match client.run("default", r.clone(), SETTLE).await {
+                    Err(e) if e.code() == Some(ErrorCode::InvalidRequest) => {
+                        tokio::time::sleep(Duration::from_millis(50)).await
+                    }
+                    other => return other.unwrap(),
+                }
+            }
+            panic!("{tool} never became known")
+        }
+    };
+    // An error reply goes back to the model, which reacts.
+    let grumpy = run("t-grumpy", "use grumpy", "grumpy").await;
+    assert_eq!(grumpy.reason, Reason::Stop, "{grumpy:?}");
+    assert!(grumpy.output.contains("not today"), "{grumpy:?}");
+    // A tool that never answers times out: FAILED, output kept.
+    let sleepy = run("t-sleepy", "use sleepy", "sleepy").await;
+    assert_eq!(sleepy.reason, Reason::ToolExecutionError, "{sleepy:?}");
+    assert!(
+        sleepy
+            .detail
+            .as_deref()
+            .unwrap_or_default()
+            .contains("timed out"),
+        "{sleepy:?}"
+    );
+    assert_eq!(sleepy.output, "Calling sleepy.");
+    // A service that vanishes mid-call: the call times out.
+    let mut ghost_request = request("t-ghost", "use ghost");
+    ghost_request.tools = vec!["ghost".into()];
+    let mut events = Box::pin(client.follow("t-ghost").await.unwrap());
+    run_until_tool_call(&client, &ghost_request, &mut events).await;
+    drop(ghost);
+    drop(ghost_connection);
+    let vanished = fleet::terminal(&client, "t-ghost", SETTLE).await;
+    assert_eq!(vanished.reason, Reason::ToolExecutionError, "{vanished:?}");
+    // Its registration is still there, but nobody serves it: the next call fails at once.
+    let started = std::time::Instant::now();
+    let gone = run("t-ghost-2", "use ghost", "ghost").await;
+    assert_eq!(gone.reason, Reason::ToolExecutionError, "{gone:?}");
+    assert!(
+        started.elapsed() < Duration::from_millis(1_500),
+        "no responders is not a timeout: {gone:?}"
+    );
+    fleet::wait_all_slots_free(client.nats(), 1, SETTLE).await;
+    fleet::wait_only_results_left(client.nats(), SETTLE).await;
+}
+
+/// Submits `request` (retrying while its tool is not yet known) and returns once its first
+/// tool call went out.
+async fn run_until_tool_call(
+    client: &Client,
+    request: &GenerationRequest,
+    events: &mut (impl futures_util::Stream<Item = genfleet::protocol::Event> + Unpin),
+) {
+    use futures_util::StreamExt;
+    for _ in 0..100 {
+        match client.submit("default", request).await {
+            Err(e) if e.code() == Some(ErrorCode::InvalidRequest) => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            other => {
+                other.unwrap();
+                break;
+            }
+        }
+    }
+    let waited = tokio::time::timeout(SETTLE, async {
+        while let Some(event) = events.next().await {
+            if matches!(event.body, genfleet::protocol::EventBody::ToolCall { .. }) {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "no tool call went out");
+    // The call reaches the service a moment after the event.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}

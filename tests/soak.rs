@@ -1,0 +1,366 @@
+//! The soak: two worker processes under mixed traffic for a bounded time (interactive and
+//! durable completions, cancels, decisions and their continuations, tool calls, loops, bad
+//! input of every kind), then checks that the fleet is back at rest and nothing was lost:
+//! every request accounted for with the outcome it should have, every slot free, no message in
+//! the queue, no record left but results, workers alive, and their memory flat.
+//!
+//! `GENFLEET_SOAK_SECS` sets the traffic time (default 120 s; longer runs by hand, e.g. 1800).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::fleet;
+use common::nats::NatsServer;
+use genfleet::bus::client::Client;
+use genfleet::bus::decisions::DecisionAnswer;
+use genfleet::llm::mock::{MockServer, Script};
+use genfleet::protocol::{ErrorCode, GenerationRequest, Reason, RequestState};
+use genfleet::settings::Settings;
+
+const SCRIPT: &str = r#"
+[[rules]]
+when_last_user_contains = "Decision chosen"
+reply = "continued after the decision"
+
+[[rules]]
+when_last_role = "tool"
+reply = "calculated: {{last_message}}"
+
+[[rules]]
+when_last_user_contains = "decide"
+reply = "Two ways to go."
+tool_calls = [{ name = "request_decision", arguments = { question = "Which path?", options = [{ id = "fast", label = "Fast" }, { id = "safe", label = "Safe" }], default_option = "safe" } }]
+
+[[rules]]
+when_last_user_contains = "calc"
+tool_calls = [{ name = "calculate", arguments = { operation = "add", a = 2, b = 3 } }]
+
+[[rules]]
+when_last_user_contains = "loop"
+reply = "the quick brown fox jumps over the dog!\n"
+repeat = 40
+
+[[rules]]
+when_last_user_contains = "slow"
+reply = "s01 s02 s03 s04 s05 s06 s07 s08 s09 s10 s11 s12 s13 s14 s15 s16"
+delay_ms = 25
+
+[[rules]]
+reply = "quick done"
+"#;
+
+const SLOTS: u64 = 8;
+const WORKERS: usize = 2;
+/// Traffic generators running at once.
+const CALLERS: usize = 6;
+/// The most a worker's RSS may grow from the end of the warm-up to the end of the soak.
+const RSS_GROWTH_BOUND_KIB: u64 = 24 * 1024;
+
+#[derive(Default)]
+struct Counts {
+    by_kind: [AtomicU64; 8],
+}
+
+const KINDS: [&str; 8] = [
+    "interactive",
+    "durable",
+    "cancel",
+    "decision",
+    "tool",
+    "loop",
+    "bad input",
+    "bad durable",
+];
+
+fn request(id: &str, text: &str) -> GenerationRequest {
+    let mut r = GenerationRequest::user(text);
+    r.request_id = Some(id.into());
+    r
+}
+
+/// What a request enqueued during the soak must end as.
+enum Durable {
+    Completed(String),
+    InvalidRequest(String),
+}
+
+struct Soak {
+    client: Client,
+    counts: Counts,
+    durable: std::sync::Mutex<Vec<Durable>>,
+}
+
+impl Soak {
+    async fn one(&self, caller: usize, n: u64) {
+        let id = format!("soak-{caller}-{n}");
+        let kind = (caller + n as usize) % 8;
+        let wait = Duration::from_secs(30);
+        match kind {
+            0 => {
+                let r = self
+                    .client
+                    .run("default", request(&id, "hello"), wait)
+                    .await
+                    .unwrap_or_else(|e| panic!("{id}: {e}"));
+                assert_eq!(
+                    (r.reason, r.output.as_str()),
+                    (Reason::Stop, "quick done"),
+                    "{id}"
+                );
+            }
+            1 => {
+                self.client
+                    .enqueue("default", &request(&id, "hello"))
+                    .await
+                    .unwrap_or_else(|e| panic!("{id}: {e}"));
+                self.durable.lock().unwrap().push(Durable::Completed(id));
+            }
+            2 => {
+                self.client
+                    .submit("default", &request(&id, "slow"))
+                    .await
+                    .unwrap_or_else(|e| panic!("{id}: {e}"));
+                tokio::time::sleep(Duration::from_millis(40 + n % 200)).await;
+                match self.client.cancel(&id).await {
+                    Ok(_) => {}
+                    Err(e) if e.code() == Some(ErrorCode::AlreadyFinished) => {}
+                    Err(e) => panic!("{id}: cancel: {e}"),
+                }
+                let r = self
+                    .client
+                    .result(&id, true)
+                    .await
+                    .unwrap_or_else(|e| panic!("{id}: {e}"));
+                assert!(
+                    matches!(r.state, RequestState::Cancelled | RequestState::Completed),
+                    "{id}: {r:?}"
+                );
+            }
+            3 => {
+                let first = self
+                    .client
+                    .run("default", request(&id, "decide"), wait)
+                    .await
+                    .unwrap_or_else(|e| panic!("{id}: {e}"));
+                assert_eq!(first.reason, Reason::DecisionRequested, "{id}: {first:?}");
+                let decision = first.signals[0].decision.clone().expect("a decision block");
+                let reply = self
+                    .client
+                    .decide(
+                        &decision.decision_id,
+                        &DecisionAnswer {
+                            option_id: "fast".into(),
+                            rationale: Some("soak".into()),
+                            decided_by: Some("soak".into()),
+                            modified_prompt: None,
+                            guidance: None,
+                            confidence_boost: None,
+                        },
+                    )
+                    .await
+                    .unwrap_or_else(|e| panic!("{id}: decide: {e}"));
+                let next = reply.continuation_request_id.expect("a continuation");
+                let r = fleet::terminal(&self.client, &next, wait).await;
+                assert_eq!(r.output, "continued after the decision", "{next}");
+                fleet::take_exactly_once(&self.client, &next).await;
+            }
+            4 => {
+                let mut r = request(&id, "calc");
+                r.tools = vec!["calculate".into()];
+                let r = self
+                    .client
+                    .run("default", r, wait)
+                    .await
+                    .unwrap_or_else(|e| panic!("{id}: {e}"));
+                assert_eq!(r.reason, Reason::Stop, "{id}: {r:?}");
+                assert!(
+                    r.output.starts_with("calculated:") && r.output.contains('5'),
+                    "{id}: {r:?}"
+                );
+            }
+            5 => {
+                let r = self
+                    .client
+                    .run("default", request(&id, "loop"), wait)
+                    .await
+                    .unwrap_or_else(|e| panic!("{id}: {e}"));
+                assert_eq!(r.reason, Reason::LoopDetected, "{id}: {r:?}");
+            }
+            6 => {
+                // A request without messages, a body that is not JSON, an id that is not one
+                // subject token: each a clear INVALID_REQUEST reply.
+                let mut empty = request(&id, "x");
+                empty.messages.clear();
+                let e = self.client.submit("default", &empty).await.unwrap_err();
+                assert_eq!(e.code(), Some(ErrorCode::InvalidRequest), "{id}: {e}");
+                let reply = self
+                    .client
+                    .nats()
+                    .request("gen.submit.default", "{not json".into())
+                    .await
+                    .unwrap();
+                assert!(
+                    String::from_utf8_lossy(&reply.payload).contains("INVALID_REQUEST"),
+                    "{id}"
+                );
+                let e = self
+                    .client
+                    .submit("default", &request(&format!("{id}.x y"), "x"))
+                    .await
+                    .unwrap_err();
+                assert_eq!(e.code(), Some(ErrorCode::InvalidRequest), "{id}: {e}");
+            }
+            _ => {
+                // Garbage on the durable queue: stored as FAILED invalid_request.
+                let js = async_nats::jetstream::new(self.client.nats().clone());
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert("Nats-Msg-Id", id.as_str());
+                js.publish_with_headers(format!("gen.queue.default.{id}"), headers, "[1, 2".into())
+                    .await
+                    .unwrap()
+                    .await
+                    .unwrap();
+                self.durable
+                    .lock()
+                    .unwrap()
+                    .push(Durable::InvalidRequest(id));
+            }
+        }
+        self.counts.by_kind[kind].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn soak_time() -> Duration {
+    let secs = std::env::var("GENFLEET_SOAK_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(120);
+    Duration::from_secs(secs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_traffic_for_minutes_leaves_the_fleet_at_rest_with_nothing_lost() {
+    let soak_time = soak_time();
+    let nats = NatsServer::start().await;
+    let mock = MockServer::start(Script::from_toml_str(SCRIPT).unwrap())
+        .await
+        .unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let env = vec![
+        ("GENFLEET__LLM__BASE_URL", mock.base_url()),
+        ("GENFLEET__WORKER__SLOTS", SLOTS.to_string()),
+    ];
+    let mut workers: Vec<fleet::Proc> = (0..WORKERS)
+        .map(|i| fleet::worker(&format!("soak-w{i}"), &nats.url(), &env, logs.path()))
+        .collect();
+    let mut settings = Settings::defaults();
+    settings.nats.url = nats.url();
+    let client = Client::connect(&settings).await.unwrap();
+    let _calculator = genfleet::bus::tool_service::ToolService::start(
+        nats.client().await,
+        &settings,
+        genfleet::cli::tool_demo::calculate_definition(),
+        |arguments, _| async move { genfleet::cli::tool_demo::calculate(&arguments) },
+    )
+    .await
+    .unwrap();
+    fleet::wait_all_slots_free(client.nats(), WORKERS, Duration::from_secs(20)).await;
+
+    let soak = Arc::new(Soak {
+        client,
+        counts: Counts::default(),
+        durable: Default::default(),
+    });
+    let started = Instant::now();
+    let warm_up = soak_time / 5;
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|caller| {
+            let soak = soak.clone();
+            tokio::spawn(async move {
+                let mut n = 0;
+                while started.elapsed() < soak_time {
+                    soak.one(caller, n).await;
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    // Memory of each worker, sampled through the soak.
+    let mut samples: Vec<(Duration, Vec<u64>)> = Vec::new();
+    while started.elapsed() < soak_time {
+        tokio::time::sleep(Duration::from_secs(2).min(soak_time / 10)).await;
+        samples.push((
+            started.elapsed(),
+            workers.iter().map(|w| w.rss_kib()).collect(),
+        ));
+    }
+    for caller in callers {
+        caller.await.expect("a caller failed");
+    }
+    let traffic = started.elapsed();
+
+    // Every durable request ends as it should, exactly once.
+    let durable: Vec<Durable> = std::mem::take(&mut *soak.durable.lock().unwrap());
+    for expected in &durable {
+        let (id, reason) = match expected {
+            Durable::Completed(id) => (id, Reason::Stop),
+            Durable::InvalidRequest(id) => (id, Reason::InvalidRequest),
+        };
+        let r = fleet::terminal(&soak.client, id, Duration::from_secs(60)).await;
+        assert_eq!(r.reason, reason, "{id}: {r:?}");
+        fleet::take_exactly_once(&soak.client, id).await;
+    }
+    let nats_client = soak.client.nats();
+    fleet::wait_queue_empty(nats_client, "default", Duration::from_secs(30)).await;
+    fleet::wait_all_slots_free(nats_client, WORKERS, Duration::from_secs(30)).await;
+    fleet::wait_only_results_left(nats_client, Duration::from_secs(30)).await;
+    // No decision is left waiting.
+    let js = async_nats::jetstream::new(nats_client.clone());
+    let decisions = js.get_key_value("GENFLEET_DECISIONS").await.unwrap();
+    let mut keys = decisions.keys().await.unwrap();
+    use futures_util::StreamExt;
+    while let Some(Ok(key)) = keys.next().await {
+        let entry = decisions.get(&key).await.unwrap().unwrap_or_default();
+        let record: serde_json::Value = serde_json::from_slice(&entry).unwrap_or_default();
+        assert_ne!(record["state"], "pending", "{key} still waits: {record}");
+    }
+    for worker in &mut workers {
+        assert!(worker.running(), "{} died", worker.name);
+    }
+
+    let counts: BTreeMap<&str, u64> = KINDS
+        .iter()
+        .zip(&soak.counts.by_kind)
+        .map(|(kind, n)| (*kind, n.load(Ordering::Relaxed)))
+        .collect();
+    let total: u64 = counts.values().sum();
+    eprintln!("soak: {total} operations in {traffic:.1?}: {counts:?}");
+    for (kind, n) in &counts {
+        assert!(*n > 0, "no {kind} operation ran");
+    }
+    // Memory: what each worker grew from the end of the warm-up to the end.
+    let after_warm_up = samples
+        .iter()
+        .find(|(at, _)| *at >= warm_up)
+        .map(|(_, rss)| rss.clone())
+        .expect("a sample after the warm-up");
+    let last = workers.iter().map(|w| w.rss_kib()).collect::<Vec<_>>();
+    let peak: Vec<u64> = (0..WORKERS)
+        .map(|i| samples.iter().map(|(_, rss)| rss[i]).max().unwrap_or(0))
+        .collect();
+    eprintln!(
+        "soak: worker RSS KiB after warm-up {after_warm_up:?}, peak {peak:?}, at rest {last:?}"
+    );
+    for i in 0..WORKERS {
+        assert!(
+            last[i] <= after_warm_up[i] + RSS_GROWTH_BOUND_KIB,
+            "worker {i} grew from {} KiB to {} KiB",
+            after_warm_up[i],
+            last[i]
+        );
+    }
+}
