@@ -53,6 +53,24 @@ pub(super) async fn beat(shared: &Shared) -> Result<(), BusError> {
         .map_err(|e| BusError::Store(format!("cannot write the heartbeat: {e}")))
 }
 
+/// The first heartbeat, tried again for a while: on a JetStream cluster, a bucket created a
+/// moment ago (by this worker or one starting beside it) may not take writes yet.
+pub(super) async fn first_beat(shared: &Shared) -> Result<(), BusError> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match beat(shared).await {
+            Ok(()) => return Ok(()),
+            Err(error) if tokio::time::Instant::now() + pause < deadline => {
+                tracing::debug!(message = "first heartbeat failed; trying again", %error);
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
 /// Beats, and ends the interactive requests of workers that stopped beating.
 pub(super) async fn run(shared: Arc<Shared>) {
     let every = Duration::from_millis(shared.settings.worker.heartbeat_ms);

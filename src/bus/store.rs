@@ -76,24 +76,54 @@ impl Stores {
     }
 }
 
+/// How long set-up waits for a stream to be usable: on a JetStream cluster a stream that was
+/// just created (by this worker or one starting beside it) has no leader for a moment.
+const STREAM_READY_WAIT: Duration = Duration::from_secs(30);
+
 pub(super) async fn ensure_stream(
     js: &jetstream::Context,
     config: stream::Config,
 ) -> Result<(), BusError> {
     let name = config.name.clone();
-    if js.get_stream(&name).await.is_ok() {
+    if let Ok(stream) = js.get_stream(&name).await
+        && has_leader(stream.cached_info())
+    {
         return Ok(());
     }
     match js.create_stream(config).await {
-        Ok(_) => {
-            tracing::info!(message = "created stream", stream = %name);
-            Ok(())
+        Ok(_) => tracing::info!(message = "created stream", stream = %name),
+        // Another worker created it meanwhile (or is creating it): wait for it below.
+        Err(error) => {
+            tracing::debug!(message = "stream not created here", stream = %name, %error)
         }
-        // Another worker created it meanwhile.
-        Err(_) if js.get_stream(&name).await.is_ok() => Ok(()),
-        Err(error) => Err(BusError::Setup(format!(
-            "cannot create stream {name}: {error}"
-        ))),
+    }
+    wait_ready(js, &name).await
+}
+
+fn has_leader(info: &stream::Info) -> bool {
+    info.cluster
+        .as_ref()
+        .is_none_or(|cluster| cluster.name.is_none() || cluster.leader.is_some())
+}
+
+/// Waits (bounded) until the stream answers with a leader.
+async fn wait_ready(js: &jetstream::Context, name: &str) -> Result<(), BusError> {
+    let deadline = tokio::time::Instant::now() + STREAM_READY_WAIT;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let error = match js.get_stream(name).await {
+            Ok(stream) if has_leader(stream.cached_info()) => return Ok(()),
+            Ok(_) => "it has no leader yet".to_string(),
+            Err(error) => error.to_string(),
+        };
+        if tokio::time::Instant::now() + pause > deadline {
+            return Err(BusError::Setup(format!(
+                "stream {name} is not usable after {}s: {error}",
+                STREAM_READY_WAIT.as_secs()
+            )));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
     }
 }
 

@@ -348,7 +348,7 @@ async fn start_serving(
     });
     let mut tasks = vec![tools_task];
     // On record as alive before taking any request, so no live worker takes it for lost.
-    super::heartbeat::beat(&shared).await?;
+    super::heartbeat::first_beat(&shared).await?;
     tasks.push(tokio::spawn(super::heartbeat::run(shared.clone())));
     tasks.push(tokio::spawn(publish_events(shared.clone(), events_rx)));
     // Subscribed (and the server told) before the worker says it is ready, so the first
