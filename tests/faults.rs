@@ -45,8 +45,10 @@ fn fast_faults(llm: &str, slots: u32) -> Vec<(&'static str, String)> {
     ]
 }
 
-async fn wait_workers(nats: &async_nats::Client, n: usize) {
-    for _ in 0..200 {
+/// Waits (bounded) until `n` workers answer; else fails with their logs.
+async fn wait_workers(nats: &async_nats::Client, n: usize, logs: &std::path::Path) {
+    let deadline = std::time::Instant::now() + SETTLE;
+    while std::time::Instant::now() < deadline {
         if fleet::worker_stats(nats, Duration::from_millis(200))
             .await
             .len()
@@ -55,7 +57,12 @@ async fn wait_workers(nats: &async_nats::Client, n: usize) {
             return;
         }
     }
-    panic!("{n} workers did not come up");
+    let mut all = String::new();
+    for entry in std::fs::read_dir(logs).unwrap().flatten() {
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        all.push_str(&format!("--- {}\n{text}\n", entry.path().display()));
+    }
+    panic!("{n} workers did not come up within {SETTLE:?}; their logs:\n{all}");
 }
 
 /// Which worker each of `ids` runs on right now.
@@ -88,7 +95,7 @@ async fn a_worker_killed_under_durable_load_loses_no_request_and_each_ends_once(
     let client = Client::connect(&client_settings(&nats.url()))
         .await
         .unwrap();
-    wait_workers(client.nats(), 2).await;
+    wait_workers(client.nats(), 2, logs.path()).await;
 
     let ids: Vec<String> = (0..40).map(|i| format!("burst-{i:02}")).collect();
     for id in &ids {
@@ -118,6 +125,7 @@ async fn a_worker_killed_under_durable_load_loses_no_request_and_each_ends_once(
         !interrupted.is_empty(),
         "the doomed worker never ran a request"
     );
+    let fault_at = std::time::Instant::now();
     doomed.kill();
     let _rescuer = fleet::worker("rescuer", &nats.url(), &env, logs.path());
 
@@ -141,6 +149,8 @@ async fn a_worker_killed_under_durable_load_loses_no_request_and_each_ends_once(
     for id in &ids {
         fleet::take_exactly_once(&client, id).await;
     }
+    // Measured, not asserted: how long the fleet took to finish everything after the fault.
+    eprintln!("all work done {:?} after the fault", fault_at.elapsed());
     fleet::wait_queue_empty(client.nats(), "default", SETTLE).await;
     fleet::wait_all_slots_free(client.nats(), 2, SETTLE).await;
     // The doomed worker's records go once a live worker sees it stopped beating.
@@ -163,7 +173,7 @@ async fn a_nats_restart_under_mixed_load_loses_no_accepted_request_and_leaks_no_
     let client = Client::connect(&client_settings(&nats.url()))
         .await
         .unwrap();
-    wait_workers(client.nats(), 2).await;
+    wait_workers(client.nats(), 2, logs.path()).await;
 
     // Interactive requests running, and durable ones running and waiting, when the server
     // dies.
@@ -180,6 +190,7 @@ async fn a_nats_restart_under_mixed_load_loses_no_accepted_request_and_leaks_no_
         client.enqueue("default", &request(id, "go")).await.unwrap();
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
+    let fault_at = std::time::Instant::now();
     nats.kill().await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     nats.restart().await;
@@ -201,6 +212,8 @@ async fn a_nats_restart_under_mixed_load_loses_no_accepted_request_and_leaks_no_
         .await
         .unwrap();
     assert_eq!(after.output, reply);
+    // Measured, not asserted: how long the fleet took to finish everything after the fault.
+    eprintln!("all work done {:?} after the fault", fault_at.elapsed());
     fleet::wait_queue_empty(client.nats(), "default", SETTLE).await;
     fleet::wait_all_slots_free(client.nats(), 2, SETTLE).await;
     fleet::wait_only_results_left(client.nats(), SETTLE).await;
@@ -260,14 +273,15 @@ async fn a_cluster_node_killed_under_load_leaves_the_fleet_running() {
     let logs = tempfile::tempdir().unwrap();
     let mut env = fast_faults(&mock.base_url(), 4);
     env.push(("GENFLEET__JETSTREAM__REPLICAS", "3".into()));
-    // Each worker first reaches a different node.
+    // Every process knows all three nodes and reconnects to another when its node dies.
     let urls: Vec<String> = cluster.nodes.iter().map(|n| n.url()).collect();
-    let _w1 = fleet::worker("w1", &format!("{},{}", urls[1], urls[2]), &env, logs.path());
-    let _w2 = fleet::worker("w2", &format!("{},{}", urls[2], urls[1]), &env, logs.path());
-    let mut settings = client_settings(&format!("{},{}", urls[1], urls[2]));
+    let all = urls.join(",");
+    let _w1 = fleet::worker("w1", &all, &env, logs.path());
+    let _w2 = fleet::worker("w2", &all, &env, logs.path());
+    let mut settings = client_settings(&all);
     settings.nats.request_timeout_ms = 5_000;
     let client = Client::connect(&settings).await.unwrap();
-    wait_workers(client.nats(), 2).await;
+    wait_workers(client.nats(), 2, logs.path()).await;
     let js = async_nats::jetstream::new(client.nats().clone());
     let queue = js
         .get_stream("GENFLEET_QUEUE")
@@ -276,33 +290,81 @@ async fn a_cluster_node_killed_under_load_leaves_the_fleet_running() {
         .cached_info()
         .clone();
     assert_eq!(queue.config.num_replicas, 3);
+    // The node leading the queue stream is the one to kill (server names carry their port).
+    let leader = queue
+        .cluster
+        .and_then(|c| c.leader)
+        .expect("the queue stream has a leader");
+    let victim = cluster
+        .nodes
+        .iter()
+        .position(|n| leader.starts_with(&format!("genfleet-test-{}-", n.port())))
+        .expect("the leader is one of the nodes");
 
     let ids: Vec<String> = (0..24).map(|i| format!("ha-{i:02}")).collect();
     for id in &ids[..12] {
         client.enqueue("default", &request(id, "go")).await.unwrap();
     }
     tokio::time::sleep(Duration::from_millis(150)).await;
-    // Node 0 may hold stream leaders; the fleet never talked to it directly.
-    cluster.nodes[0].kill().await;
+    let fault_at = std::time::Instant::now();
+    cluster.nodes[victim].kill().await;
     for id in &ids[12..] {
         // A leader election can make a publish fail for a moment; a client publishes again.
         let mut tries = 0;
         loop {
             match client.enqueue("default", &request(id, "go")).await {
-                Ok(_) => break,
-                Err(error) if tries < 20 => {
+                Ok(_) => {
+                    if tries > 0 {
+                        eprintln!(
+                            "enqueue {id} taken after {tries} tries, {:?} after the fault",
+                            fault_at.elapsed()
+                        );
+                    }
+                    break;
+                }
+                Err(error) if tries < 120 => {
                     tries += 1;
-                    eprintln!("enqueue {id} again: {error}");
+                    if tries == 1 {
+                        eprintln!("enqueue {id} again: {error}");
+                    }
                     tokio::time::sleep(Duration::from_millis(250)).await;
                 }
-                Err(error) => panic!("{id}: {error}"),
+                Err(error) => {
+                    for node in &cluster.nodes {
+                        eprintln!("--- node {}:\n{}", node.port(), node.log_text());
+                    }
+                    panic!("{id}: {error}")
+                }
             }
         }
     }
-    let interactive = client
-        .run("default", request("ha-interactive", "go"), SETTLE)
-        .await
-        .unwrap();
+    // Until the results bucket has a new leader a worker cannot record a new request: the
+    // submit fails with a clear error and a client tries again.
+    let mut tries = 0;
+    let interactive = loop {
+        match client
+            .run(
+                "default",
+                request(&format!("ha-interactive-{tries}"), "go"),
+                SETTLE,
+            )
+            .await
+        {
+            Ok(r) => break r,
+            Err(error) if tries < 120 => {
+                if tries == 0 {
+                    eprintln!("submit again: {error}");
+                }
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(error) => panic!("no submit taken: {error}"),
+        }
+    };
+    eprintln!(
+        "a submit taken after {tries} tries, {:?} after the fault",
+        fault_at.elapsed()
+    );
     assert_eq!(interactive.output, reply);
     for id in &ids {
         let r = fleet::terminal(&client, id, SETTLE).await;
@@ -313,6 +375,8 @@ async fn a_cluster_node_killed_under_load_leaves_the_fleet_running() {
         );
         fleet::take_exactly_once(&client, id).await;
     }
+    // Measured, not asserted: how long the fleet took to finish everything after the fault.
+    eprintln!("all work done {:?} after the fault", fault_at.elapsed());
     fleet::wait_queue_empty(client.nats(), "default", SETTLE).await;
     fleet::wait_all_slots_free(client.nats(), 2, SETTLE).await;
     fleet::wait_only_results_left(client.nats(), SETTLE).await;
@@ -342,7 +406,7 @@ async fn the_backend_killed_mid_stream_fails_with_partial_output_and_its_return_
     let client = Client::connect(&client_settings(&nats.url()))
         .await
         .unwrap();
-    wait_workers(client.nats(), 1).await;
+    wait_workers(client.nats(), 1, dir.path()).await;
 
     client
         .submit("default", &request("streaming", "go"))
@@ -353,6 +417,7 @@ async fn the_backend_killed_mid_stream_fails_with_partial_output_and_its_return_
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(700)).await;
+    let fault_at = std::time::Instant::now();
     backend.kill();
     for id in ["streaming", "streaming-durable"] {
         let r = fleet::terminal(&client, id, SETTLE).await;
@@ -383,6 +448,8 @@ async fn the_backend_killed_mid_stream_fails_with_partial_output_and_its_return_
         (RequestState::Completed, reply),
         "{r:?}"
     );
+    // Measured, not asserted: how long the fleet took to finish everything after the fault.
+    eprintln!("all work done {:?} after the fault", fault_at.elapsed());
     fleet::wait_queue_empty(client.nats(), "default", SETTLE).await;
     fleet::wait_all_slots_free(client.nats(), 1, SETTLE).await;
     for id in ["streaming", "streaming-durable", "while-down"] {
@@ -422,7 +489,7 @@ tool_calls = [{ name = "ghost", arguments = {} }]
     let _worker = fleet::worker("w", &nats.url(), &env, logs.path());
     let settings = client_settings(&nats.url());
     let client = Client::connect(&settings).await.unwrap();
-    wait_workers(client.nats(), 1).await;
+    wait_workers(client.nats(), 1, logs.path()).await;
 
     let definition = |name: &str, timeout_ms: u64| {
         serde_json::from_value::<genfleet::tools::ToolDefinition>(serde_json::json!({

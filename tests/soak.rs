@@ -91,11 +91,22 @@ enum Durable {
 struct Soak {
     client: Client,
     counts: Counts,
+    /// Submits refused because every slot was busy.
+    full: AtomicU64,
     durable: std::sync::Mutex<Vec<Durable>>,
 }
 
 impl Soak {
     async fn one(&self, caller: usize, n: u64) {
+        match self.try_one(caller, n).await {
+            Outcome::Done => {}
+            Outcome::Full => {
+                self.full.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    async fn try_one(&self, caller: usize, n: u64) -> Outcome {
         let id = format!("soak-{caller}-{n}");
         let kind = (caller + n as usize) % 8;
         let wait = Duration::from_secs(30);
@@ -105,7 +116,8 @@ impl Soak {
                     .client
                     .run("default", request(&id, "hello"), wait)
                     .await
-                    .unwrap_or_else(|e| panic!("{id}: {e}"));
+                    .map_err(|e| full_or_panic(&id, e));
+                let Ok(r) = r else { return Outcome::Full };
                 assert_eq!(
                     (r.reason, r.output.as_str()),
                     (Reason::Stop, "quick done"),
@@ -120,10 +132,14 @@ impl Soak {
                 self.durable.lock().unwrap().push(Durable::Completed(id));
             }
             2 => {
-                self.client
+                let submitted = self
+                    .client
                     .submit("default", &request(&id, "slow"))
                     .await
-                    .unwrap_or_else(|e| panic!("{id}: {e}"));
+                    .map_err(|e| full_or_panic(&id, e));
+                if submitted.is_err() {
+                    return Outcome::Full;
+                }
                 tokio::time::sleep(Duration::from_millis(40 + n % 200)).await;
                 match self.client.cancel(&id).await {
                     Ok(_) => {}
@@ -145,7 +161,10 @@ impl Soak {
                     .client
                     .run("default", request(&id, "decide"), wait)
                     .await
-                    .unwrap_or_else(|e| panic!("{id}: {e}"));
+                    .map_err(|e| full_or_panic(&id, e));
+                let Ok(first) = first else {
+                    return Outcome::Full;
+                };
                 assert_eq!(first.reason, Reason::DecisionRequested, "{id}: {first:?}");
                 let decision = first.signals[0].decision.clone().expect("a decision block");
                 let reply = self
@@ -175,7 +194,8 @@ impl Soak {
                     .client
                     .run("default", r, wait)
                     .await
-                    .unwrap_or_else(|e| panic!("{id}: {e}"));
+                    .map_err(|e| full_or_panic(&id, e));
+                let Ok(r) = r else { return Outcome::Full };
                 assert_eq!(r.reason, Reason::Stop, "{id}: {r:?}");
                 assert!(
                     r.output.starts_with("calculated:") && r.output.contains('5'),
@@ -187,7 +207,8 @@ impl Soak {
                     .client
                     .run("default", request(&id, "loop"), wait)
                     .await
-                    .unwrap_or_else(|e| panic!("{id}: {e}"));
+                    .map_err(|e| full_or_panic(&id, e));
+                let Ok(r) = r else { return Outcome::Full };
                 assert_eq!(r.reason, Reason::LoopDetected, "{id}: {r:?}");
             }
             6 => {
@@ -231,7 +252,24 @@ impl Soak {
             }
         }
         self.counts.by_kind[kind].fetch_add(1, Ordering::Relaxed);
+        Outcome::Done
     }
+}
+
+enum Outcome {
+    Done,
+    /// Refused with NO_SLOT_AVAILABLE: every slot was busy (a backlog of durable requests can
+    /// fill them); nothing was accepted, so nothing can be lost.
+    Full,
+}
+
+/// NO_SLOT_AVAILABLE is an answer a caller must expect; any other error fails the soak.
+fn full_or_panic(id: &str, error: genfleet::bus::client::ClientError) {
+    assert_eq!(
+        error.code(),
+        Some(ErrorCode::NoSlotAvailable),
+        "{id}: {error}"
+    );
 }
 
 fn soak_time() -> Duration {
@@ -273,6 +311,7 @@ async fn mixed_traffic_for_minutes_leaves_the_fleet_at_rest_with_nothing_lost() 
     let soak = Arc::new(Soak {
         client,
         counts: Counts::default(),
+        full: AtomicU64::new(0),
         durable: Default::default(),
     });
     let started = Instant::now();
@@ -338,7 +377,10 @@ async fn mixed_traffic_for_minutes_leaves_the_fleet_at_rest_with_nothing_lost() 
         .map(|(kind, n)| (*kind, n.load(Ordering::Relaxed)))
         .collect();
     let total: u64 = counts.values().sum();
-    eprintln!("soak: {total} operations in {traffic:.1?}: {counts:?}");
+    let full = soak.full.load(Ordering::Relaxed);
+    eprintln!(
+        "soak: {total} operations in {traffic:.1?}: {counts:?}; {full} submits refused with NO_SLOT_AVAILABLE"
+    );
     for (kind, n) in &counts {
         assert!(*n > 0, "no {kind} operation ran");
     }

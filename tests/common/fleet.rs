@@ -162,17 +162,24 @@ pub async fn wait_all_slots_free(
 /// The keys of the results bucket, by kind (`req`, `res`, `idx`, `cont`, ...).
 pub async fn result_keys(nats: &async_nats::Client) -> BTreeMap<String, Vec<String>> {
     let js = async_nats::jetstream::new(nats.clone());
-    let kv = js
-        .get_key_value("GENFLEET_RESULTS")
-        .await
-        .expect("the results bucket");
-    let mut by_kind: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let mut keys = kv.keys().await.expect("keys");
-    while let Some(Ok(key)) = keys.next().await {
-        let kind = key.split('.').next().unwrap_or_default().to_string();
-        by_kind.entry(kind).or_default().push(key);
+    // A JetStream cluster electing a leader answers errors for a moment.
+    for _ in 0..50 {
+        let Ok(kv) = js.get_key_value("GENFLEET_RESULTS").await else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        let Ok(mut keys) = kv.keys().await else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        let mut by_kind: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        while let Some(Ok(key)) = keys.next().await {
+            let kind = key.split('.').next().unwrap_or_default().to_string();
+            by_kind.entry(kind).or_default().push(key);
+        }
+        return by_kind;
     }
-    by_kind
+    panic!("the keys of the results bucket cannot be listed");
 }
 
 /// Waits (bounded) until the results bucket holds only results and tombstones (and the marks

@@ -147,6 +147,11 @@ impl NatsServer {
         self.dir.path().join("nats-server.log")
     }
 
+    /// What the server wrote to its log so far.
+    pub fn log_text(&self) -> String {
+        self.log()
+    }
+
     fn log(&self) -> String {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
