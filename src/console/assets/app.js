@@ -25,6 +25,7 @@
   let session = loadSession();
   let leaveView = () => {};
   let viewName = '';
+  let lastHash = null;
 
   // ---------- small helpers ----------
 
@@ -237,6 +238,8 @@
   function render() {
     const r = route();
     const changed = r.name !== viewName || r.name === 'request';
+    const newHash = location.hash !== lastHash;
+    lastHash = location.hash;
     if (changed) {
       leaveView();
       leaveView = () => {};
@@ -248,13 +251,26 @@
         else a.removeAttribute('aria-current');
       }
     }
-    if (r.name === 'inbox') renderInbox();
+    if (r.name === 'inbox') {
+      renderInbox();
+      // A link to one decision: show its card.
+      const wanted = r.params.get('decision');
+      const card = wanted && cards.get(wanted);
+      if (card && newHash) {
+        card.el.setAttribute('tabindex', '-1');
+        card.el.scrollIntoView({ block: 'start' });
+        card.el.focus({ preventScroll: true });
+      }
+    }
     else if (r.name === 'fleet') renderFleet();
     else if (r.name === 'signals') renderSignals(r.params, changed);
     else if (r.name === 'request') renderRequest(r.id);
   }
 
-  window.addEventListener('hashchange', () => { render(); main.focus({ preventScroll: true }); });
+  window.addEventListener('hashchange', () => {
+    render();
+    if (!main.contains(document.activeElement)) main.focus({ preventScroll: true });
+  });
   document.getElementById('open-request').addEventListener('submit', (e) => {
     e.preventDefault();
     const id = document.getElementById('open-request-id').value.trim();
@@ -733,7 +749,7 @@
     return [
       badge(s.type + '.' + s.code, 'code'), ' ', badge(s.severity, 'sev-' + s.severity), ' ',
       h('span', { class: 'summary', text: s.summary }),
-      s.decision ? [' ', h('a', { href: '#/inbox', text: 'decision ' + s.decision.decision_id })] : null,
+      s.decision ? [' ', h('a', { href: '#/inbox?decision=' + encodeURIComponent(s.decision.decision_id), text: 'decision ' + s.decision.decision_id })] : null,
     ];
   }
 
@@ -852,7 +868,7 @@
       h('div', { class: 'signal-head' }, time(s.ts), ' ', signalLine(s)),
       h('p', { class: 'where' },
         'pool ', s.pool, s.job_name ? [' · job ', s.job_name] : null, ' · request ', requestLink(s.request_id),
-        ' · worker ', h('code', { text: s.worker_id }), ' · ', s.source),
+        ' · worker ', h('code', { text: s.worker_id }), ' · raised by the ', s.source),
       Object.keys(s.meta || {}).length ? h('details', {}, h('summary', { text: 'meta' }), h('pre', { class: 'json', text: json(s.meta) })) : null);
   }
 
