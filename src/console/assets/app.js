@@ -542,6 +542,13 @@
       form.status.textContent = 'Already decided by ' + (d.decided_by || 'someone') + ': ' + (d.option_id || '?') + '.';
     } else {
       form.status.textContent = 'Not answered: ' + errorText(reply.data, reply.status);
+      // A token the console no longer takes (it restarted with another): sign in again.
+      if (error && error.code === 'UNAUTHORIZED' && /token/.test(error.message) && !store.console.read_only) {
+        sessionStorage.removeItem(SESSION_KEY);
+        session = null;
+        renderSession();
+        refreshForms();
+      }
     }
   }
 
@@ -770,7 +777,17 @@
         h('tbody', {}, rows)));
   }
 
+  // The fleet view is drawn anew on each change; a link that had the focus gets it back.
   function renderFleet() {
+    const had = document.activeElement && main.contains(document.activeElement) ? document.activeElement.dataset.requestLink : null;
+    drawFleet();
+    if (had) {
+      const again = main.querySelector('[data-request-link="' + CSS.escape(had) + '"]');
+      if (again) again.focus({ preventScroll: true });
+    }
+  }
+
+  function drawFleet() {
     const f = store.fleet;
     clear(main);
     main.append(h('h1', { text: 'Fleet' }));
