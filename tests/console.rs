@@ -657,6 +657,74 @@ async fn the_live_stream_sends_a_snapshot_then_every_change() {
 }
 
 #[tokio::test]
+async fn a_checkpoint_shows_its_trigger_and_takes_a_modified_prompt() {
+    let f = fleet().await;
+    let c = console(&f.settings, TOKEN, false).await;
+    let request: GenerationRequest = serde_json::from_value(json!({
+        "job_name": "deploys",
+        "messages": [{"role": "user", "content": "Deploy the report to production, slowly."}],
+        "checkpoints": [{"name": "production", "prompt_contains": ["production"],
+                         "message": "Production deploys need a person."}],
+    }))
+    .unwrap();
+    let (_, decision) = f.raise(request).await;
+    let snapshot = c
+        .until("the checkpoint shows", |s| item(s, &decision).is_some())
+        .await;
+    let shown = item(&snapshot, &decision).unwrap();
+    assert_eq!(
+        (shown["kind"].as_str(), shown["code"].as_str()),
+        (Some("checkpoint"), Some("CHECKPOINT"))
+    );
+    assert_eq!(shown["question"], "Production deploys need a person.");
+    assert_eq!(shown["meta"]["checkpoint"], "production");
+    assert_eq!(shown["meta"]["matched"], json!(["production"]));
+    let ids: Vec<&str> = shown["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["proceed", "skip", "abort", "modify_prompt"]);
+    // modify_prompt without the prompt is the fleet's refusal, passed on; with it, answered.
+    let (status, reply) = c
+        .answer(
+            &decision,
+            json!({"user": "ann", "option_id": "modify_prompt"}),
+        )
+        .await;
+    assert_eq!(status, 400, "{reply}");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("modified_prompt")
+    );
+    let (status, reply) = c
+        .answer(
+            &decision,
+            json!({"user": "ann", "option_id": "modify_prompt",
+                   "modified_prompt": "Deploy the report to staging, slowly.", "guidance": "staging only"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    let answer = f.record(&decision).await.answer.unwrap();
+    assert_eq!(
+        (
+            answer.modified_prompt.as_deref(),
+            answer.guidance.as_deref(),
+            answer.decided_by.as_deref()
+        ),
+        (
+            Some("Deploy the report to staging, slowly."),
+            Some("staging only"),
+            Some("human:ann")
+        )
+    );
+    c.stop().await;
+}
+
+#[tokio::test]
 async fn a_request_is_followed_live_and_its_result_only_peeked() {
     let f = fleet().await;
     let c = console(&f.settings, TOKEN, false).await;
