@@ -22,3 +22,33 @@ ensure_nats_server() {
   fi
   say "nats-server: $(nats-server --version)"
 }
+
+# Debian's Chromium and playwright-core (into tests/console/node_modules, at the version
+# tests/console/package-lock.json pins) for the console's browser test. Sets
+# GENFLEET_TEST_CHROMIUM, GENFLEET_TEST_NODE_MODULES and GENFLEET_TEST_NODE.
+ensure_browser_test_tools() {
+  if ! command -v chromium >/dev/null 2>&1; then
+    apt_install chromium
+  fi
+  if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    apt_install nodejs npm
+  fi
+  local major
+  major="$(node -p 'process.versions.node.split(".")[0]')"
+  if [ "$major" -lt 20 ]; then
+    echo "the console's browser test needs Node.js 20 or later (playwright-core); found $(node --version)" >&2
+    echo "install a newer Node.js, or set GENFLEET_TEST_SKIP_BROWSER=1 to skip that test" >&2
+    exit 1
+  fi
+  local dir=tests/console wanted have
+  wanted="$(node -p "require('./$dir/package-lock.json').packages['node_modules/playwright-core'].version")"
+  have="$(node -p "try { require('./$dir/node_modules/playwright-core/package.json').version } catch (e) { '' }")"
+  if [ "$have" != "$wanted" ]; then
+    say "installing playwright-core $wanted into $dir/node_modules (npm ci, for the console's browser test)"
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+  GENFLEET_TEST_CHROMIUM="$(command -v chromium)"
+  GENFLEET_TEST_NODE_MODULES="$PWD/$dir/node_modules"
+  GENFLEET_TEST_NODE="$(command -v node)"
+  say "browser test: $("$GENFLEET_TEST_CHROMIUM" --version 2>/dev/null || echo chromium), playwright-core $wanted, node $(node --version)"
+}

@@ -3,7 +3,10 @@
 #   - nats-server (Debian/Ubuntu package) for the tests that run a real NATS server;
 #   - a Python virtualenv in .venv with the official `openai` client (driven against
 #     `genfleet mock-llm`) and nats-py with msgpack (a client of the wire protocol written from
-#     docs/protocol.md alone, driven against a worker).
+#     docs/protocol.md alone, driven against a worker);
+#   - for the console's browser test, Debian's chromium and playwright-core (npm, pinned in
+#     tests/console/package-lock.json) in tests/console/node_modules. GENFLEET_TEST_SKIP_BROWSER=1
+#     skips that test and these installs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +28,11 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import openai, nats, msgp
   .venv/bin/pip install -q --disable-pip-version-check 'openai>=1.40,<3' 'nats-py>=2.6,<3' 'msgpack>=1,<2'
 fi
 export GENFLEET_TEST_PYTHON="$PWD/.venv/bin/python"
+
+if [ "${GENFLEET_TEST_SKIP_BROWSER:-}" != 1 ]; then
+  ensure_browser_test_tools
+  export GENFLEET_TEST_CHROMIUM GENFLEET_TEST_NODE_MODULES GENFLEET_TEST_NODE
+fi
 
 threads="${GENFLEET_TEST_THREADS:-4}"
 if cargo nextest --version >/dev/null 2>&1; then

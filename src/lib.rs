@@ -6,6 +6,7 @@
 pub mod actors;
 pub mod bus;
 pub mod cli;
+pub mod console;
 pub mod engine;
 pub mod llm;
 pub mod manager;

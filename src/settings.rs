@@ -33,6 +33,7 @@ pub struct Settings {
     pub loop_detection: LoopDetectionConfig,
     pub http: HttpSettings,
     pub manager: ManagerSettings,
+    pub console: ConsoleSettings,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -318,6 +319,77 @@ impl std::fmt::Debug for ManagerSettings {
     }
 }
 
+/// `genfleet console`, the web console (see docs/console.md).
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleSettings {
+    pub listen: String,
+    pub token: String,
+    pub max_inbox: usize,
+    pub max_signals: usize,
+    pub max_clients: usize,
+    pub fleet_refresh_ms: u64,
+}
+
+impl ConsoleSettings {
+    /// Checked by the console itself, so that a worker never refuses to start over them.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        let fail = |msg: String| Err(SettingsError(msg));
+        if self.listen.parse::<std::net::SocketAddr>().is_err() {
+            return fail(format!(
+                "console.listen {:?} is not an address like 127.0.0.1:8080",
+                self.listen
+            ));
+        }
+        if !self.token.is_empty() && self.token.chars().count() < 16 {
+            return fail(
+                "console.token must be at least 16 characters (empty: a read-only console)".into(),
+            );
+        }
+        if self
+            .token
+            .chars()
+            .any(|c| c.is_control() || c.is_whitespace())
+        {
+            return fail("console.token must not contain spaces or control characters".into());
+        }
+        for (key, value, max) in [
+            ("console.max_inbox", self.max_inbox, 100_000),
+            ("console.max_signals", self.max_signals, 100_000),
+            ("console.max_clients", self.max_clients, 10_000),
+        ] {
+            if value == 0 || value > max {
+                return fail(format!("{key} must be between 1 and {max}"));
+            }
+        }
+        if self.fleet_refresh_ms < 100 {
+            return fail("console.fleet_refresh_ms must be at least 100".into());
+        }
+        Ok(())
+    }
+}
+
+/// Written by hand so the token can never reach a log line through `{:?}`.
+impl std::fmt::Debug for ConsoleSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsoleSettings")
+            .field("listen", &self.listen)
+            .field(
+                "token",
+                &if self.token.is_empty() {
+                    ""
+                } else {
+                    "<redacted>"
+                },
+            )
+            .field("max_inbox", &self.max_inbox)
+            .field("max_signals", &self.max_signals)
+            .field("max_clients", &self.max_clients)
+            .field("fleet_refresh_ms", &self.fleet_refresh_ms)
+            .finish()
+    }
+}
+
 /// A configuration problem, rendered as one line that names the key.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration: {0}")]
@@ -576,8 +648,29 @@ mod tests {
         let mut s = Settings::defaults();
         s.llm.api_key = "sk-secret".into();
         s.manager.llm_api_key = "sk-manager".into();
+        s.console.token = "console-token-0123456789".into();
         let printed = format!("{s:?}");
         assert!(!printed.contains("sk-secret") && !printed.contains("sk-manager"));
+        assert!(!printed.contains("console-token"));
+    }
+
+    #[test]
+    fn console_settings_are_checked() {
+        Settings::defaults().console.validate().unwrap();
+        for (toml, needle) in [
+            ("[console]\nlisten = \"localhost\"\n", "console.listen"),
+            ("[console]\ntoken = \"short\"\n", "at least 16"),
+            ("[console]\ntoken = \"with space 0123456789\"\n", "spaces"),
+            ("[console]\nmax_inbox = 0\n", "console.max_inbox"),
+            ("[console]\nmax_clients = 0\n", "console.max_clients"),
+            (
+                "[console]\nfleet_refresh_ms = 5\n",
+                "console.fleet_refresh_ms",
+            ),
+        ] {
+            let err = load_toml(toml).unwrap().console.validate().unwrap_err();
+            assert!(err.to_string().contains(needle), "{toml}: {err}");
+        }
     }
 
     #[test]

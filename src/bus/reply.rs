@@ -56,7 +56,7 @@ pub fn encode_reply<T: Serialize>(
             // The NATS service API convention, so generic tooling sees the failure too.
             headers.insert(
                 "Nats-Service-Error-Code",
-                status_of(error.code).to_string().as_str(),
+                ErrorCode::http_status(error.code).to_string().as_str(),
             );
             headers.insert("Nats-Service-Error", error.message.as_str());
             encoding.encode(&error.to_reply())
@@ -78,21 +78,5 @@ pub async fn respond<T: Serialize>(
     let (headers, body) = encode_reply(encoding_of(message), &reply);
     if let Err(error) = client.publish_with_headers(reply_to, headers, body).await {
         tracing::warn!(message = "could not send a reply", %error, subject = %message.subject);
-    }
-}
-
-/// An HTTP-like status for the service API's error header.
-fn status_of(code: ErrorCode) -> u16 {
-    match code {
-        ErrorCode::InvalidRequest | ErrorCode::InvalidOption => 400,
-        ErrorCode::Unauthorized => 403,
-        ErrorCode::NotFound => 404,
-        ErrorCode::AlreadyFinished | ErrorCode::AlreadyDecided | ErrorCode::DuplicateRequestId => {
-            409
-        }
-        ErrorCode::NotReady => 425,
-        ErrorCode::PayloadTooLarge => 413,
-        ErrorCode::NoSlotAvailable => 503,
-        ErrorCode::Internal => 500,
     }
 }

@@ -2,6 +2,7 @@
 //! dispatches, and turns an error into one line and a non-zero exit status.
 
 mod bench;
+mod console;
 mod demo;
 mod fleet;
 mod manager;
@@ -54,6 +55,8 @@ pub enum Command {
     Fleet(fleet::FleetArgs),
     /// Follow the fleet's signals and answer decisions by rules, at a console or by a model.
     Manager(manager::ManagerArgs),
+    /// Serve the web console: the fleet live, the signals, and the decisions to answer.
+    Console(console::ConsoleArgs),
     /// Serve a scripted OpenAI-compatible chat completions API (for tests, demos, benchmarks).
     MockLlm(mock_llm::MockLlmArgs),
     /// Load a fleet (or a private one, --local) and report latency, throughput, the streaming
@@ -68,7 +71,10 @@ impl Cli {
     /// The log level when RUST_LOG is unset: services narrate, one-shot commands stay quiet.
     pub fn default_log_level(&self) -> &'static str {
         match self.command {
-            Command::Worker(_) | Command::MockLlm(_) | Command::ToolDemo(_) => "info",
+            Command::Worker(_)
+            | Command::MockLlm(_)
+            | Command::ToolDemo(_)
+            | Command::Console(_) => "info",
             _ => "warn",
         }
     }
@@ -90,6 +96,7 @@ impl Cli {
                         Command::Cancel(args) => requests::cancel(settings()?, args).await,
                         Command::Fleet(args) => fleet::run(settings()?, args).await,
                         Command::Manager(args) => manager::run(settings()?, args).await,
+                        Command::Console(args) => console::run(settings()?, args).await,
                         Command::Decide(args) => requests::decide(settings()?, args).await,
                         Command::ToolDemo(args) => tool_demo::run(settings()?, args).await,
                         Command::MockLlm(args) => mock_llm::run(args).await,

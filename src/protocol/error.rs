@@ -40,6 +40,25 @@ impl ErrorCode {
     }
 }
 
+impl ErrorCode {
+    /// The HTTP status that goes with the code: the service API's error header and the
+    /// console's HTTP replies use it.
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::InvalidRequest | ErrorCode::InvalidOption => 400,
+            ErrorCode::Unauthorized => 403,
+            ErrorCode::NotFound => 404,
+            ErrorCode::AlreadyFinished
+            | ErrorCode::AlreadyDecided
+            | ErrorCode::DuplicateRequestId => 409,
+            ErrorCode::NotReady => 425,
+            ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::NoSlotAvailable => 503,
+            ErrorCode::Internal => 500,
+        }
+    }
+}
+
 impl std::fmt::Display for ErrorCode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())

@@ -1,0 +1,920 @@
+// genfleet console: the fleet live, the signals, and the decisions to answer.
+// Plain JavaScript, no dependencies. Everything shown is set as text (never as HTML): signals,
+// prompts and outputs come from models and callers.
+'use strict';
+
+(() => {
+  const SESSION_KEY = 'genfleet.console.session';
+  const main = document.getElementById('main');
+
+  // What the server told us; replaced whole by every snapshot.
+  const store = {
+    console: { read_only: true, max_signals: 1000 },
+    inbox: new Map(),
+    droppedPending: 0,
+    signals: [],
+    fleet: null,
+    links: {},
+  };
+  // Typed but not yet sent, per decision, so a re-render keeps it.
+  const drafts = new Map();
+  // Answers given from this page: decision id -> {reply, follow}.
+  const answeredHere = new Map();
+  // Cards on the inbox view: decision id -> {key, el}.
+  const cards = new Map();
+  let session = loadSession();
+  let leaveView = () => {};
+  let viewName = '';
+  let lastHash = null;
+
+  // ---------- small helpers ----------
+
+  function h(tag, attrs, ...children) {
+    const el = document.createElement(tag);
+    for (const [name, value] of Object.entries(attrs || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (name === 'class') el.className = value;
+      else if (name === 'text') el.textContent = value;
+      else if (name.startsWith('on')) el.addEventListener(name.slice(2), value);
+      else if (name === 'dataset') Object.assign(el.dataset, value);
+      else if (name === 'value') el.value = value;
+      else el.setAttribute(name, value === true ? '' : String(value));
+    }
+    append(el, children);
+    return el;
+  }
+
+  function append(el, children) {
+    for (const child of children.flat(Infinity)) {
+      if (child === null || child === undefined || child === false) continue;
+      el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return el;
+  }
+
+  function clear(el) {
+    while (el.firstChild) el.removeChild(el.firstChild);
+    return el;
+  }
+
+  function time(ts) {
+    if (!ts) return h('span', { text: '-' });
+    const date = new Date(ts);
+    let shown = ts;
+    if (!isNaN(date)) {
+      shown = date.toLocaleTimeString([], { hour12: false });
+      if (date.toDateString() !== new Date().toDateString()) shown = date.toLocaleDateString() + ' ' + shown;
+    }
+    return h('time', { datetime: ts, title: ts, text: shown });
+  }
+
+  function requestLink(id, label) {
+    if (!id) return h('span', { text: '-' });
+    return h('a', { href: '#/request/' + encodeURIComponent(id), class: 'id', 'data-request-link': id, text: label || id });
+  }
+
+  function badge(text, kind) {
+    return h('span', { class: 'badge ' + (kind || ''), text });
+  }
+
+  function json(value) {
+    return JSON.stringify(value, null, 2);
+  }
+
+  function scalar(value) {
+    return typeof value === 'string' ? value : JSON.stringify(value);
+  }
+
+  function announce(text) {
+    const region = document.getElementById('announce');
+    region.textContent = text;
+  }
+
+  function loadSession() {
+    try {
+      const saved = JSON.parse(sessionStorage.getItem(SESSION_KEY) || 'null');
+      return saved && saved.token && saved.user ? saved : null;
+    } catch (_) {
+      return null;
+    }
+  }
+
+  async function post(path, body) {
+    const response = await fetch(path, {
+      method: 'POST',
+      headers: { 'Content-Type': 'application/json', 'X-Genfleet-Token': session ? session.token : '' },
+      body: JSON.stringify(body),
+      credentials: 'omit',
+    });
+    let data = null;
+    try { data = await response.json(); } catch (_) { data = null; }
+    return { ok: response.ok, status: response.status, data };
+  }
+
+  function errorText(data, status) {
+    if (data && data.error) return data.error.code + ': ' + data.error.message;
+    return 'HTTP ' + status;
+  }
+
+  // ---------- the session (who answers) ----------
+
+  function renderSession() {
+    const box = clear(document.getElementById('session'));
+    if (store.console.read_only) {
+      box.append(badge('Read-only: answering is off', 'warn'));
+      return;
+    }
+    if (session) {
+      box.append(
+        h('span', { class: 'who', text: 'Answering as ' }, h('strong', { id: 'signed-in-as', text: 'human:' + session.user })),
+        h('button', { type: 'button', class: 'link', onclick: () => { sessionStorage.removeItem(SESSION_KEY); session = null; renderSession(); refreshForms(); } }, 'Sign out'),
+      );
+      return;
+    }
+    const user = h('input', { id: 'sign-in-user', autocomplete: 'username', placeholder: 'Your name', required: true, spellcheck: 'false', size: 10 });
+    const token = h('input', { id: 'sign-in-token', type: 'password', autocomplete: 'current-password', placeholder: 'Console token', required: true, size: 12 });
+    const status = h('span', { class: 'form-status', role: 'status' });
+    const form = h('form', { class: 'sign-in', 'aria-label': 'Sign in to answer' },
+      h('label', { for: 'sign-in-user', class: 'visually-hidden', text: 'Your name' }), user,
+      h('label', { for: 'sign-in-token', class: 'visually-hidden', text: 'Console token' }), token,
+      h('button', { type: 'submit' }, 'Sign in'), status);
+    form.addEventListener('submit', async (e) => {
+      e.preventDefault();
+      const wanted = { user: user.value.trim(), token: token.value.trim() };
+      session = wanted;
+      const reply = await post('/api/session', { user: wanted.user });
+      if (reply.ok) {
+        sessionStorage.setItem(SESSION_KEY, JSON.stringify(wanted));
+        renderSession();
+        refreshForms();
+      } else {
+        session = null;
+        status.textContent = errorText(reply.data, reply.status);
+      }
+    });
+    box.append(form);
+  }
+
+  // ---------- live updates ----------
+
+  function connect() {
+    const live = document.getElementById('live');
+    const source = new EventSource('/api/stream');
+    source.addEventListener('open', () => { live.textContent = 'live'; live.className = 'live on'; });
+    source.addEventListener('error', () => { live.textContent = 'reconnecting…'; live.className = 'live off'; });
+    source.addEventListener('snapshot', (e) => {
+      const snap = JSON.parse(e.data);
+      store.console = snap.console;
+      store.inbox = new Map(snap.inbox.items.map((i) => [i.decision_id, i]));
+      store.droppedPending = snap.inbox.dropped_pending;
+      store.signals = snap.signals;
+      store.fleet = snap.fleet;
+      store.links = snap.links;
+      renderSession();
+      renderLinks();
+      updateCount();
+      render();
+    });
+    source.addEventListener('inbox', (e) => {
+      const item = JSON.parse(e.data);
+      const before = store.inbox.get(item.decision_id);
+      store.inbox.set(item.decision_id, item);
+      if (!before && item.state === 'pending') announce('New decision: ' + item.question);
+      updateCount();
+      if (viewName === 'inbox') renderInbox();
+    });
+    source.addEventListener('inbox_removed', (e) => {
+      const gone = JSON.parse(e.data);
+      store.inbox.delete(gone.decision_id);
+      store.droppedPending = gone.dropped_pending;
+      updateCount();
+      if (viewName === 'inbox') renderInbox();
+    });
+    source.addEventListener('signal', (e) => {
+      const signal = JSON.parse(e.data);
+      store.signals.push(signal);
+      while (store.signals.length > store.console.max_signals) store.signals.shift();
+      if (viewName === 'signals') addSignalRow(signal);
+    });
+    source.addEventListener('fleet', (e) => {
+      store.fleet = JSON.parse(e.data);
+      if (viewName === 'fleet') renderFleet();
+    });
+    source.addEventListener('links', (e) => {
+      store.links = JSON.parse(e.data);
+      renderLinks();
+    });
+  }
+
+  function updateCount() {
+    let pending = 0;
+    for (const item of store.inbox.values()) if (item.state === 'pending') pending += 1;
+    document.getElementById('pending-count').textContent = String(pending);
+    document.title = (pending ? '(' + pending + ') ' : '') + 'genfleet console';
+  }
+
+  function renderLinks() {
+    const box = document.getElementById('links');
+    const problems = [];
+    if (store.links.nats_connected === false && store.fleet && store.fleet.polled_at) problems.push('NATS connection lost; reconnecting');
+    for (const key of ['decisions', 'signals', 'events']) if (store.links[key]) problems.push(store.links[key]);
+    box.hidden = problems.length === 0;
+    clear(box);
+    for (const p of problems) box.append(h('p', { text: p }));
+  }
+
+  // ---------- router ----------
+
+  function route() {
+    const hash = location.hash.replace(/^#\/?/, '');
+    const [path, query] = hash.split('?');
+    const parts = path.split('/');
+    const params = new URLSearchParams(query || '');
+    if (parts[0] === 'request' && parts[1]) return { name: 'request', id: decodeURIComponent(parts[1]), params };
+    if (parts[0] === 'fleet' || parts[0] === 'signals') return { name: parts[0], params };
+    return { name: 'inbox', params };
+  }
+
+  function render() {
+    const r = route();
+    const changed = r.name !== viewName || r.name === 'request';
+    const newHash = location.hash !== lastHash;
+    lastHash = location.hash;
+    if (changed) {
+      leaveView();
+      leaveView = () => {};
+      viewName = r.name;
+      cards.clear();
+      clear(main);
+      for (const a of document.querySelectorAll('nav a')) {
+        if (a.dataset.view === r.name) a.setAttribute('aria-current', 'page');
+        else a.removeAttribute('aria-current');
+      }
+    }
+    if (r.name === 'inbox') {
+      renderInbox();
+      // A link to one decision: show its card.
+      const wanted = r.params.get('decision');
+      const card = wanted && cards.get(wanted);
+      if (card && newHash) {
+        card.el.setAttribute('tabindex', '-1');
+        card.el.scrollIntoView({ block: 'start' });
+        card.el.focus({ preventScroll: true });
+      }
+    }
+    else if (r.name === 'fleet') renderFleet();
+    else if (r.name === 'signals') renderSignals(r.params, changed);
+    else if (r.name === 'request') renderRequest(r.id);
+  }
+
+  window.addEventListener('hashchange', () => {
+    render();
+    if (!main.contains(document.activeElement)) main.focus({ preventScroll: true });
+  });
+  document.getElementById('open-request').addEventListener('submit', (e) => {
+    e.preventDefault();
+    const id = document.getElementById('open-request-id').value.trim();
+    if (id) location.hash = '#/request/' + encodeURIComponent(id);
+  });
+
+  // ---------- inbox ----------
+
+  function renderInbox() {
+    let pendingList = document.getElementById('pending-list');
+    let decidedList = document.getElementById('decided-list');
+    if (!pendingList) {
+      pendingList = h('div', { id: 'pending-list', class: 'cards' });
+      decidedList = h('div', { id: 'decided-list', class: 'cards' });
+      append(main, [
+        h('h1', { text: 'Inbox' }),
+        h('p', { class: 'hint', id: 'inbox-hint' }),
+        h('section', { 'aria-labelledby': 'pending-h' }, h('h2', { id: 'pending-h', text: 'Waiting for an answer' }), pendingList),
+        h('section', { 'aria-labelledby': 'decided-h' }, h('h2', { id: 'decided-h', text: 'Decided' }), decidedList),
+      ]);
+    }
+    const items = [...store.inbox.values()].sort((a, b) => (b.raised_at + b.decision_id).localeCompare(a.raised_at + a.decision_id));
+    const pending = items.filter((i) => i.state === 'pending');
+    const decided = items.filter((i) => i.state !== 'pending');
+    const hint = document.getElementById('inbox-hint');
+    hint.textContent = store.droppedPending
+      ? store.droppedPending + ' older pending decisions are not shown (console.max_inbox).'
+      : 'Decision requests, escalations and checkpoints, newest first. An answer takes one click on an option.';
+    place(pendingList, pending, 'Nothing waits for an answer.');
+    place(decidedList, decided, 'No decision answered yet.');
+  }
+
+  // Puts the cards of `items` into `list` in order, reusing unchanged cards so that focus
+  // and typed text stay where they are.
+  function place(list, items, emptyText) {
+    const wanted = [];
+    for (const item of items) {
+      const key = JSON.stringify(item) + (answeredHere.has(item.decision_id) ? '+' : '');
+      let card = cards.get(item.decision_id);
+      if (!card || card.key !== key) {
+        const el = item.state === 'pending' ? pendingCard(item) : decidedCard(item);
+        if (card && card.el.parentNode) card.el.replaceWith(el);
+        card = { key, el };
+        cards.set(item.decision_id, card);
+      }
+      wanted.push(card.el);
+    }
+    if (wanted.length === 0) {
+      if (!list.querySelector('.empty')) clear(list).append(h('p', { class: 'empty', text: emptyText }));
+      return;
+    }
+    const empty = list.querySelector('.empty');
+    if (empty) empty.remove();
+    wanted.forEach((el, i) => {
+      if (list.children[i] !== el) list.insertBefore(el, list.children[i] || null);
+    });
+    while (list.children.length > wanted.length) list.lastChild.remove();
+  }
+
+  function cardHeader(item) {
+    const kindNames = { model: 'model decision', escalation: 'escalation', checkpoint: 'checkpoint' };
+    return h('header', { class: 'card-head' },
+      h('div', { class: 'badges' },
+        badge(kindNames[item.kind] || item.kind, 'kind-' + item.kind),
+        badge(item.type + '.' + item.code, 'code'),
+        badge(item.severity, 'sev-' + item.severity)),
+      h('p', { class: 'where' },
+        item.job_name ? ['job ', h('strong', { text: item.job_name }), ' · '] : null,
+        'pool ', item.pool, ' · request ', requestLink(item.request_id),
+        item.root_request_id !== item.request_id ? [' · root ', requestLink(item.root_request_id)] : null,
+        ' · chain position ', String(item.chain_position),
+        ' · raised ', time(item.raised_at),
+        item.expires_at && item.state === 'pending' ? [' · expires ', time(item.expires_at)] : null));
+  }
+
+  function field(label, content) {
+    return [h('dt', { text: label }), h('dd', {}, content)];
+  }
+
+  function checksList(checks) {
+    return h('ul', { class: 'checks' }, checks.map((c) => {
+      if (typeof c !== 'object' || c === null) return h('li', { text: scalar(c) });
+      return h('li', { class: c.passed ? 'pass' : 'fail' },
+        h('span', { class: 'mark', 'aria-label': c.passed ? 'passed' : 'failed', text: c.passed ? '✓' : '✗' }), ' ',
+        c.name || c.kind || 'check',
+        c.weight !== undefined ? h('span', { class: 'muted', text: ' (weight ' + c.weight + ')' }) : null,
+        c.detail ? h('span', { class: 'detail', text: ': ' + c.detail }) : null);
+    }));
+  }
+
+  function metaSection(item) {
+    const meta = item.meta || {};
+    const shown = new Set(['suggestions']);
+    const dl = h('dl', { class: 'facts' });
+    const num = (v) => (typeof v === 'number' ? v.toFixed(2).replace(/\.?0+$/, '') : scalar(v));
+    if (meta.confidence !== undefined) {
+      shown.add('confidence'); shown.add('threshold');
+      const conf = h('span', { class: 'confidence' },
+        h('meter', { min: 0, max: 1, value: meta.confidence, low: meta.threshold, optimum: 1, 'aria-label': 'confidence' }),
+        ' ', h('strong', { 'data-field': 'confidence', text: num(meta.confidence) }),
+        meta.threshold !== undefined ? ' (threshold ' + num(meta.threshold) + ')' : '');
+      append(dl, field('Confidence', conf));
+    }
+    if (meta.pass_rate !== undefined) { shown.add('pass_rate'); append(dl, field('Checks passed', num(meta.pass_rate) + ' %')); }
+    if (Array.isArray(meta.checks)) { shown.add('checks'); append(dl, field('Checks', checksList(meta.checks))); }
+    for (const key of ['checkpoint', 'matched', 'message', 'chain_position', 'attempt', 'tries', 'min_attempt']) {
+      if (meta[key] === undefined) continue;
+      shown.add(key);
+      append(dl, field(key.replace(/_/g, ' '), Array.isArray(meta[key]) ? meta[key].map(scalar).join(', ') : scalar(meta[key])));
+    }
+    if (Array.isArray(meta.error_history) && meta.error_history.length) {
+      shown.add('error_history');
+      append(dl, field('Error history', h('ol', {}, meta.error_history.map((e) => h('li', {
+        text: typeof e === 'object' && e !== null
+          ? ['position ' + e.chain_position, e.try_in_request ? 'try ' + e.try_in_request : null, e.confidence !== undefined ? 'confidence ' + num(e.confidence) : null, e.failed_checks ? 'failed: ' + [].concat(e.failed_checks).join(', ') : null, e.decided ? 'decided ' + e.decided : null].filter(Boolean).join(' · ')
+          : scalar(e),
+      })))));
+    }
+    for (const key of ['prompt', 'output_summary']) {
+      if (meta[key] === undefined) continue;
+      shown.add(key);
+      append(dl, field(key === 'prompt' ? 'Prompt' : 'Output', h('pre', { class: 'text', text: scalar(meta[key]) })));
+    }
+    for (const key of Object.keys(meta).sort()) {
+      if (shown.has(key)) continue;
+      const value = meta[key];
+      append(dl, field(key.replace(/_/g, ' '), typeof value === 'object' && value !== null ? h('pre', { class: 'json', text: json(value) }) : scalar(value)));
+    }
+    return dl.children.length ? dl : null;
+  }
+
+  function suggestionsSection(item) {
+    const list = (item.meta || {}).suggestions;
+    if (!Array.isArray(list)) return null;
+    if (list.length === 0) return h('p', { class: 'muted', text: 'No similar decision in the history.' });
+    return h('section', { class: 'suggestions', 'aria-label': 'Historical suggestions' },
+      h('h4', { text: 'Earlier decisions like this one' }),
+      h('ol', {}, list.map((s) => {
+        if (typeof s !== 'object' || s === null) return h('li', { text: scalar(s) });
+        const head = [s.option_id ? 'chose ' + s.option_id : null, s.outcome ? 'outcome ' + s.outcome : null,
+          s.confidence !== undefined ? 'confidence ' + scalar(s.confidence) : null,
+          s.pass_rate !== undefined ? 'pass rate ' + scalar(s.pass_rate) : null,
+          s.prompt_similarity !== undefined ? 'similarity ' + scalar(s.prompt_similarity) : null,
+          s.decided_by ? 'by ' + s.decided_by : null].filter(Boolean).join(' · ');
+        return h('li', { class: 'suggestion outcome-' + (s.outcome || '') },
+          h('p', { text: head }),
+          s.rationale ? h('p', { class: 'muted', text: 'Rationale: ' + s.rationale }) : null,
+          s.guidance ? h('p', { class: 'muted', text: 'Guidance: ' + s.guidance }) : null,
+          s.modified_prompt ? h('p', { class: 'muted', text: 'Modified prompt: ' + s.modified_prompt }) : null,
+          s.prompt ? h('p', { class: 'muted', text: 'Prompt: ' + s.prompt }) : null);
+      })));
+  }
+
+  function contextBlocks(item) {
+    return [
+      item.summary && item.summary !== item.question ? h('p', { class: 'summary', text: item.summary }) : null,
+      item.context ? h('div', { class: 'context' }, h('h4', { text: 'Context' }), h('p', { class: 'text', text: item.context })) : null,
+      metaSection(item),
+      suggestionsSection(item),
+      item.prompt ? h('details', { class: 'task' }, h('summary', { text: 'The task' }), h('pre', { class: 'text', text: item.prompt })) : null,
+      item.metadata && Object.keys(item.metadata).length ? h('details', {}, h('summary', { text: 'Request metadata' }), h('pre', { class: 'json', text: json(item.metadata) })) : null,
+    ];
+  }
+
+  const ENDS_CHAIN = new Set(['skip', 'abort']);
+
+  function pendingCard(item) {
+    const id = item.decision_id;
+    const draft = drafts.get(id) || {};
+    drafts.set(id, draft);
+    const qid = 'q-' + id;
+    const extras = item.kind !== 'model';
+    const input = (name, el) => { el.value = draft[name] || ''; el.addEventListener('input', () => { draft[name] = el.value; }); return el; };
+    const rationale = input('rationale', h('textarea', { id: 'rationale-' + id, rows: 2, 'data-field': 'rationale' }));
+    const guidance = extras ? input('guidance', h('textarea', { id: 'guidance-' + id, rows: 2, 'data-field': 'guidance' })) : null;
+    const modified = extras ? input('modified_prompt', h('textarea', { id: 'modified-' + id, rows: 3, 'data-field': 'modified_prompt' })) : null;
+    const boost = extras ? input('boost', h('input', { id: 'boost-' + id, type: 'number', min: 0, max: 1, step: 0.05, inputmode: 'decimal', 'data-field': 'confidence_boost' })) : null;
+    const status = h('p', { class: 'form-status', role: 'status' });
+    const optionsBox = h('div', { class: 'options', role: 'group', 'aria-labelledby': qid });
+    for (const option of item.options) {
+      const isDefault = option.id === item.default_option;
+      optionsBox.append(h('button', {
+        type: 'button', class: 'option' + (isDefault ? ' default' : ''), 'data-option-id': option.id,
+        onclick: () => answer(item, option, { rationale, guidance, modified, boost, status, optionsBox }),
+      },
+      h('span', { class: 'label', text: option.label }),
+      h('span', { class: 'option-id', text: option.id }),
+      isDefault ? h('span', { class: 'badge default-badge', text: 'default' }) : null,
+      option.pros ? h('span', { class: 'pros', text: '+ ' + option.pros }) : null,
+      option.cons ? h('span', { class: 'cons', text: '− ' + option.cons }) : null));
+    }
+    const form = h('div', { class: 'answer' },
+      h('label', { for: rationale.id, text: 'Rationale (optional, passed to the model)' }), rationale,
+      extras ? [
+        h('label', { for: guidance.id, text: 'Guidance for the next attempt (optional)' }), guidance,
+        h('label', { for: modified.id, text: 'Modified prompt (with “' + (item.options.find((o) => o.id === 'modify_prompt') || { label: 'modify_prompt' }).label + '” only: replaces the task)' }), modified,
+        h('label', { for: boost.id, text: 'Confidence boost, 0 to 1 (optional: lowers the next threshold)' }), boost,
+      ] : null,
+      h('p', { class: 'choose', text: item.default_option ? 'Choose an option (default: ' + item.default_option + '):' : 'Choose an option:' }),
+      optionsBox,
+      h('p', { class: 'signin-note muted' }),
+      status);
+    const card = h('article', { class: 'card pending', 'data-decision-id': id, 'data-state': item.state, 'aria-labelledby': qid },
+      cardHeader(item),
+      h('h3', { id: qid, class: 'question', text: item.question }),
+      contextBlocks(item),
+      form);
+    refreshForm(card);
+    return card;
+  }
+
+  // Enables the option buttons when answering is possible, and says why not otherwise.
+  function refreshForm(card) {
+    const note = card.querySelector('.signin-note');
+    if (!note) return;
+    const can = !store.console.read_only && !!session;
+    for (const b of card.querySelectorAll('button.option')) b.disabled = !can;
+    note.textContent = store.console.read_only
+      ? 'This console is read-only: it was started without a token.'
+      : session ? '' : 'Sign in (name and console token, at the top) to answer.';
+  }
+
+  function refreshForms() {
+    for (const card of document.querySelectorAll('article.card.pending')) refreshForm(card);
+  }
+
+  async function answer(item, option, form) {
+    const body = { user: session ? session.user : '', option_id: option.id };
+    const rationale = form.rationale.value.trim();
+    if (rationale) body.rationale = rationale;
+    if (item.kind !== 'model' && !ENDS_CHAIN.has(option.id)) {
+      const guidance = form.guidance.value.trim();
+      if (guidance) body.guidance = guidance;
+      const boost = form.boost.value.trim();
+      if (boost) {
+        const value = Number(boost);
+        if (!(value >= 0 && value <= 1)) { form.status.textContent = 'The confidence boost is a number from 0 to 1.'; form.boost.focus(); return; }
+        body.confidence_boost = value;
+      }
+    }
+    if (option.id === 'modify_prompt' && item.kind !== 'model') {
+      const prompt = form.modified.value.trim();
+      if (!prompt) { form.status.textContent = 'Write the modified prompt first: it replaces the task.'; form.modified.focus(); return; }
+      body.modified_prompt = prompt;
+    }
+    const buttons = [...form.optionsBox.querySelectorAll('button')];
+    buttons.forEach((b) => { b.disabled = true; });
+    form.status.textContent = 'Answering ' + option.label + '…';
+    const reply = await post('/api/decisions/' + encodeURIComponent(item.decision_id), body);
+    if (reply.ok) {
+      drafts.delete(item.decision_id);
+      answeredHere.set(item.decision_id, { reply: reply.data, option, follow: null });
+      announce('Answered: ' + option.label);
+      // The record's update moves the card to Decided; until it comes, say what happened here.
+      const known = store.inbox.get(item.decision_id);
+      if (known && known.state === 'pending') {
+        form.status.textContent = '';
+        form.status.append(outcomeLine(reply.data, option));
+        const follow = followOf(item.decision_id);
+        if (follow) form.status.append(follow);
+      }
+      if (viewName === 'inbox') renderInbox();
+      return;
+    }
+    buttons.forEach((b) => { b.disabled = false; });
+    const error = reply.data && reply.data.error;
+    if (error && error.code === 'ALREADY_DECIDED') {
+      const d = error.detail || {};
+      form.status.textContent = 'Already decided by ' + (d.decided_by || 'someone') + ': ' + (d.option_id || '?') + '.';
+    } else {
+      form.status.textContent = 'Not answered: ' + errorText(reply.data, reply.status);
+      // A token the console no longer takes (it restarted with another): sign in again.
+      if (error && error.code === 'UNAUTHORIZED' && /token/.test(error.message) && !store.console.read_only) {
+        sessionStorage.removeItem(SESSION_KEY);
+        session = null;
+        renderSession();
+        refreshForms();
+      }
+    }
+  }
+
+  function outcomeLine(reply, option) {
+    return h('p', { class: 'outcome', 'data-outcome': reply.outcome },
+      'You chose ', h('strong', { text: option.label }), ' (' + option.id + ')',
+      reply.answered_first_by ? ' — ' + reply.answered_first_by + ' had chosen the same option first' : '',
+      reply.continuation_request_id ? [': continued as ', requestLink(reply.continuation_request_id)] : ': ' + reply.outcome + '.');
+  }
+
+  // The live panel of the continuation an answer from this page started.
+  function followOf(decisionId) {
+    const mine = answeredHere.get(decisionId);
+    if (!mine || !mine.reply.continuation_request_id) return null;
+    if (!mine.follow) mine.follow = followPanel(mine.reply.continuation_request_id, true);
+    return mine.follow.el;
+  }
+
+  function decidedCard(item) {
+    const a = item.answer;
+    const option = a ? item.options.find((o) => o.id === a.option_id) : null;
+    const lines = [];
+    if (a) {
+      lines.push(h('p', { class: 'outcome', 'data-outcome': a.outcome },
+        'Decided by ', h('strong', { class: 'decided-by', text: a.decided_by || 'someone' }), ': ',
+        h('strong', { text: option ? option.label : a.option_id }), ' (' + a.option_id + ') at ', time(a.decided_at),
+        a.continuation_request_id ? [' · continued as ', requestLink(a.continuation_request_id)] : ' · ' + a.outcome));
+      for (const [key, label] of [['rationale', 'Rationale'], ['guidance', 'Guidance'], ['modified_prompt', 'Modified prompt'], ['confidence_boost', 'Confidence boost']]) {
+        if (a[key] !== undefined && a[key] !== null) lines.push(h('p', { class: 'muted', text: label + ': ' + scalar(a[key]) }));
+      }
+    } else {
+      lines.push(h('p', { class: 'outcome', 'data-outcome': 'expired' }, 'Expired unanswered at ', time(item.expired_at),
+        item.meta && item.meta.expired_because ? ': ' + item.meta.expired_because : ''));
+    }
+    const follow = followOf(item.decision_id);
+    let more = null;
+    if (!follow && a && a.continuation_request_id) {
+      more = h('button', { type: 'button', class: 'link', onclick: (e) => {
+        const panel = followPanel(a.continuation_request_id, true);
+        e.target.replaceWith(panel.el);
+      } }, 'Follow the continuation here');
+    }
+    return h('article', { class: 'card decided', 'data-decision-id': item.decision_id, 'data-state': item.state },
+      cardHeader(item),
+      h('h3', { class: 'question', text: item.question }),
+      lines, follow, more,
+      h('details', {}, h('summary', { text: 'Options and context' }),
+        h('ul', {}, item.options.map((o) => h('li', { text: o.id + ': ' + o.label + (o.pros ? ' (+ ' + o.pros + ')' : '') + (o.cons ? ' (− ' + o.cons + ')' : '') }))),
+        contextBlocks(item)));
+  }
+
+  // ---------- following one request ----------
+
+  // A live view of one request: its state, streamed output, tool calls and results, signals
+  // and final result. `compact` shows less and stops once the request finished.
+  function followPanel(id, compact) {
+    const stateBadge = badge('…', 'state');
+    const facts = h('dl', { class: 'facts' });
+    const output = h('pre', { class: 'output', 'data-field': 'output', 'aria-live': 'off' });
+    const reasoning = h('pre', { class: 'text' });
+    const reasoningBox = h('details', { hidden: true }, h('summary', { text: 'Reasoning' }), reasoning);
+    const activity = h('ol', { class: 'activity' });
+    const final = h('div', { class: 'final' });
+    const note = h('p', { class: 'muted' });
+    const el = h('section', { class: compact ? 'follow compact' : 'follow', 'data-request-id': id, 'aria-label': 'Request ' + id },
+      h('p', { class: 'follow-head' }, compact ? ['Continuation ', requestLink(id), ' '] : null, stateBadge),
+      note, facts,
+      h('h4', { text: 'Output' }), output, reasoningBox,
+      h('h4', { text: 'Activity' }), activity,
+      final);
+    let lastSeq = null;
+    let finished = false;
+    const source = new EventSource('/api/requests/' + encodeURIComponent(id) + '/stream');
+    const close = () => source.close();
+
+    function setState(state, detail) {
+      stateBadge.textContent = state + (detail ? ' ' + detail : '');
+      stateBadge.className = 'badge state state-' + String(state).toLowerCase();
+      el.dataset.state = state;
+    }
+
+    function addActivity(kind, ...content) {
+      activity.append(h('li', { class: 'act act-' + kind, 'data-kind': kind }, content));
+    }
+
+    function showResult(result) {
+      finished = true;
+      setState(result.state, result.reason);
+      el.dataset.reason = result.reason;
+      clear(output).append(document.createTextNode(result.output || ''));
+      if (result.reasoning) { reasoning.textContent = result.reasoning; reasoningBox.hidden = false; }
+      clear(facts);
+      append(facts, [
+        field('Worker', result.worker_id || '-'),
+        result.job_name ? field('Job', result.job_name) : null,
+        field('Chain position', String(result.chain_position)),
+        result.parent_request_id ? field('Continues', requestLink(result.parent_request_id)) : null,
+        result.root_request_id && result.root_request_id !== result.request_id ? field('Chain root', requestLink(result.root_request_id)) : null,
+      ]);
+      clear(final);
+      final.append(h('p', { class: 'result-line', 'data-field': 'result' },
+        h('strong', { text: result.state }), ' ', result.reason, result.detail ? ': ' + result.detail : ''));
+      if (!compact) {
+        const usage = result.usage || {};
+        const timings = result.timings_ms || {};
+        append(final, [
+          h('dl', { class: 'facts' },
+            field('Tokens', (usage.prompt_tokens || 0) + ' prompt, ' + (usage.completion_tokens || 0) + ' completion'),
+            field('Tool iterations used', String(result.tool_iterations_used)),
+            field('Timings', 'queued ' + (timings.queued || 0) + ' ms, first token ' + (timings.first_token !== undefined ? timings.first_token + ' ms' : '-') + ', total ' + (timings.total || 0) + ' ms'),
+            field('Attempt', String(result.attempt)),
+            result.truncated ? field('Truncated', 'yes') : null,
+            result.signals_dropped ? field('Signals dropped', String(result.signals_dropped)) : null),
+          result.validation ? h('section', {}, h('h4', { text: 'Validation' }),
+            h('p', { text: 'confidence ' + result.validation.confidence + ' (threshold ' + result.validation.threshold + '), ' + (result.validation.passed ? 'passed' : 'below the threshold') }),
+            checksList(result.validation.checks || [])) : null,
+          result.signals && result.signals.length ? h('section', {}, h('h4', { text: 'Signals' }),
+            h('ul', {}, result.signals.map((s) => h('li', {}, signalLine(s))))) : null,
+          h('details', { class: 'transcript' }, h('summary', { text: 'Transcript (' + (result.messages || []).length + ' messages)' }),
+            h('ol', {}, (result.messages || []).map(messageItem))),
+          h('details', {}, h('summary', { text: 'Result as JSON' }), h('pre', { class: 'json', text: json(result) })),
+        ]);
+        // Tool calls and results from the transcript, when they were not seen live.
+        if (!activity.querySelector('.act-tool_call')) {
+          for (const m of result.messages || []) {
+            for (const call of m.tool_calls || []) addActivity('tool_call', 'tool call ', h('code', { text: call.function ? call.function.name : call.name }), ' ', h('code', { class: 'args', text: call.function ? call.function.arguments : scalar(call.arguments) }));
+            if (m.role === 'tool') addActivity('tool_result', 'tool result ', h('code', { class: 'args', text: scalar(m.content) }));
+          }
+        }
+      }
+      if (compact) close();
+    }
+
+    function messageItem(m) {
+      const text = typeof m.content === 'string' ? m.content : Array.isArray(m.content) ? m.content.map((p) => p.text || '').join('') : '';
+      return h('li', { class: 'msg role-' + m.role },
+        h('span', { class: 'role', text: m.role }),
+        text ? h('pre', { class: 'text', text }) : null,
+        (m.tool_calls || []).map((c) => h('pre', { class: 'json', text: 'call ' + (c.function ? c.function.name + ' ' + c.function.arguments : json(c)) })));
+    }
+
+    source.addEventListener('status', (e) => {
+      const status = JSON.parse(e.data);
+      if (!finished) setState(status.state);
+      clear(note);
+      if (status.state === 'RUNNING' && !compact) note.append('Running on ' + (status.worker_id || '?') + '. Output streamed before this page opened comes with the result.');
+      if (status.state === 'QUEUED') note.append('Waiting in the queue for a free slot.');
+      if (status.continuation_request_id) note.append(h('span', {}, ' Continued as ', requestLink(status.continuation_request_id), '.'));
+      else if (status.decision_id) note.append(' Decision ' + status.decision_id + ': ' + (status.decision_outcome || 'pending') + '.');
+    });
+    source.addEventListener('status_error', (e) => {
+      const error = JSON.parse(e.data).error || {};
+      if (!finished) setState(error.code === 'NOT_FOUND' ? 'UNKNOWN' : 'ERROR');
+      note.textContent = error.code === 'NOT_FOUND'
+        ? 'The fleet does not know this request (not yet, or no longer). Waiting for it to start…'
+        : error.code + ': ' + error.message;
+    });
+    source.addEventListener('result', (e) => showResult(JSON.parse(e.data)));
+    source.addEventListener('result_error', (e) => {
+      const error = JSON.parse(e.data).error || {};
+      note.textContent = 'The result is not available: ' + error.message;
+    });
+    source.addEventListener('event', (e) => {
+      const event = JSON.parse(e.data);
+      if (lastSeq !== null && event.seq > lastSeq + 1) addActivity('gap', 'missed ' + (event.seq - lastSeq - 1) + ' events; the result has all of it');
+      lastSeq = event.seq;
+      switch (event.event) {
+        case 'started':
+          setState('RUNNING');
+          addActivity('started', 'started on ', h('code', { text: event.worker_id }), ' (attempt ' + event.attempt + ', chain position ' + event.chain_position + ')');
+          break;
+        case 'delta':
+          output.append(document.createTextNode(event.text));
+          break;
+        case 'reasoning':
+          reasoning.append(document.createTextNode(event.text));
+          reasoningBox.hidden = false;
+          break;
+        case 'tool_call':
+          addActivity('tool_call', 'tool call ', h('code', { text: event.name }), ' ', h('code', { class: 'args', text: JSON.stringify(event.arguments) }));
+          break;
+        case 'tool_result':
+          addActivity('tool_result', event.ok ? 'tool result ' : 'tool error ', h('code', { text: event.name }), ' → ', h('code', { class: 'args', text: JSON.stringify(event.result) }));
+          break;
+        case 'signal':
+          addActivity('signal', signalLine(event.signal));
+          break;
+        case 'finished':
+          showResult(event.result);
+          break;
+        case 'continued':
+          addActivity('continued', 'the decision was answered: continued as ', requestLink(event.continuation_request_id));
+          break;
+        case 'chain_ended':
+          addActivity('chain_ended', 'the chain ended: ' + event.outcome + (event.decided_by ? ' by ' + event.decided_by : ''));
+          break;
+        default:
+          break;
+      }
+    });
+    return { el, close };
+  }
+
+  function signalLine(s) {
+    return [
+      badge(s.type + '.' + s.code, 'code'), ' ', badge(s.severity, 'sev-' + s.severity), ' ',
+      h('span', { class: 'summary', text: s.summary }),
+      s.decision ? [' ', h('a', { href: '#/inbox?decision=' + encodeURIComponent(s.decision.decision_id), text: 'decision ' + s.decision.decision_id })] : null,
+    ];
+  }
+
+  function renderRequest(id) {
+    clear(main);
+    const panel = followPanel(id, false);
+    append(main, [h('h1', {}, 'Request ', h('span', { class: 'id', text: id })), panel.el]);
+    leaveView = panel.close;
+  }
+
+  // ---------- fleet ----------
+
+  function table(caption, head, rows, attrs) {
+    return h('div', { class: 'table-wrap' },
+      h('table', attrs || {},
+        h('caption', { text: caption }),
+        h('thead', {}, h('tr', {}, head.map((c) => h('th', { scope: 'col', text: c })))),
+        h('tbody', {}, rows)));
+  }
+
+  // The fleet view is drawn anew on each change; a link that had the focus gets it back.
+  function renderFleet() {
+    const had = document.activeElement && main.contains(document.activeElement) ? document.activeElement.dataset.requestLink : null;
+    drawFleet();
+    if (had) {
+      const again = main.querySelector('[data-request-link="' + CSS.escape(had) + '"]');
+      if (again) again.focus({ preventScroll: true });
+    }
+  }
+
+  function drawFleet() {
+    const f = store.fleet;
+    clear(main);
+    main.append(h('h1', { text: 'Fleet' }));
+    if (!f) { main.append(h('p', { class: 'empty', text: 'Asking the workers…' })); return; }
+    main.append(h('div', { class: 'tiles' },
+      tile('Workers', f.workers.length, 'fleet-workers'),
+      tile('Slots', f.slots, 'fleet-slots'),
+      tile('Busy', f.busy, 'fleet-busy'),
+      tile('Free', f.free, 'fleet-free'),
+      tile('Running requests', f.running_total, 'fleet-running')));
+    if (f.workers.length === 0) main.append(h('p', { class: 'empty', text: 'No worker answers the service API ($SRV.INFO.genfleet).' }));
+    main.append(table('Pools', ['pool', 'workers', 'slots', 'busy', 'free'],
+      f.pools.map((p) => h('tr', { 'data-pool': p.pool }, h('td', { text: p.pool }), h('td', { text: p.workers }), h('td', { text: p.slots }), h('td', { text: p.busy }), h('td', { text: p.free })))));
+    main.append(table('Workers', ['worker', 'pool', 'slots in use', 'busy', 'free', 'state', 'version', 'started'],
+      f.workers.map((w) => h('tr', { 'data-worker-id': w.worker_id, class: w.answering ? '' : 'stale' },
+        h('td', {}, h('code', { text: w.worker_id })),
+        h('td', { text: w.pool }),
+        h('td', {}, h('meter', { min: 0, max: Math.max(w.slots, 1), value: w.busy, 'aria-label': w.busy + ' of ' + w.slots + ' slots busy' }), ' ' + w.busy + '/' + w.slots),
+        h('td', { 'data-field': 'busy', text: w.busy }),
+        h('td', { 'data-field': 'free', text: w.free }),
+        h('td', { text: !w.answering ? 'not answering' : w.draining ? 'draining' : 'ready' }),
+        h('td', { text: w.version }),
+        h('td', {}, time(w.started))))));
+    main.append(table('Running requests' + (f.running_total > f.running.length ? ' (newest ' + f.running.length + ' of ' + f.running_total + ')' : ''),
+      ['request', 'worker', 'since', 'chain position', 'attempt'],
+      f.running.length ? f.running.map((r) => h('tr', { 'data-running': r.request_id },
+        h('td', {}, requestLink(r.request_id)), h('td', {}, h('code', { text: r.worker_id })), h('td', {}, time(r.since)),
+        h('td', { text: r.chain_position }), h('td', { text: r.attempt })))
+        : h('tr', {}, h('td', { colspan: 5, class: 'muted', text: 'None seen running.' }))));
+    main.append(table('Recently finished', ['request', 'job', 'result', 'worker', 'finished'],
+      f.finished.length ? f.finished.map((r) => h('tr', {},
+        h('td', {}, requestLink(r.request_id)), h('td', { text: r.job_name || '-' }), h('td', {}, badge(r.state, 'state state-' + r.state.toLowerCase()), ' ' + r.reason),
+        h('td', {}, h('code', { text: r.worker_id })), h('td', {}, time(r.finished_at))))
+        : h('tr', {}, h('td', { colspan: 5, class: 'muted', text: 'None yet.' }))));
+    main.append(h('p', { class: 'muted' }, 'The workers are asked every ' + (store.console.fleet_refresh_ms || 1000) + ' ms through the NATS service API; last answer at ', time(f.polled_at), '.'));
+  }
+
+  function tile(label, value, id) {
+    return h('div', { class: 'tile' }, h('span', { class: 'tile-label', text: label }), h('strong', { id, text: String(value) }));
+  }
+
+  // ---------- signals ----------
+
+  const FILTERS = ['type', 'code', 'severity', 'pool', 'job'];
+  let filters = {};
+
+  function matches(s) {
+    if (filters.type && s.type !== filters.type) return false;
+    if (filters.code && !s.code.toLowerCase().includes(filters.code.toLowerCase())) return false;
+    if (filters.severity && s.severity !== filters.severity) return false;
+    if (filters.pool && !s.pool.toLowerCase().includes(filters.pool.toLowerCase())) return false;
+    if (filters.job && !(s.job_name || '').toLowerCase().includes(filters.job.toLowerCase())) return false;
+    return true;
+  }
+
+  function renderSignals(params, fresh) {
+    filters = {};
+    for (const k of FILTERS) if (params.get(k)) filters[k] = params.get(k);
+    if (!fresh && document.getElementById('signal-feed')) { refillSignals(); return; }
+    clear(main);
+    const select = (name, label, values) => h('label', {}, label, ' ', h('select', { name, 'data-filter': name },
+      values.map(([v, text]) => h('option', { value: v, selected: (filters[name] || '') === v, text }))));
+    const text = (name, label, list) => h('label', {}, label, ' ', h('input', { name, 'data-filter': name, value: filters[name] || '', list: list || null, size: 12, spellcheck: 'false' }));
+    const codes = new Set(store.signals.map((s) => s.code));
+    const form = h('form', { class: 'filters', 'aria-label': 'Filter the signals' },
+      select('type', 'Type', [['', 'any'], ['issue', 'issue'], ['escalation', 'escalation'], ['decision_request', 'decision request'], ['outcome', 'outcome']]),
+      text('code', 'Code', 'signal-codes'),
+      h('datalist', { id: 'signal-codes' }, [...codes].sort().map((c) => h('option', { value: c }))),
+      select('severity', 'Severity', [['', 'any'], ['low', 'low'], ['med', 'med'], ['high', 'high']]),
+      text('pool', 'Pool'),
+      text('job', 'Job'),
+      h('button', { type: 'reset' }, 'Clear'));
+    const sync = () => {
+      filters = {};
+      for (const el of form.querySelectorAll('[data-filter]')) if (el.value.trim()) filters[el.dataset.filter] = el.value.trim();
+      const query = new URLSearchParams(filters).toString();
+      history.replaceState(null, '', '#/signals' + (query ? '?' + query : ''));
+      refillSignals();
+    };
+    form.addEventListener('input', sync);
+    form.addEventListener('change', sync);
+    form.addEventListener('reset', () => setTimeout(sync, 0));
+    form.addEventListener('submit', (e) => e.preventDefault());
+    append(main, [
+      h('h1', { text: 'Signals' }),
+      form,
+      h('p', { class: 'muted', id: 'signal-count', role: 'status' }),
+      h('ol', { id: 'signal-feed', class: 'feed', reversed: true }),
+    ]);
+    refillSignals();
+  }
+
+  function signalRow(s) {
+    return h('li', { class: 'signal sev-' + s.severity, 'data-type': s.type, 'data-code': s.code, 'data-severity': s.severity, 'data-seq': s.seq },
+      h('div', { class: 'signal-head' }, time(s.ts), ' ', signalLine(s)),
+      h('p', { class: 'where' },
+        'pool ', s.pool, s.job_name ? [' · job ', s.job_name] : null, ' · request ', requestLink(s.request_id),
+        ' · worker ', h('code', { text: s.worker_id }), ' · raised by the ', s.source),
+      Object.keys(s.meta || {}).length ? h('details', {}, h('summary', { text: 'meta' }), h('pre', { class: 'json', text: json(s.meta) })) : null);
+  }
+
+  function refillSignals() {
+    const feed = document.getElementById('signal-feed');
+    if (!feed) return;
+    clear(feed);
+    const shown = store.signals.filter(matches).reverse();
+    for (const s of shown) feed.append(signalRow(s));
+    countSignals();
+  }
+
+  function countSignals() {
+    const feed = document.getElementById('signal-feed');
+    document.getElementById('signal-count').textContent =
+      'Showing ' + feed.children.length + ' of the newest ' + store.signals.length + ' signals' + (Object.keys(filters).length ? ' (filtered)' : '') + '.';
+  }
+
+  function addSignalRow(s) {
+    const feed = document.getElementById('signal-feed');
+    if (!feed) return;
+    if (matches(s)) feed.insertBefore(signalRow(s), feed.firstChild);
+    while (feed.children.length > store.console.max_signals) feed.lastChild.remove();
+    countSignals();
+  }
+
+  // ---------- start ----------
+
+  renderSession();
+  render();
+  connect();
+})();

@@ -1,0 +1,244 @@
+// Drives genfleet console in headless Chromium, as a person would, for tests/console.rs.
+//
+// The Rust test starts nats-server, a worker on the mock backend, a tool service and two
+// consoles (one answering, one read-only), then runs this script. Whatever needs the fleet
+// (raise a decision, start a slow request, read a decision's record) is asked of the Rust
+// side with a line `STEP {json}` on stdout; the answer comes back as one JSON line on stdin.
+// `LOG text` lines are passed through. Any failure throws: the exit status is non-zero and
+// the message says what the page did not show.
+//
+// Environment: GENFLEET_CONSOLE_URL, GENFLEET_READONLY_CONSOLE_URL, GENFLEET_CONSOLE_TOKEN,
+// GENFLEET_TEST_CHROMIUM (the browser), GENFLEET_TEST_NODE_MODULES (where playwright-core
+// is), GENFLEET_SCREENSHOT_DIR (where the screenshots go).
+
+import { createInterface } from 'node:readline';
+import { createRequire } from 'node:module';
+import path from 'node:path';
+
+const env = (name) => {
+  const value = process.env[name];
+  if (!value) throw new Error(`${name} is not set`);
+  return value;
+};
+const require = createRequire(path.join(env('GENFLEET_TEST_NODE_MODULES'), 'x.js'));
+const { chromium } = require('playwright-core');
+
+const url = env('GENFLEET_CONSOLE_URL');
+const readOnlyUrl = env('GENFLEET_READONLY_CONSOLE_URL');
+const token = env('GENFLEET_CONSOLE_TOKEN');
+const shots = env('GENFLEET_SCREENSHOT_DIR');
+
+const lines = createInterface({ input: process.stdin })[Symbol.asyncIterator]();
+async function ask(step, args = {}) {
+  process.stdout.write(`STEP ${JSON.stringify({ step, ...args })}\n`);
+  const { value, done } = await lines.next();
+  if (done) throw new Error(`no answer to step ${step}`);
+  const reply = JSON.parse(value);
+  if (reply.error) throw new Error(`step ${step}: ${reply.error}`);
+  return reply;
+}
+const log = (text) => process.stdout.write(`LOG ${text}\n`);
+
+function check(condition, message) {
+  if (!condition) throw new Error(message);
+}
+
+const card = (id) => `article[data-decision-id="${id}"]`;
+
+async function textOf(page, selector) {
+  return (await page.locator(selector).first().textContent()) || '';
+}
+
+async function signIn(page, user) {
+  // By keyboard: the name, Tab to the token, Enter.
+  await page.locator('#sign-in-user').focus();
+  await page.keyboard.type(user);
+  await page.keyboard.press('Tab');
+  await page.keyboard.type(token);
+  await page.keyboard.press('Enter');
+  await page.locator('#signed-in-as', { hasText: `human:${user}` }).waitFor();
+}
+
+async function noHorizontalScroll(page, width) {
+  const scroll = await page.evaluate(() => document.documentElement.scrollWidth);
+  check(scroll <= width, `the page is ${scroll}px wide on a ${width}px screen`);
+}
+
+const browser = await chromium.launch({
+  executablePath: env('GENFLEET_TEST_CHROMIUM'),
+  headless: true,
+  args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage'],
+});
+try {
+  const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+  context.setDefaultTimeout(20000);
+  const page = await context.newPage();
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(e.message));
+
+  // ---- inbox: a decision appears without reloading the page ----
+  await page.goto(`${url}/#/inbox`);
+  await page.locator('#live', { hasText: 'live' }).waitFor();
+  await signIn(page, 'ann');
+  const decision = await ask('decision');
+  log(`decision ${decision.decision_id} raised by request ${decision.request_id}`);
+  const pending = page.locator(`${card(decision.decision_id)}[data-state="pending"]`);
+  await pending.waitFor();
+  const shown = await pending.textContent();
+  for (const needle of ['Where should the report go?', 'Email it to the team', 'Archive it', '+ everyone sees it today',
+    '− nobody reads it', 'default', 'The product is 7,006,652', 'decision_request.NEEDS_MANAGER_DECISION', 'job console-report']) {
+    check(shown.includes(needle), `the inbox card does not show ${JSON.stringify(needle)}: ${shown}`);
+  }
+  check((await textOf(page, '#pending-count')) === '1', 'the pending count is not 1');
+
+  // An escalation shows its checks and confidence.
+  const escalation = await ask('escalation');
+  const esc = page.locator(`${card(escalation.decision_id)}[data-state="pending"]`);
+  await esc.waitFor();
+  check((await esc.locator('[data-field="confidence"]').textContent()) === '0', 'the escalation does not show confidence 0');
+  check(await esc.locator('.checks li.fail').count() >= 1, 'the escalation does not show its failed check');
+  const escText = await esc.textContent();
+  for (const needle of ['escalation.LOW_CONFIDENCE', 'contains "TOTAL"', 'threshold 0.6', 'Run it again', 'Abort the job']) {
+    check(escText.includes(needle), `the escalation card does not show ${JSON.stringify(needle)}`);
+  }
+  await page.screenshot({ path: path.join(shots, 'inbox.png'), fullPage: true });
+
+  // ---- answering by keyboard: rationale, Tab to the first option, Enter ----
+  await pending.locator('textarea[data-field="rationale"]').focus();
+  await page.keyboard.type('the team needs it today');
+  await page.keyboard.press('Tab');
+  const focused = await page.evaluate(() => document.activeElement && document.activeElement.dataset.optionId);
+  check(focused === 'email', `Tab from the rationale lands on ${focused}, not the first option`);
+  await page.keyboard.press('Enter');
+  // The page shows the continuation it started, follows it, and shows its result.
+  const decided = page.locator(`${card(decision.decision_id)}[data-state="answered"]`);
+  await decided.waitFor();
+  check((await decided.locator('.decided-by').textContent()) === 'human:ann', 'the decided card does not say who decided');
+  const follow = decided.locator('.follow[data-state="COMPLETED"]');
+  await follow.waitFor();
+  const result = await follow.locator('[data-field="result"]').textContent();
+  check(result.includes('COMPLETED') && result.includes('stop'), `the continuation's result line is ${result}`);
+  const output = await follow.locator('[data-field="output"]').textContent();
+  check(output.includes('Report filed') && output.includes('Decision chosen: Email it to the team (email)'),
+    `the continuation's output is ${output}`);
+  const answer = await ask('answer', { decision_id: decision.decision_id });
+  check(answer.option_id === 'email' && answer.decided_by === 'human:ann' && answer.rationale === 'the team needs it today',
+    `the record holds ${JSON.stringify(answer)}`);
+  check(await follow.locator(`a[data-request-link="${answer.continuation_request_id}"]`).count() === 1,
+    'the follow panel does not name the continuation');
+
+  // ---- an escalation answered with guidance and a confidence boost ----
+  await esc.locator('textarea[data-field="guidance"]').fill('Write TOTAL first.');
+  await esc.locator('input[data-field="confidence_boost"]').fill('0.1');
+  await esc.locator('button[data-option-id="retry"]').click();
+  await page.locator(`${card(escalation.decision_id)}[data-state="answered"]`).waitFor();
+  const retried = await ask('answer', { decision_id: escalation.decision_id });
+  check(retried.option_id === 'retry' && retried.guidance === 'Write TOTAL first.' && retried.confidence_boost === 0.1,
+    `the escalation's record holds ${JSON.stringify(retried)}`);
+
+  // ---- request view: reachable from the request id on the card ----
+  await decided.locator(`a[data-request-link="${decision.request_id}"]`).first().click();
+  await page.waitForURL(`**/#/request/${decision.request_id}`);
+  const view = page.locator(`.follow[data-request-id="${decision.request_id}"][data-state="COMPLETED"]`);
+  await view.waitFor();
+  await view.locator('.act-tool_call').first().waitFor();
+  const viewText = await view.textContent();
+  for (const needle of ['decision_requested', 'calculate', '7006652', 'Continued as', 'Transcript']) {
+    check(viewText.includes(needle), `the request view does not show ${JSON.stringify(needle)}`);
+  }
+  await page.screenshot({ path: path.join(shots, 'request.png'), fullPage: true });
+
+  // ---- fleet: the slot counts change while a slow request runs ----
+  await page.goto(`${url}/#/fleet`);
+  await page.locator('#fleet-busy', { hasText: /^0$/ }).waitFor();
+  check((await textOf(page, '#fleet-slots')) === '2', 'the fleet does not show the worker\'s 2 slots');
+  const slow = await ask('slow');
+  // Followed live in a second tab: the output streams in while it runs.
+  const live = await context.newPage();
+  live.on('pageerror', (e) => errors.push(e.message));
+  await live.goto(`${url}/#/request/${slow.request_id}`);
+  await page.locator('#fleet-busy', { hasText: /^1$/ }).waitFor();
+  await page.locator(`tr[data-worker-id] td[data-field="busy"]`, { hasText: /^1$/ }).waitFor();
+  await page.locator(`tr[data-running="${slow.request_id}"]`).waitFor();
+  await page.screenshot({ path: path.join(shots, 'fleet.png'), fullPage: true });
+  await live.locator(`.follow[data-state="RUNNING"] [data-field="output"]`, { hasText: /[a-z]+/ }).waitFor();
+  await page.locator('#fleet-busy', { hasText: /^0$/ }).waitFor();
+  await live.locator('.follow[data-state="COMPLETED"]').waitFor();
+  await live.close();
+
+  // ---- signals: the live feed, filtered ----
+  await page.goto(`${url}/#/signals`);
+  await page.locator('li.signal[data-type="outcome"]').first().waitFor();
+  const all = await page.locator('li.signal').count();
+  check(all >= 4, `only ${all} signals in the feed`);
+  await page.screenshot({ path: path.join(shots, 'signals.png'), fullPage: true });
+  await page.selectOption('select[data-filter="type"]', 'outcome');
+  await page.waitForFunction(() => [...document.querySelectorAll('li.signal')].every((li) => li.dataset.type === 'outcome'));
+  const outcomes = await page.locator('li.signal').count();
+  check(outcomes >= 2 && outcomes < all, `the outcome filter shows ${outcomes} of ${all}`);
+  check(page.url().includes('type=outcome'), 'the filter is not in the address');
+  await page.fill('input[data-filter="code"]', 'SKIPPED');
+  await page.waitForFunction(() => document.querySelectorAll('li.signal').length === 0);
+  await page.click('button[type="reset"]');
+  await page.waitForFunction((n) => document.querySelectorAll('li.signal').length === n, all);
+
+  // ---- a narrow screen, answered by keyboard ----
+  const phone = await browser.newContext({ viewport: { width: 390, height: 844 }, isMobile: true, hasTouch: true });
+  phone.setDefaultTimeout(20000);
+  const small = await phone.newPage();
+  small.on('pageerror', (e) => errors.push(e.message));
+  await small.goto(`${url}/#/inbox`);
+  await signIn(small, 'bo');
+  const second = await ask('decision');
+  const narrow = small.locator(`${card(second.decision_id)}[data-state="pending"]`);
+  await narrow.waitFor();
+  await noHorizontalScroll(small, 390);
+  const box = await narrow.locator('button[data-option-id="archive"]').boundingBox();
+  check(box && box.x >= 0 && box.x + box.width <= 390, `the option button is off screen: ${JSON.stringify(box)}`);
+  await narrow.locator('.options').scrollIntoViewIfNeeded();
+  await small.screenshot({ path: path.join(shots, 'inbox-narrow.png'), fullPage: false });
+  await narrow.locator('button[data-option-id="archive"]').focus();
+  await small.keyboard.press('Enter');
+  await small.locator(`${card(second.decision_id)}[data-state="answered"] .follow[data-state="COMPLETED"]`).waitFor();
+  const archived = await ask('answer', { decision_id: second.decision_id });
+  check(archived.option_id === 'archive' && archived.decided_by === 'human:bo', `the record holds ${JSON.stringify(archived)}`);
+  for (const view of ['fleet', 'signals']) {
+    await small.goto(`${url}/#/${view}`);
+    await small.locator('h1').waitFor();
+    await noHorizontalScroll(small, 390);
+  }
+  await phone.close();
+
+  // ---- a read-only console refuses to answer ----
+  const third = await ask('decision');
+  const ro = await context.newPage();
+  ro.on('pageerror', (e) => errors.push(e.message));
+  await ro.goto(`${readOnlyUrl}/#/inbox`);
+  const roCard = ro.locator(`${card(third.decision_id)}[data-state="pending"]`);
+  await roCard.waitFor();
+  check((await textOf(ro, '#session')).includes('Read-only'), 'the read-only console does not say so');
+  check(await roCard.locator('button.option:not([disabled])').count() === 0, 'the read-only console offers enabled options');
+  check((await roCard.locator('.signin-note').textContent()).includes('read-only'), 'the card does not say why it cannot be answered');
+  const refused = await ro.evaluate(async ({ id, token }) => {
+    const response = await fetch(`/api/decisions/${id}`, {
+      method: 'POST',
+      headers: { 'Content-Type': 'application/json', 'X-Genfleet-Token': token },
+      body: JSON.stringify({ user: 'mallory', option_id: 'email' }),
+    });
+    return { status: response.status, body: await response.json() };
+  }, { id: third.decision_id, token });
+  check(refused.status === 403 && refused.body.error.code === 'UNAUTHORIZED', `the read-only console answered ${JSON.stringify(refused)}`);
+  const still = await ask('pending', { decision_id: third.decision_id });
+  check(still.pending === true, 'the decision was answered through the read-only console');
+  await ro.close();
+
+  check(errors.length === 0, `the page raised errors: ${errors.join('; ')}`);
+  process.stdout.write('DONE\n');
+} catch (error) {
+  process.stderr.write(`${error.stack || error}\n`);
+  process.exitCode = 1;
+} finally {
+  // Stdin stays open, so the script ends itself; a browser slow to close does not hold it.
+  await Promise.race([browser.close(), new Promise((resolve) => setTimeout(resolve, 5000))]);
+  process.exit();
+}
