@@ -289,9 +289,20 @@ impl Stores {
 
     /// Gives a claim back (the request was refused after all).
     pub async fn unclaim(&self, record: &LiveRecord) {
-        let _ = self.results.purge(live_key(&record.request_id)).await;
+        self.take_back(record, true).await;
+    }
+
+    /// Removes the worker's index entry of a request and, with `live`, its live record.
+    pub async fn take_back(&self, record: &LiveRecord, live: bool) {
         let index = super::heartbeat::index_key(&record.worker_id, &record.request_id);
-        let _ = self.results.purge(index).await;
+        if live {
+            let _ = tokio::join!(
+                self.results.purge(live_key(&record.request_id)),
+                self.results.purge(index)
+            );
+        } else {
+            let _ = self.results.purge(index).await;
+        }
     }
 
     pub async fn live(&self, request_id: &str) -> Result<Option<LiveRecord>, BusError> {

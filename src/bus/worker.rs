@@ -778,7 +778,31 @@ async fn refresh_records(shared: Arc<Shared>) {
         let records: Vec<LiveRecord> = shared.lock_running().values().cloned().collect();
         for record in records {
             let _ = shared.stores.put_live(&record).await;
+            if !shared.lock_running().contains_key(&record.request_id) {
+                // It finished meanwhile, and the refresh may have written its records again
+                // after the finish took them away: take them away once its result is stored.
+                tokio::spawn(take_back_refreshed(shared.clone(), record));
+            }
         }
+    }
+}
+
+/// Removes the records a refresh wrote for a request that had just finished, once its result
+/// is stored (bounded: a result that never comes leaves the records to the bucket's TTL).
+async fn take_back_refreshed(shared: Arc<Shared>, record: LiveRecord) {
+    for _ in 0..50 {
+        if let Ok(Some(_)) = shared.stores.stored(&record.request_id).await {
+            let ours = shared
+                .stores
+                .live(&record.request_id)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|live| live.worker_id == record.worker_id);
+            shared.stores.take_back(&record, ours).await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
