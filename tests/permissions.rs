@@ -1,0 +1,371 @@
+//! The shipped permissions file (config/nats/permissions.conf) on a real nats-server: a worker,
+//! a tool service, a manager and a client, each as a user of its role, do their whole job; the
+//! acts a role must not do are refused by the server (its permissions-violation error, seen
+//! through the client's event callback), and a tenant on other prefixes reaches nothing of
+//! this one.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::fleet;
+use common::nats::NatsServer;
+use genfleet::bus::client::Client;
+use genfleet::bus::worker::WorkerHandle;
+use genfleet::llm::mock::{MockServer, Script};
+use genfleet::manager::{Manager, ManagerOptions, MemorySink, Policy};
+use genfleet::protocol::{ErrorCode, GenerationRequest, Reason, RequestState};
+use genfleet::settings::Settings;
+
+const SCRIPT: &str = r#"
+[[rules]]
+when_last_user_contains = "Decision chosen"
+reply = "continued"
+
+[[rules]]
+when_last_role = "tool"
+reply = "calculated: {{last_message}}"
+
+[[rules]]
+when_last_user_contains = "decide"
+reply = "Two ways."
+tool_calls = [{ name = "request_decision", arguments = { question = "Which path?", options = [{ id = "fast", label = "Fast" }, { id = "safe", label = "Safe" }] } }]
+
+[[rules]]
+when_last_user_contains = "calc"
+tool_calls = [{ name = "calculate", arguments = { operation = "mul", a = 6, b = 7 } }]
+
+[[rules]]
+when_last_user_contains = "slow"
+reply = "a b c d e f g h i j k l m n o p"
+delay_ms = 100
+
+[[rules]]
+reply = "done"
+"#;
+
+/// The server's configuration: the shipped file, one user per role, an admin for the test's
+/// own checks, and a client of another tenant whose subjects start with `b.`.
+fn server_config() -> String {
+    // nats-server resolves an include against the directory of the configuration, which the
+    // harness puts in a new directory under the temp dir.
+    let up = "../".repeat(
+        std::env::temp_dir()
+            .canonicalize()
+            .unwrap()
+            .components()
+            .count(),
+    );
+    let shipped = format!(
+        "{up}{}/config/nats/permissions.conf",
+        env!("CARGO_MANIFEST_DIR").trim_start_matches('/')
+    );
+    format!(
+        r#"
+include "{shipped}"
+
+TENANT_B_CLIENT = {{
+  publish = {{ allow = [ "b.gen.submit.*", "b.gen.queue.*.*", "b.gen.status.*", "b.gen.result.*", "b.gen.cancel.*" ] }}
+  subscribe = {{ allow = [ "b.gen.events.*", "_INBOX.>" ] }}
+}}
+
+authorization {{
+  users = [
+    {{ user: worker, password: wpass, permissions: $GENFLEET_WORKER }}
+    {{ user: client, password: cpass, permissions: $GENFLEET_CLIENT }}
+    {{ user: manager, password: mpass, permissions: $GENFLEET_MANAGER }}
+    {{ user: tools, password: tpass, permissions: $GENFLEET_TOOL_SERVICE }}
+    {{ user: tenant-b, password: bpass, permissions: $TENANT_B_CLIENT }}
+    {{ user: admin, password: apass }}
+  ]
+}}
+"#
+    )
+}
+
+fn settings_as(nats: &NatsServer, user: &str, password: &str) -> Settings {
+    let mut s = Settings::defaults();
+    s.nats.url = nats.url();
+    s.nats.user = user.into();
+    s.nats.password = password.into();
+    s.nats.request_timeout_ms = 3_000;
+    s
+}
+
+/// A raw connection as `user`, with the server errors it receives.
+async fn connect_as(
+    nats: &NatsServer,
+    user: &str,
+    password: &str,
+) -> (async_nats::Client, Arc<Mutex<Vec<String>>>) {
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let seen = errors.clone();
+    let client = async_nats::ConnectOptions::with_user_and_password(user.into(), password.into())
+        .event_callback(move |event| {
+            let seen = seen.clone();
+            async move {
+                if let async_nats::Event::ServerError(error) = event {
+                    seen.lock().unwrap().push(error.to_string());
+                }
+            }
+        })
+        .connect(nats.url())
+        .await
+        .unwrap_or_else(|e| panic!("{user} connects: {e}"));
+    (client, errors)
+}
+
+/// Waits (bounded) for the server's permissions violation naming `subject`.
+async fn refused(errors: &Arc<Mutex<Vec<String>>>, what: &str, subject: &str) {
+    for _ in 0..100 {
+        if errors
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| e.to_lowercase().contains("permissions violation") && e.contains(subject))
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!(
+        "{what} on {subject} was not refused; errors seen: {:?}",
+        errors.lock().unwrap()
+    );
+}
+
+fn request(id: &str, text: &str) -> GenerationRequest {
+    let mut r = GenerationRequest::user(text);
+    r.request_id = Some(id.into());
+    r
+}
+
+#[tokio::test]
+async fn each_role_does_its_job_and_nothing_else() {
+    let nats = NatsServer::start_with_config(&server_config()).await;
+    let mock = MockServer::start(Script::from_toml_str(SCRIPT).unwrap())
+        .await
+        .unwrap();
+
+    // The worker, as user "worker".
+    let mut worker_settings = settings_as(&nats, "worker", "wpass");
+    worker_settings.llm.base_url = mock.base_url();
+    worker_settings.worker.slots = 2;
+    let s = worker_settings.clone();
+    let _worker = tokio::task::spawn_blocking(move || WorkerHandle::spawn(s))
+        .await
+        .unwrap()
+        .expect("the worker starts with worker permissions");
+
+    // The tool service, as user "tools": registers and serves the calculator.
+    let tools_settings = settings_as(&nats, "tools", "tpass");
+    let tools_connection = genfleet::bus::connect::connect(
+        &tools_settings.nats,
+        genfleet::bus::connect::ConnectPurpose::Client,
+    )
+    .await
+    .unwrap();
+    let _calculator = genfleet::bus::tool_service::ToolService::start(
+        tools_connection,
+        &tools_settings,
+        genfleet::cli::tool_demo::calculate_definition(),
+        |arguments, _| async move { genfleet::cli::tool_demo::calculate(&arguments) },
+    )
+    .await
+    .expect("the tool service registers with tool-service permissions");
+
+    // The manager, as user "manager", answering by rule.
+    let manager_settings = settings_as(&nats, "manager", "mpass");
+    let manager = Manager::start(
+        &manager_settings,
+        ManagerOptions::new(
+            "perm",
+            Policy::from_toml_str("[[rule]]\nanswer = \"fast\"\n").unwrap(),
+        ),
+        Arc::new(MemorySink::default()),
+    )
+    .await
+    .expect("the manager starts with manager permissions");
+    let (stop_manager, stopped) = tokio::sync::oneshot::channel::<()>();
+    let manager_task = tokio::spawn(manager.run(async {
+        let _ = stopped.await;
+    }));
+
+    // The client, as user "client": its whole job.
+    let client = Client::connect(&settings_as(&nats, "client", "cpass"))
+        .await
+        .unwrap();
+    let mut calc = request("p-calc", "calc");
+    calc.tools = vec!["calculate".into()];
+    let mut calculated = None;
+    for _ in 0..100 {
+        match client
+            .run("default", calc.clone(), Duration::from_secs(15))
+            .await
+        {
+            // The registration reaches the worker's catalog a moment after it is written.
+            Err(e) if e.code() == Some(ErrorCode::InvalidRequest) => {
+                calc.request_id = Some(format!("p-calc-{}", genfleet::protocol::ids::new_id()));
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            other => {
+                calculated = Some(other.unwrap());
+                break;
+            }
+        }
+    }
+    let calculated = calculated.expect("the calculator became known");
+    assert_eq!(calculated.reason, Reason::Stop, "{calculated:?}");
+    assert!(calculated.output.contains("42"), "{calculated:?}");
+
+    let first = client
+        .run(
+            "default",
+            request("p-decide", "decide"),
+            Duration::from_secs(15),
+        )
+        .await
+        .unwrap();
+    assert_eq!(first.reason, Reason::DecisionRequested);
+    let mut continuation = None;
+    for _ in 0..200 {
+        if let Ok(status) = client.status("p-decide").await
+            && let Some(next) = status.continuation_request_id
+        {
+            continuation = Some(next);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let continuation = continuation.expect("the manager answered the decision");
+    let next = fleet::terminal(&client, &continuation, Duration::from_secs(15)).await;
+    assert_eq!(next.output, "continued");
+
+    client
+        .enqueue("default", &request("p-durable", "hello"))
+        .await
+        .expect("the client enqueues");
+    let durable = fleet::terminal(&client, "p-durable", Duration::from_secs(15)).await;
+    assert_eq!(durable.state, RequestState::Completed);
+    fleet::take_exactly_once(&client, "p-durable").await;
+
+    client
+        .submit("default", &request("p-slow", "slow"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    client.cancel("p-slow").await.expect("the client cancels");
+    let cancelled = client.result("p-slow", true).await.unwrap();
+    assert_eq!(cancelled.state, RequestState::Cancelled);
+
+    // What a client must not do.
+    let (raw, errors) = connect_as(&nats, "client", "cpass").await;
+    let pending_decision = "01JDECISIONBYACLIENT0000000";
+    raw.publish(
+        format!("decisions.{pending_decision}"),
+        "{\"option_id\":\"fast\"}".into(),
+    )
+    .await
+    .unwrap();
+    raw.flush().await.unwrap();
+    refused(&errors, "a client answering a decision", "decisions.").await;
+    raw.publish(
+        "$JS.API.DIRECT.GET.KV_GENFLEET_RESULTS.$KV.GENFLEET_RESULTS.res.p-calc",
+        "".into(),
+    )
+    .await
+    .unwrap();
+    raw.flush().await.unwrap();
+    refused(
+        &errors,
+        "a client reading the results bucket",
+        "$JS.API.DIRECT.GET",
+    )
+    .await;
+    let _sub = raw.subscribe("$KV.GENFLEET_RESULTS.>").await.unwrap();
+    raw.flush().await.unwrap();
+    refused(
+        &errors,
+        "a client watching the results bucket",
+        "$KV.GENFLEET_RESULTS",
+    )
+    .await;
+    raw.publish("gen.worker.any.cancel", "p-calc".into())
+        .await
+        .unwrap();
+    raw.flush().await.unwrap();
+    refused(&errors, "a client posing as a worker", "gen.worker.").await;
+    let _signals = raw.subscribe("signals.>").await.unwrap();
+    raw.flush().await.unwrap();
+    refused(&errors, "a client reading the signals", "signals.").await;
+
+    // What a manager must not do.
+    let (raw, errors) = connect_as(&nats, "manager", "mpass").await;
+    raw.publish("gen.submit.default", "{\"messages\":[]}".into())
+        .await
+        .unwrap();
+    raw.flush().await.unwrap();
+    refused(&errors, "a manager submitting", "gen.submit.default").await;
+    raw.publish("gen.result.p-calc", "{}".into()).await.unwrap();
+    raw.flush().await.unwrap();
+    refused(&errors, "a manager reading a result", "gen.result.p-calc").await;
+    raw.publish(
+        "$JS.API.DIRECT.GET.KV_GENFLEET_RESULTS.$KV.GENFLEET_RESULTS.res.p-calc",
+        "".into(),
+    )
+    .await
+    .unwrap();
+    raw.flush().await.unwrap();
+    refused(
+        &errors,
+        "a manager reading the results bucket",
+        "$JS.API.DIRECT.GET.KV_GENFLEET_RESULTS",
+    )
+    .await;
+
+    // What a tool service must not do.
+    let (raw, errors) = connect_as(&nats, "tools", "tpass").await;
+    let _events = raw.subscribe("gen.events.*").await.unwrap();
+    raw.flush().await.unwrap();
+    refused(&errors, "a tool service following requests", "gen.events.").await;
+    raw.publish("signals.issue.FAKE", "{}".into())
+        .await
+        .unwrap();
+    raw.flush().await.unwrap();
+    refused(
+        &errors,
+        "a tool service raising signals",
+        "signals.issue.FAKE",
+    )
+    .await;
+    raw.publish("_INBOX.someone.else", "forged".into())
+        .await
+        .unwrap();
+    raw.flush().await.unwrap();
+    refused(
+        &errors,
+        "a tool service writing to others' inboxes",
+        "_INBOX.someone.else",
+    )
+    .await;
+
+    // A client of another tenant (prefix b.) reaches nothing of this one.
+    let (raw, errors) = connect_as(&nats, "tenant-b", "bpass").await;
+    raw.publish("gen.result.p-decide", "{}".into())
+        .await
+        .unwrap();
+    raw.flush().await.unwrap();
+    refused(
+        &errors,
+        "another tenant reading a result",
+        "gen.result.p-decide",
+    )
+    .await;
+    let _events = raw.subscribe("gen.events.*").await.unwrap();
+    raw.flush().await.unwrap();
+    refused(&errors, "another tenant following requests", "gen.events.").await;
+
+    let _ = stop_manager.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), manager_task).await;
+}
