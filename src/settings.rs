@@ -227,6 +227,7 @@ pub struct LimitSettings {
     pub max_request_bytes: usize,
     pub max_metadata_bytes: usize,
     pub max_output_bytes: usize,
+    pub max_tool_result_bytes: usize,
     pub max_model_signals: u32,
     pub max_model_signal_bytes: usize,
     pub max_worker_signal_bytes: usize,
@@ -542,6 +543,9 @@ impl Settings {
                 "http.listen {:?} is not an address like 0.0.0.0:9090 (empty: no HTTP server)",
                 self.http.listen
             ));
+        }
+        if self.limits.max_tool_result_bytes < 256 {
+            return fail("limits.max_tool_result_bytes must be at least 256".into());
         }
         if self.limits.max_output_bytes == 0 {
             return fail("limits.max_output_bytes must be at least 1".into());

@@ -1096,3 +1096,72 @@ reply = "Sum done."
         );
     }
 }
+
+#[tokio::test]
+async fn a_tool_answer_past_the_bound_is_cut_for_the_model_and_the_record() {
+    let h = Harness::with(
+        "[[rules]]\nwhen_last_role = \"user\"\nreply = \"Fetching.\"\ntool_calls = [{ name = \"add\", arguments = { a = 1, b = 2 } }]\n[[rules]]\nwhen_last_role = \"tool\"\nreply = \"Got it.\"\n",
+        |s| s.limits.max_tool_result_bytes = 4096,
+    )
+    .await;
+    // About 900 KB, full of characters JSON escapes.
+    let huge = "\"quoted\" \\ line\n".repeat(56_000);
+    h.tools
+        .set("add", Behaviour::Reply(json!({ "body": huge })));
+    let (result, events) = h
+        .run(request(
+            json!({"messages": user("fetch"), "tools": ["add"]}),
+        ))
+        .await;
+    assert_eq!(result.reason, Reason::Stop, "{result:?}");
+    let tool_message = result
+        .messages
+        .iter()
+        .find(|m| m.role == Role::Tool)
+        .expect("the tool's answer is in the conversation");
+    let content = tool_message.text();
+    assert!(content.len() <= 4096, "{} bytes kept", content.len());
+    let kept: serde_json::Value = serde_json::from_str(&content).unwrap();
+    assert_eq!(kept["truncated"], true);
+    assert!(kept["original_bytes"].as_u64().unwrap() > 800_000);
+    assert!(
+        kept["head"]
+            .as_str()
+            .unwrap()
+            .starts_with("{\"body\":\"\\\"quoted")
+    );
+    // The model was handed the same bounded answer, and so was the tool_result event.
+    let second_call = h.backend_requests()[1].clone();
+    let sent = second_call["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(sent, content);
+    let event = events
+        .iter()
+        .find_map(|e| match &e.body {
+            EventBody::ToolResult { result, .. } => Some(result.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(event["truncated"], true);
+    // An answer within the bound is handed over as it is.
+    h.tools.set("add", Behaviour::Reply(json!({ "sum": 3 })));
+    let (small, _) = h
+        .run(request(
+            json!({"messages": user("fetch"), "tools": ["add"]}),
+        ))
+        .await;
+    let content = small
+        .messages
+        .iter()
+        .find(|m| m.role == Role::Tool)
+        .unwrap()
+        .text();
+    assert_eq!(content, "{\"sum\":3}");
+}

@@ -1046,6 +1046,7 @@ impl<'e> Generation<'e> {
         for (call, result) in calls.iter().zip(results) {
             match result {
                 Ok(reply) => {
+                    let reply = bound_tool_reply(reply, self.engine.config.max_tool_result_bytes);
                     let (ok, value) = match &reply {
                         ToolReply::Ok(v) => (true, v.clone()),
                         ToolReply::Error(v) => (false, v.clone()),
@@ -1436,5 +1437,47 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
+    }
+}
+
+/// A tool's answer as the model and the conversation get it: at most `max` bytes of JSON text.
+/// A larger answer is replaced by what it began with, marked as cut, so the model knows.
+fn bound_tool_reply(reply: ToolReply, max: usize) -> ToolReply {
+    let (ok, value) = match reply {
+        ToolReply::Ok(value) => (true, value),
+        ToolReply::Error(value) => (false, value),
+    };
+    let text = value.to_string();
+    if text.len() <= max {
+        return if ok {
+            ToolReply::Ok(value)
+        } else {
+            ToolReply::Error(value)
+        };
+    }
+    // Room for the envelope; the head is cut at a character boundary, short enough that it
+    // still fits once its quotes and escapes are written out.
+    let room = max.saturating_sub(200);
+    let mut end = room.min(text.len());
+    loop {
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        let escaped = serde_json::to_string(&text[..end]).map_or(usize::MAX, |s| s.len());
+        if escaped <= room || end == 0 {
+            break;
+        }
+        end = end * room / escaped;
+    }
+    let bounded = json!({
+        "truncated": true,
+        "original_bytes": text.len(),
+        "head": &text[..end],
+        "note": format!("the tool's answer was {} bytes; only its first {end} bytes are shown", text.len()),
+    });
+    if ok {
+        ToolReply::Ok(bounded)
+    } else {
+        ToolReply::Error(bounded)
     }
 }

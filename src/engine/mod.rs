@@ -47,6 +47,8 @@ pub struct EngineConfig {
     pub correction_attempts: u32,
     pub default_tool_timeout: Duration,
     pub max_output_bytes: usize,
+    /// A tool's answer, as JSON text, handed to the model.
+    pub max_tool_result_bytes: usize,
     pub signal_limits: SignalLimits,
     pub loop_detection: LoopDetectionConfig,
     /// How long a decision waits for an answer (its `expires_at`); `None`: no expiry.
@@ -86,6 +88,7 @@ impl EngineConfig {
             correction_attempts: settings.tools.correction_attempts,
             default_tool_timeout: Duration::from_millis(settings.tools.default_timeout_ms),
             max_output_bytes: settings.limits.max_output_bytes,
+            max_tool_result_bytes: settings.limits.max_tool_result_bytes,
             signal_limits: SignalLimits {
                 max_model_signals: settings.limits.max_model_signals,
                 max_model_signal_bytes: settings.limits.max_model_signal_bytes,
