@@ -95,6 +95,36 @@ pub enum LlmError {
     Protocol(String),
 }
 
+impl LlmError {
+    /// The same error with every occurrence of `secret` (the API key) replaced: a backend or a
+    /// proxy may echo the Authorization header back in an error.
+    pub fn redact(self, secret: Option<&str>) -> LlmError {
+        let Some(secret) = secret.filter(|s| !s.is_empty()) else {
+            return self;
+        };
+        let clean = |text: String| redact(&text, secret);
+        match self {
+            LlmError::ToolsRejected(text) => LlmError::ToolsRejected(clean(text)),
+            LlmError::Http { status, body } => LlmError::Http {
+                status,
+                body: clean(body),
+            },
+            LlmError::Transport(text) => LlmError::Transport(clean(text)),
+            LlmError::Idle(ms) => LlmError::Idle(ms),
+            LlmError::StreamBroken(text) => LlmError::StreamBroken(clean(text)),
+            LlmError::Protocol(text) => LlmError::Protocol(clean(text)),
+        }
+    }
+}
+
+/// `text` with every occurrence of `secret` replaced by `[redacted]`.
+pub fn redact(text: &str, secret: &str) -> String {
+    if secret.is_empty() {
+        return text.to_string();
+    }
+    text.replace(secret, "[redacted]")
+}
+
 pub type ChatStream = BoxStream<'static, Result<StreamEvent, LlmError>>;
 
 /// A model backend. Dropping the stream cancels the call (and closes its connection).

@@ -80,11 +80,13 @@ impl OpenAiBackend {
         if let Some(key) = &self.inner.api_key {
             builder = builder.bearer_auth(key);
         }
-        builder
-            .send()
-            .await
-            .map(|_| ())
-            .map_err(|e| format!("the backend does not answer: {e}"))
+        builder.send().await.map(|_| ()).map_err(|e| {
+            let text = format!("the backend does not answer: {e}");
+            match &self.inner.api_key {
+                Some(key) => super::redact(&text, key),
+                None => text,
+            }
+        })
     }
 }
 
@@ -97,6 +99,7 @@ pub fn install_crypto_provider() {
 impl LlmBackend for OpenAiBackend {
     fn chat_stream(&self, request: ChatRequest) -> ChatStream {
         let inner = self.inner.clone();
+        let secret = self.inner.api_key.clone();
         stream::once(async move {
             match inner.connect(&request).await {
                 Ok(response) => sse_events(response, inner.idle_timeout),
@@ -104,6 +107,7 @@ impl LlmBackend for OpenAiBackend {
             }
         })
         .flatten()
+        .map(move |event| event.map_err(|error| error.redact(secret.as_deref())))
         .boxed()
     }
 }
@@ -176,7 +180,7 @@ impl Inner {
                 Ok(response) => {
                     let status = response.status().as_u16();
                     let retry_after = retry_after(&response);
-                    let body = read_error_body(response).await;
+                    let body = read_error_body(response, self.api_key.as_deref()).await;
                     if status == 400 && with_stream_options && body.contains("stream_options") {
                         tracing::warn!(
                             message = "backend rejects stream_options; not sending it again"
@@ -230,7 +234,8 @@ fn transport_error(error: &reqwest::Error) -> String {
     text
 }
 
-async fn read_error_body(mut response: reqwest::Response) -> String {
+/// The start of an error body, without the API key should the backend echo it.
+async fn read_error_body(mut response: reqwest::Response, secret: Option<&str>) -> String {
     let mut body = Vec::new();
     while let Ok(Some(chunk)) = response.chunk().await {
         body.extend_from_slice(&chunk);
@@ -239,7 +244,11 @@ async fn read_error_body(mut response: reqwest::Response) -> String {
             break;
         }
     }
-    String::from_utf8_lossy(&body).trim().to_string()
+    let text = String::from_utf8_lossy(&body).trim().to_string();
+    match secret {
+        Some(secret) => super::redact(&text, secret),
+        None => text,
+    }
 }
 
 #[derive(Deserialize)]
