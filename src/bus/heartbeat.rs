@@ -86,6 +86,8 @@ pub(super) async fn run(shared: Arc<Shared>) {
     }
 }
 
+/// The workers beating now. A listing cut short by an error is an error: a worker missing
+/// from it must not be taken for lost.
 async fn alive(shared: &Shared) -> Result<HashSet<String>, BusError> {
     let mut keys = shared
         .workers
@@ -93,10 +95,20 @@ async fn alive(shared: &Shared) -> Result<HashSet<String>, BusError> {
         .await
         .map_err(|e| BusError::Store(e.to_string()))?;
     let mut alive = HashSet::new();
-    while let Some(Ok(key)) = keys.next().await {
-        alive.insert(key);
+    while let Some(key) = keys.next().await {
+        alive.insert(key.map_err(|e| BusError::Store(e.to_string()))?);
     }
     Ok(alive)
+}
+
+/// Whether `worker`'s heartbeat is there, asked directly (a second look before acting).
+async fn beating(shared: &Shared, worker: &str) -> Result<bool, BusError> {
+    shared
+        .workers
+        .get(worker)
+        .await
+        .map(|entry| entry.is_some())
+        .map_err(|e| BusError::Store(e.to_string()))
 }
 
 async fn reap(shared: &Shared) -> Result<(), BusError> {
@@ -126,6 +138,9 @@ async fn reap(shared: &Shared) -> Result<(), BusError> {
         }
     }
     for (worker, request_id) in orphans {
+        if beating(shared, &worker).await? {
+            continue;
+        }
         let record = shared.stores.live(&request_id).await?;
         let purge_index = || async {
             let _ = shared

@@ -42,6 +42,9 @@ const FINISHING_AT_ONCE: u32 = 64;
 /// Notices of stored results kept for cancels waiting on them; a cancel that falls behind looks
 /// in the store instead.
 const STORED_NOTICES: usize = 1024;
+/// How long a finished request's result is tried to be stored before it is given up (a
+/// durable one then goes back to the queue).
+const STORE_RESULT_FOR: Duration = Duration::from_secs(60);
 
 /// A running worker, started on its own thread with its own actix system (tests and embedding).
 pub struct WorkerHandle {
@@ -707,10 +710,12 @@ async fn finish(shared: &Shared, event: Event) {
         tracing::info!(message = "handed a durable request back to the queue", request_id = %id);
         return;
     }
-    store_result(shared, result).await;
+    let stored = store_result(shared, result).await;
     let _ = shared.stored.send(id.clone());
     shared.metrics.observe_result(result);
-    queue::settle(shared, id, false).await;
+    // A durable request whose result could not be stored goes back to the queue to run again,
+    // rather than be acknowledged and lost.
+    queue::settle(shared, id, !stored).await;
     release_local(shared, id).await;
     if let Some(chain) = asked.map(|a| a.chain) {
         record_outcome(shared, &chain, result).await;
@@ -738,23 +743,31 @@ async fn release_local(shared: &Shared, request_id: &str) {
         .await;
 }
 
-async fn store_result(shared: &Shared, result: &crate::protocol::GenerationResult) {
+/// Stores a result, trying again for up to [`STORE_RESULT_FOR`] (NATS reconnecting, a bucket
+/// electing a leader). False when it gave up.
+async fn store_result(shared: &Shared, result: &crate::protocol::GenerationResult) -> bool {
     let mut delay = Duration::from_millis(50);
-    for attempt in 1..=8 {
+    let started = tokio::time::Instant::now();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
         match shared.stores.store_result(result).await {
-            Ok(Stored::Stored) => return,
+            Ok(Stored::Stored) => return true,
             Ok(Stored::AlreadyStored) => {
                 tracing::warn!(message = "another runner stored this request's result first; this one is discarded", request_id = %result.request_id);
-                return;
+                return true;
             }
-            Err(error) => {
+            Err(error) if started.elapsed() + delay < STORE_RESULT_FOR => {
                 tracing::warn!(message = "storing a result failed; retrying", %error, attempt, request_id = %result.request_id);
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(2));
             }
+            Err(error) => {
+                tracing::error!(message = "gave up storing a result", %error, attempt, request_id = %result.request_id);
+                return false;
+            }
         }
     }
-    tracing::error!(message = "gave up storing a result", request_id = %result.request_id);
 }
 
 async fn publish_signal(shared: &Shared, signal: &Signal) {
