@@ -10,7 +10,13 @@ use crate::protocol::{CheckResult, ValidationCheck, ValidationReport};
 pub fn evaluate(checks: &[ValidationCheck], output: &str, threshold: f64) -> ValidationReport {
     let results: Vec<CheckResult> = checks.iter().map(|c| run_check(c, output)).collect();
     let total: f64 = results.iter().map(|r| r.weight).sum();
-    let passed_weight: f64 = results.iter().filter(|r| r.passed).map(|r| r.weight).sum();
+    // A float sum of nothing is -0.0, which would show as "-0.00"; + 0.0 makes it 0.0.
+    let passed_weight: f64 = results
+        .iter()
+        .filter(|r| r.passed)
+        .map(|r| r.weight)
+        .sum::<f64>()
+        + 0.0;
     let confidence = if results.is_empty() || total <= 0.0 {
         1.0
     } else {
@@ -193,6 +199,10 @@ mod tests {
         ]));
         let report = evaluate(&list, "zzz", 0.0);
         assert_eq!(report.confidence, 0.0);
+        assert!(
+            report.confidence.is_sign_positive(),
+            "no -0.0 to print as -0.00"
+        );
         assert!(report.passed, "a threshold of 0 passes everything");
         assert!(!evaluate(&list, "zzz", 0.01).passed);
     }
