@@ -71,19 +71,38 @@ pub(super) async fn first_beat(shared: &Shared) -> Result<(), BusError> {
     }
 }
 
-/// Beats, and ends the interactive requests of workers that stopped beating.
+/// Beats, and ends the interactive requests of workers that stopped beating. The two run side
+/// by side: a slow look for lost workers (a JetStream under load) must never hold up this
+/// worker's own heartbeat, or its heartbeat would expire and live workers would take it for
+/// lost.
 pub(super) async fn run(shared: Arc<Shared>) {
     let every = Duration::from_millis(shared.settings.worker.heartbeat_ms);
-    loop {
-        tokio::time::sleep(every).await;
-        if let Err(error) = beat(&shared).await {
-            tracing::warn!(message = "heartbeat failed", %error);
-            continue;
+    let beating = async {
+        let mut ticker = tokio::time::interval(every);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await;
+        loop {
+            ticker.tick().await;
+            // A heartbeat slower than the interval is left behind for the next one.
+            match tokio::time::timeout(every, beat(&shared)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => tracing::warn!(message = "heartbeat failed", %error),
+                Err(_) => {
+                    tracing::warn!(message = "heartbeat took longer than worker.heartbeat_ms")
+                }
+            }
         }
-        if let Err(error) = reap(&shared).await {
-            tracing::debug!(message = "looking for lost workers failed", %error);
+    };
+    let reaping = async {
+        let mut suspects = HashSet::new();
+        loop {
+            tokio::time::sleep(every).await;
+            if let Err(error) = reap(&shared, &mut suspects).await {
+                tracing::debug!(message = "looking for lost workers failed", %error);
+            }
         }
-    }
+    };
+    tokio::join!(beating, reaping);
 }
 
 /// The workers beating now. A listing cut short by an error is an error: a worker missing
@@ -111,7 +130,10 @@ async fn beating(shared: &Shared, worker: &str) -> Result<bool, BusError> {
         .map_err(|e| BusError::Store(e.to_string()))
 }
 
-async fn reap(shared: &Shared) -> Result<(), BusError> {
+/// Ends the requests of workers missing from the heartbeats in two looks in a row (`suspects`
+/// holds those missing at the last look), so one late heartbeat never costs a live worker its
+/// requests.
+async fn reap(shared: &Shared, suspects: &mut HashSet<String>) -> Result<(), BusError> {
     let alive = alive(shared).await?;
     let mut index = shared
         .stores
@@ -137,8 +159,11 @@ async fn reap(shared: &Shared) -> Result<(), BusError> {
             break;
         }
     }
+    let missing: HashSet<String> = orphans.iter().map(|(worker, _)| worker.clone()).collect();
+    let confirmed: HashSet<String> = missing.intersection(suspects).cloned().collect();
+    *suspects = missing;
     for (worker, request_id) in orphans {
-        if beating(shared, &worker).await? {
+        if !confirmed.contains(&worker) || beating(shared, &worker).await? {
             continue;
         }
         let record = shared.stores.live(&request_id).await?;
