@@ -58,11 +58,55 @@ pub fn encode_reply<T: Serialize>(
                 "Nats-Service-Error-Code",
                 ErrorCode::http_status(error.code).to_string().as_str(),
             );
-            headers.insert("Nats-Service-Error", error.message.as_str());
+            headers.insert("Nats-Service-Error", header_text(&error.message).as_str());
             encoding.encode(&error.to_reply())
         }
     };
     (headers, body.into())
+}
+
+/// The longest `Nats-Service-Error` header value; the body carries the whole message.
+const MAX_HEADER_TEXT: usize = 256;
+
+/// `text` as a header value: one line (control characters become spaces, which a header
+/// cannot hold) of at most [`MAX_HEADER_TEXT`] bytes.
+fn header_text(text: &str) -> String {
+    let mut out: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if out.len() > MAX_HEADER_TEXT {
+        let mut cut = MAX_HEADER_TEXT - '…'.len_utf8();
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.truncate(cut);
+        out.push('…');
+    }
+    out
+}
+
+/// Runs a handler's work. A panic in it is a bug, but the requester still gets an answer (an
+/// INTERNAL error) instead of a timeout, and the worker goes on.
+pub async fn guarded<T>(
+    work: impl std::future::Future<Output = Result<T, WireError>>,
+) -> Result<T, WireError> {
+    use futures_util::FutureExt;
+    match std::panic::AssertUnwindSafe(work).catch_unwind().await {
+        Ok(reply) => reply,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(message = "a request handler panicked", panic = %what);
+            Err(WireError::new(
+                ErrorCode::Internal,
+                "the worker failed on this message (a bug; its log has the cause)",
+            ))
+        }
+    }
 }
 
 /// Answers `message` (when it has a reply subject); a failure to publish is only logged, the
@@ -78,5 +122,35 @@ pub async fn respond<T: Serialize>(
     let (headers, body) = encode_reply(encoding_of(message), &reply);
     if let Err(error) = client.publish_with_headers(reply_to, headers, body).await {
         tracing::warn!(message = "could not send a reply", %error, subject = %message.subject);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_headers_hold_one_bounded_line_of_any_message() {
+        let error = WireError::invalid(format!(
+            "regex parse error:\n    (\n    ^\r\n{}",
+            "é".repeat(400)
+        ));
+        let (headers, body) = encode_reply::<()>(Encoding::Json, &Err(error.clone()));
+        let text = headers.get("Nats-Service-Error").unwrap().as_str();
+        assert!(!text.contains(['\r', '\n']), "{text:?}");
+        assert!(
+            text.len() <= MAX_HEADER_TEXT && text.ends_with('…'),
+            "{text:?}"
+        );
+        let reply: crate::protocol::ErrorReply = serde_json::from_slice(&body).unwrap();
+        assert_eq!(reply.error.message, error.message);
+    }
+
+    #[tokio::test]
+    async fn a_panicking_handler_still_answers() {
+        let reply: Result<(), WireError> = guarded(async { panic!("boom") }).await;
+        assert_eq!(reply.unwrap_err().code, ErrorCode::Internal);
+        let reply: Result<u8, WireError> = guarded(async { Ok(1) }).await;
+        assert_eq!(reply.unwrap(), 1);
     }
 }

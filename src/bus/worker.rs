@@ -13,7 +13,7 @@ use serde::Deserialize;
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
 use super::decisions::{ChainMark, DecisionAnswer, DecisionOutcome, DecisionRecord, Decisions};
-use super::reply::{decode, respond};
+use super::reply::{decode, guarded, respond};
 use super::store::{LiveRecord, Stored, StoredResult, Stores};
 use super::subjects::Subjects;
 use super::tools::BusToolRunner;
@@ -587,7 +587,7 @@ async fn spawn_handler(
 }
 
 async fn handle_submit(shared: Arc<Shared>, message: async_nats::Message) {
-    let reply = submit(&shared, &message).await;
+    let reply = guarded(submit(&shared, &message)).await;
     respond(&shared.client, &message, reply).await;
 }
 
@@ -826,15 +826,15 @@ async fn serve_any(shared: Arc<Shared>, verb: &'static str, mut sub: async_nats:
             let request_id = Subjects::request_id_of(&message.subject).to_string();
             match verb {
                 "status" => {
-                    let reply = bounded(status(&shared2, &request_id)).await;
+                    let reply = guarded(bounded(status(&shared2, &request_id))).await;
                     respond(&shared2.client, &message, reply).await;
                 }
                 "result" => {
-                    let reply = bounded(result(&shared2, &request_id, &message)).await;
+                    let reply = guarded(bounded(result(&shared2, &request_id, &message))).await;
                     respond(&shared2.client, &message, reply).await;
                 }
                 _ => {
-                    let reply = cancel(&shared2, &request_id).await;
+                    let reply = guarded(cancel(&shared2, &request_id)).await;
                     respond(&shared2.client, &message, reply).await;
                 }
             }
@@ -1194,7 +1194,7 @@ async fn serve_own_cancels(shared: Arc<Shared>, mut sub: async_nats::Subscriber)
         let shared2 = shared.clone();
         spawn_handler(&shared, async move {
             let request_id = String::from_utf8_lossy(&message.payload).to_string();
-            let reply = cancel_here(&shared2, &request_id).await;
+            let reply = guarded(cancel_here(&shared2, &request_id)).await;
             respond(&shared2.client, &message, reply).await;
         })
         .await;
@@ -1251,7 +1251,7 @@ async fn serve_decisions(shared: Arc<Shared>, mut sub: async_nats::Subscriber) {
         let shared2 = shared.clone();
         spawn_handler(&shared, async move {
             let decision_id = Subjects::request_id_of(&message.subject).to_string();
-            let reply = answer_decision(&shared2, &decision_id, &message).await;
+            let reply = guarded(answer_decision(&shared2, &decision_id, &message)).await;
             respond(&shared2.client, &message, reply).await;
         })
         .await;

@@ -7,6 +7,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::protocol::ids::{is_valid_name, new_id, now_rfc3339};
+use crate::protocol::request::{MAX_VALUE_DEPTH, value_depth};
 use crate::protocol::signal::{SIGNAL_CODES, is_valid_outcome_code};
 use crate::protocol::{
     DecisionBlock, DecisionKind, DecisionOption, Severity, Signal, SignalSource, SignalType,
@@ -216,6 +217,13 @@ pub fn to_signal(
     awaits_answer: bool,
 ) -> Result<Signal, String> {
     let args = serde_json::Value::Object(arguments.clone());
+    // Signals are published and stored inside results: their meta must stay readable there.
+    let depth = value_depth(&args);
+    if depth > MAX_VALUE_DEPTH {
+        return Err(format!(
+            "the arguments are nested {depth} levels deep; at most {MAX_VALUE_DEPTH} are allowed"
+        ));
+    }
     let model = SignalSource::Model;
     match name {
         SIGNAL_ISSUE => {
@@ -434,5 +442,18 @@ mod tests {
             (s.kind, s.source, s.meta["k"].as_i64()),
             (SignalType::Issue, SignalSource::Model, Some(1))
         );
+    }
+
+    #[test]
+    fn meta_nested_too_deep_is_a_reason_to_correct_the_call() {
+        let mut deep = json!(1);
+        for _ in 0..MAX_VALUE_DEPTH {
+            deep = json!([deep]);
+        }
+        let a = args(json!({"code": "DONE", "meta": {"k": deep}}));
+        let err = to_signal(DECLARE_OUTCOME, &a, &origin(), true).unwrap_err();
+        assert!(err.contains("nested"), "{err}");
+        let a = args(json!({"code": "DONE", "meta": {"k": [[1]]}}));
+        to_signal(DECLARE_OUTCOME, &a, &origin(), true).unwrap();
     }
 }

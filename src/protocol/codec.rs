@@ -10,6 +10,11 @@ pub const CONTENT_TYPE_HEADER: &str = "Content-Type";
 pub const MSGPACK_CONTENT_TYPE: &str = "application/msgpack";
 pub const JSON_CONTENT_TYPE: &str = "application/json";
 
+/// Either decoder refuses arrays and maps nested this deep (the whole body counting as one
+/// level): serde_json's limit, applied to MessagePack too so both encodings accept the same
+/// requests.
+pub const MAX_DECODE_DEPTH: usize = 128;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Encoding {
     #[default]
@@ -50,14 +55,64 @@ impl Encoding {
         encoded.expect("wire types always encode")
     }
 
-    /// Decodes strictly; the error is an INVALID_REQUEST naming what is wrong.
+    /// Decodes strictly; the error is an INVALID_REQUEST naming what is wrong and where
+    /// (`messages[0].role: unknown variant ...`). Both encodings refuse nesting of
+    /// [`MAX_DECODE_DEPTH`] levels and bytes after the value.
     pub fn decode<T: DeserializeOwned>(self, bytes: &[u8]) -> Result<T, WireError> {
         match self {
-            Encoding::Json => serde_json::from_slice(bytes)
-                .map_err(|e| WireError::invalid(format!("invalid JSON request: {e}"))),
-            Encoding::MsgPack => rmp_serde::from_slice(bytes)
-                .map_err(|e| WireError::invalid(format!("invalid MessagePack request: {e}"))),
+            Encoding::Json => {
+                let invalid = |e: &dyn std::fmt::Display| {
+                    WireError::invalid(format!("invalid JSON request: {e}"))
+                };
+                // serde_json's own recursion limit is MAX_DECODE_DEPTH.
+                let mut de = serde_json::Deserializer::from_slice(bytes);
+                let value = serde_path_to_error::deserialize(&mut de).map_err(|e| invalid(&e))?;
+                de.end().map_err(|e| invalid(&e))?;
+                Ok(value)
+            }
+            Encoding::MsgPack => {
+                let invalid = |e: &dyn std::fmt::Display| {
+                    WireError::invalid(format!("invalid MessagePack request: {e}"))
+                };
+                let mut de = rmp_serde::Deserializer::new(std::io::Cursor::new(bytes));
+                de.set_max_depth(MAX_DECODE_DEPTH);
+                let value = serde_path_to_error::deserialize(&mut de)
+                    .map_err(|e| invalid(&msgpack_error(&e)))?;
+                let rest = bytes.len() as u64 - de.position();
+                if rest > 0 {
+                    return Err(invalid(&format!("{rest} bytes after the end of the value")));
+                }
+                Ok(value)
+            }
         }
+    }
+}
+
+/// rmp-serde words a value of the wrong type for a typed field as "wrong msgpack marker
+/// FixStr(4)"; say it the way the JSON decoder does.
+fn msgpack_error(error: &serde_path_to_error::Error<rmp_serde::decode::Error>) -> String {
+    let rmp_serde::decode::Error::TypeMismatch(marker) = error.inner() else {
+        return error.to_string();
+    };
+    use rmp::Marker as M;
+    let kind = match marker {
+        M::FixPos(_) | M::FixNeg(_) | M::U8 | M::U16 | M::U32 | M::U64 => "integer",
+        M::I8 | M::I16 | M::I32 | M::I64 => "integer",
+        M::F32 | M::F64 => "floating point",
+        M::FixStr(_) | M::Str8 | M::Str16 | M::Str32 => "string",
+        M::FixArray(_) | M::Array16 | M::Array32 => "sequence",
+        M::FixMap(_) | M::Map16 | M::Map32 => "map",
+        M::True | M::False => "boolean",
+        M::Null => "nil",
+        M::Bin8 | M::Bin16 | M::Bin32 => "binary",
+        M::Reserved => "reserved marker 0xc1",
+        _ => "extension",
+    };
+    let path = error.path().to_string();
+    if path == "." {
+        format!("invalid type: {kind}")
+    } else {
+        format!("{path}: invalid type: {kind}")
     }
 }
 
@@ -186,6 +241,63 @@ mod tests {
             .decode::<GenerationRequest>(&[0xc1, 0x00])
             .unwrap_err();
         assert_eq!(err.code, ErrorCode::InvalidRequest);
+    }
+
+    /// `{"messages": [...], "metadata": {"k": [[[...]]]}}` with the whole body `depth` deep.
+    fn nested_request(depth: usize) -> serde_json::Value {
+        let mut value = json!(1);
+        for _ in 0..depth - 2 {
+            value = json!([value]);
+        }
+        json!({"messages": [{"role": "user", "content": "x"}], "metadata": {"k": value}})
+    }
+
+    #[test]
+    fn both_encodings_refuse_the_same_nesting() {
+        let deepest = nested_request(MAX_DECODE_DEPTH - 1);
+        let deeper = nested_request(MAX_DECODE_DEPTH);
+        for enc in [Encoding::Json, Encoding::MsgPack] {
+            let body = enc.encode(&deepest);
+            let ok = enc.decode::<GenerationRequest>(&body);
+            assert!(ok.is_ok(), "{enc:?}: {:?}", ok.err());
+            let body = enc.encode(&deeper);
+            let err = enc.decode::<GenerationRequest>(&body).unwrap_err();
+            assert_eq!(err.code, ErrorCode::InvalidRequest);
+            assert!(err.message.contains("metadata"), "{enc:?}: {}", err.message);
+        }
+    }
+
+    #[test]
+    fn errors_name_the_path_to_the_bad_value() {
+        let body = json!({"messages": [{"role": "user", "content": "x"}, {"role": "robot", "content": "y"}]});
+        for enc in [Encoding::Json, Encoding::MsgPack] {
+            let err = enc
+                .decode::<GenerationRequest>(&enc.encode(&body))
+                .unwrap_err();
+            assert!(
+                err.message.contains("messages[1].role"),
+                "{enc:?}: {}",
+                err.message
+            );
+            assert!(err.message.contains("robot"), "{enc:?}: {}", err.message);
+        }
+    }
+
+    #[test]
+    fn bytes_after_the_value_are_refused() {
+        let body = json!({"messages": [{"role": "user", "content": "x"}]});
+        for enc in [Encoding::Json, Encoding::MsgPack] {
+            let mut bytes = enc.encode(&body);
+            bytes.extend_from_slice(&enc.encode(&body));
+            let err = enc.decode::<GenerationRequest>(&bytes).unwrap_err();
+            assert_eq!(err.code, ErrorCode::InvalidRequest, "{enc:?}");
+        }
+        let mut bytes = Encoding::MsgPack.encode(&body);
+        bytes.push(0xc0);
+        let err = Encoding::MsgPack
+            .decode::<GenerationRequest>(&bytes)
+            .unwrap_err();
+        assert!(err.message.contains("1 bytes after"), "{}", err.message);
     }
 
     #[test]

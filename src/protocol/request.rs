@@ -116,6 +116,44 @@ fn yes() -> bool {
     true
 }
 
+/// The deepest nesting of arrays and objects allowed in a free-form value of a request
+/// (`metadata`, `options`, a validation `schema`, content parts) or a signal's `meta`. Results,
+/// records and signals embed these values a few levels down, and every reader in the fleet
+/// (serde_json, with its limit of 128) must still be able to read them.
+pub const MAX_VALUE_DEPTH: usize = 64;
+
+/// How deeply `value` nests arrays and objects (a scalar is 0, `[]` and `{}` are 1).
+pub fn value_depth(value: &serde_json::Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(value, 0usize)];
+    while let Some((value, depth)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &serde_json::Value>> = match value {
+            serde_json::Value::Array(items) => Box::new(items.iter()),
+            serde_json::Value::Object(map) => Box::new(map.values()),
+            _ => continue,
+        };
+        deepest = deepest.max(depth + 1);
+        stack.extend(children.map(|child| (child, depth + 1)));
+    }
+    deepest
+}
+
+/// An error naming `field` when `value` nests deeper than [`MAX_VALUE_DEPTH`].
+pub fn check_depth(field: &str, value: &serde_json::Value) -> Result<(), WireError> {
+    let depth = value_depth(value);
+    if depth > MAX_VALUE_DEPTH {
+        return Err(WireError::invalid(format!(
+            "{field} is nested {depth} levels deep; at most {MAX_VALUE_DEPTH} are allowed"
+        )));
+    }
+    Ok(())
+}
+
+/// How deeply a map nests, counting the map itself.
+fn map_depth(map: &serde_json::Map<String, serde_json::Value>) -> usize {
+    1 + map.values().map(value_depth).max().unwrap_or(0)
+}
+
 /// The bounds a request is checked against on acceptance.
 #[derive(Debug, Clone)]
 pub struct RequestLimits {
@@ -168,6 +206,14 @@ impl GenerationRequest {
         }
         for (i, message) in self.messages.iter().enumerate() {
             validate_message(i, message)?;
+        }
+        for (field, map) in [("metadata", &self.metadata), ("options", &self.options)] {
+            let depth = map_depth(map);
+            if depth > MAX_VALUE_DEPTH {
+                return Err(WireError::invalid(format!(
+                    "{field} is nested {depth} levels deep; at most {MAX_VALUE_DEPTH} are allowed"
+                )));
+            }
         }
         let mut seen = std::collections::HashSet::new();
         for tool in &self.tools {
@@ -247,6 +293,11 @@ impl GenerationRequest {
 }
 
 fn validate_message(i: usize, message: &Message) -> Result<(), WireError> {
+    if let Some(super::message::Content::Parts(parts)) = &message.content {
+        for (j, part) in parts.iter().enumerate() {
+            check_depth(&format!("messages[{i}].content[{j}]"), part)?;
+        }
+    }
     let has_text = message.content.as_ref().is_some_and(|c| !c.is_empty());
     match message.role {
         Role::System | Role::User if message.content.is_none() => Err(WireError::invalid(format!(
@@ -279,9 +330,12 @@ fn validate_check(i: usize, check: &ValidationCheck) -> Result<(), WireError> {
         ValidationCheck::Regex { pattern, .. } => regex::Regex::new(pattern)
             .map(|_| ())
             .map_err(|e| WireError::invalid(format!("validation[{i}].pattern: {e}"))),
-        ValidationCheck::JsonSchema { schema, .. } => jsonschema::validator_for(schema)
-            .map(|_| ())
-            .map_err(|e| WireError::invalid(format!("validation[{i}].schema: {e}"))),
+        ValidationCheck::JsonSchema { schema, .. } => {
+            check_depth(&format!("validation[{i}].schema"), schema)?;
+            jsonschema::validator_for(schema)
+                .map(|_| ())
+                .map_err(|e| WireError::invalid(format!("validation[{i}].schema: {e}")))
+        }
         ValidationCheck::Contains { text, .. } if text.is_empty() => Err(WireError::invalid(
             format!("validation[{i}].text must not be empty"),
         )),
@@ -304,6 +358,44 @@ mod tests {
             .validate(&RequestLimits::default())
             .map_err(|e| e.message)?;
         Ok(request)
+    }
+
+    /// A value nesting `depth` levels of arrays.
+    fn nested(depth: usize) -> serde_json::Value {
+        let mut value = json!(1);
+        for _ in 0..depth {
+            value = json!([value]);
+        }
+        value
+    }
+
+    #[test]
+    fn free_form_values_nest_at_most_max_value_depth() {
+        assert_eq!(value_depth(&json!(1)), 0);
+        assert_eq!(value_depth(&json!({"a": [1, {"b": []}], "c": {}})), 4);
+        assert_eq!(value_depth(&nested(MAX_VALUE_DEPTH)), MAX_VALUE_DEPTH);
+        let user = json!([{"role": "user", "content": "x"}]);
+        // The map counts as a level: its values may nest one less.
+        let fits = nested(MAX_VALUE_DEPTH - 1);
+        let over = nested(MAX_VALUE_DEPTH);
+        for field in ["metadata", "options"] {
+            check(json!({"messages": user, field: {"k": fits}})).unwrap();
+            let err = check(json!({"messages": user, field: {"k": over}})).unwrap_err();
+            assert!(
+                err.starts_with(&format!("{field} is nested 65 levels")),
+                "{err}"
+            );
+        }
+        let parts = |part| json!([{"role": "user", "content": [part]}]);
+        check(json!({"messages": parts(nested(MAX_VALUE_DEPTH))})).unwrap();
+        let err = check(json!({"messages": parts(nested(MAX_VALUE_DEPTH + 1))})).unwrap_err();
+        assert!(err.starts_with("messages[0].content[0] is nested"), "{err}");
+        let schema = |schema| json!([{"kind": "json_schema", "schema": {"enum": [schema]}}]);
+        check(json!({"messages": user, "validation": schema(nested(MAX_VALUE_DEPTH - 2))}))
+            .unwrap();
+        let err = check(json!({"messages": user, "validation": schema(nested(MAX_VALUE_DEPTH))}))
+            .unwrap_err();
+        assert!(err.starts_with("validation[0].schema is nested"), "{err}");
     }
 
     #[test]
