@@ -480,8 +480,17 @@ impl LoopDetector {
         let base = pos;
         let end = pos + main.len() as u64;
         'runs: while pos < end {
-            // (A minimum left over from an earlier turn has expired already.)
-            let stop = if expires > pos { end.min(expires) } else { end };
+            let stop = if expires > pos {
+                end.min(expires)
+            } else {
+                // The minimum expired before this byte (it is left over from an earlier
+                // turn), so this byte's key is the new minimum. Take that byte alone: the next
+                // run must stop where the new minimum expires, or the anchors after it would
+                // be missed until the segment ends (and found later when the same text comes
+                // cut into smaller deltas).
+                min_key = u32::MAX;
+                pos + 1
+            };
             for &byte in &main[(pos - base) as usize..(stop - base) as usize] {
                 pos += 1;
                 hash = next_hash(hash, byte);
@@ -1223,6 +1232,39 @@ mod tests {
 
     fn run_whole(text: &str) -> (Option<LoopVerdict>, Option<u64>) {
         run(&LoopDetectionConfig::default(), [text])
+    }
+
+    /// A chant on the long first line of a turn: found, at the same byte, whether the line
+    /// comes whole or in tokens, in the first turn and in a later one. (Found by the
+    /// loop_detector fuzz target: on a later turn, a line pushed whole missed every anchor
+    /// after the first expiry of the winnowing minimum.)
+    #[test]
+    fn a_chant_on_a_turns_long_first_line_is_found_however_it_is_cut() {
+        let chant = "I should check the file again. ".repeat(24);
+        for i in 0..40 {
+            let text = format!("Step {i}: reading the config {} and then {chant}", i * 7919);
+            let whole = run_whole(&text);
+            assert!(
+                whole
+                    .0
+                    .as_ref()
+                    .is_some_and(|v| v.kind == LoopKind::Chanting),
+                "{i}: {whole:?}"
+            );
+            let tokens: Vec<&str> = text
+                .as_bytes()
+                .chunks(5)
+                .map(|c| std::str::from_utf8(c).unwrap())
+                .collect();
+            assert_eq!(run(&LoopDetectionConfig::default(), tokens), whole, "{i}");
+            // The same after an earlier turn.
+            let mut detector = LoopDetector::new(&LoopDetectionConfig::default());
+            detector.push_text("A first turn, short and fine.\n");
+            detector.end_turn();
+            detector.push_text(&text);
+            detector.end_turn();
+            assert!(detector.verdict().is_some(), "{i}: after a turn");
+        }
     }
 
     fn chars_of(text: &str) -> Vec<&str> {
