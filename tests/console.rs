@@ -324,6 +324,47 @@ async fn next_event(
     .unwrap_or_else(|_| panic!("no event: {what}"))
 }
 
+/// Which events a wait accepts.
+type Accept<'a> = &'a dyn Fn(&str, &Value) -> bool;
+
+/// The next events that `wanted` accept, one each, in whatever order they come: events from
+/// different sources (the decisions bucket, the signals stream) have no order between them.
+async fn next_events<const N: usize>(
+    stream: &mut (impl Stream<Item = (String, Value)> + Unpin),
+    wanted: [(&str, Accept<'_>); N],
+) -> [Value; N] {
+    let mut found: [Option<Value>; N] = std::array::from_fn(|_| None);
+    let missing = |found: &[Option<Value>; N]| {
+        wanted
+            .iter()
+            .zip(found)
+            .filter(|(_, f)| f.is_none())
+            .map(|((what, _), _)| *what)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let all = tokio::time::timeout(WAIT, async {
+        while let Some((name, data)) = stream.next().await {
+            for (i, (_, accept)) in wanted.iter().enumerate() {
+                if found[i].is_none() && accept(&name, &data) {
+                    found[i] = Some(data);
+                    break;
+                }
+            }
+            if found.iter().all(Option::is_some) {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    match all {
+        Ok(true) => found.map(|f| f.expect("all found")),
+        Ok(false) => panic!("the stream ended before {}", missing(&found)),
+        Err(_) => panic!("no event: {}", missing(&found)),
+    }
+}
+
 #[tokio::test]
 async fn answers_need_the_token_json_and_the_same_origin() {
     let f = fleet().await;
@@ -564,9 +605,17 @@ async fn the_live_stream_sends_a_snapshot_then_every_change() {
 
     // A decision: its record reaches the inbox, its signal the feed.
     let (request_id, decision) = f.raise_decision().await;
-    let pending = next_event(&mut stream, "the pending decision", |name, data| {
-        name == "inbox" && data["decision_id"] == decision.as_str()
-    })
+    let is_pending =
+        |name: &str, data: &Value| name == "inbox" && data["decision_id"] == decision.as_str();
+    let is_signal =
+        |name: &str, data: &Value| name == "signal" && data["request_id"] == request_id.as_str();
+    let [pending, signal] = next_events(
+        &mut stream,
+        [
+            ("the pending decision", &is_pending),
+            ("the decision's signal", &is_signal),
+        ],
+    )
     .await;
     assert_eq!(pending["state"], "pending");
     assert_eq!(pending["question"], "Where should the report go?");
@@ -577,10 +626,6 @@ async fn the_live_stream_sends_a_snapshot_then_every_change() {
         pending["prompt"],
         "What is 1234 × 5678? Use the calculator."
     );
-    let signal = next_event(&mut stream, "the decision's signal", |name, data| {
-        name == "signal" && data["request_id"] == request_id.as_str()
-    })
-    .await;
     assert_eq!(
         (signal["type"].as_str(), signal["code"].as_str()),
         (Some("decision_request"), Some("NEEDS_MANAGER_DECISION"))
@@ -592,15 +637,19 @@ async fn the_live_stream_sends_a_snapshot_then_every_change() {
         .answer(&decision, json!({"user": "ann", "option_id": "email"}))
         .await;
     assert_eq!(status, 200);
-    let answered = next_event(&mut stream, "the answered decision", |name, data| {
+    let is_answered = |name: &str, data: &Value| {
         name == "inbox" && data["decision_id"] == decision.as_str() && data["state"] == "answered"
-    })
+    };
+    let is_outcome = |name: &str, data: &Value| name == "signal" && data["type"] == "outcome";
+    let [answered, outcome] = next_events(
+        &mut stream,
+        [
+            ("the answered decision", &is_answered),
+            ("the outcome signal", &is_outcome),
+        ],
+    )
     .await;
     assert_eq!(answered["answer"]["decided_by"], "human:ann");
-    let outcome = next_event(&mut stream, "the outcome signal", |name, data| {
-        name == "signal" && data["type"] == "outcome"
-    })
-    .await;
     assert_eq!(outcome["code"], "DECIDED");
     assert_eq!(outcome["meta"]["decided_by"], "human:ann");
 
