@@ -129,34 +129,6 @@ fn msgpack_with_content_bytes(content: &[u8]) -> Vec<u8> {
     out
 }
 
-/// A submit, sent again while no worker listens: by the contract, "no responders" means every
-/// slot is taken, here by the accepted requests this test put on the queue a moment before.
-async fn submit(
-    nats: &async_nats::Client,
-    encoding: Encoding,
-    body: Vec<u8>,
-) -> Result<async_nats::Message, async_nats::RequestError> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        match nats
-            .request_with_headers(
-                "gen.submit.default",
-                headers(encoding, None),
-                body.clone().into(),
-            )
-            .await
-        {
-            Err(e)
-                if e.kind() == async_nats::RequestErrorKind::NoResponders
-                    && tokio::time::Instant::now() < deadline =>
-            {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            other => return other,
-        }
-    }
-}
-
 fn cases() -> Vec<Case> {
     let long = |n: usize| "x".repeat(n);
     let mut cases = vec![
@@ -732,7 +704,7 @@ async fn every_bad_field_gets_its_error_in_both_encodings_and_the_worker_goes_on
     for (i, case) in cases.iter().enumerate() {
         for (encoding, value, body) in bodies(case) {
             let label = format!("{} ({encoding:?})", case.name);
-            let reply = submit(&nats_client, encoding, body)
+            let reply = fleet::submit_raw(&nats_client, "default", headers(encoding, None), body)
                 .await
                 .unwrap_or_else(|e| {
                     panic!(

@@ -171,10 +171,7 @@ async fn messagepack_requests_get_messagepack_replies() {
     .unwrap();
     let mut headers = async_nats::HeaderMap::new();
     headers.insert("Content-Type", "application/msgpack");
-    let reply = f
-        .client
-        .nats()
-        .request_with_headers("gen.submit.default", headers, body.into())
+    let reply = common::fleet::submit_raw(f.client.nats(), "default", headers, body)
         .await
         .unwrap();
     assert_eq!(
@@ -225,7 +222,9 @@ async fn bad_input_gets_clear_error_replies_and_the_worker_goes_on() {
         (vec![b' '; 5000].into(), ErrorCode::PayloadTooLarge, "bytes"),
     ];
     for (body, code, needle) in cases {
-        let reply = nats.request("gen.submit.default", body).await.unwrap();
+        let reply = common::fleet::submit_raw(nats, "default", Default::default(), body)
+            .await
+            .unwrap();
         let error: genfleet::protocol::ErrorReply = serde_json::from_slice(&reply.payload).unwrap();
         assert_eq!(error.error.code, code, "{}", error.error.message);
         assert!(

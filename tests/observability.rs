@@ -388,8 +388,7 @@ async fn a_callers_traceparent_reaches_the_tool_services() {
         "request_id": "traced", "messages": [{"role": "user", "content": "add"}], "tools": ["calculate"]
     }))
     .unwrap();
-    nats_client
-        .request_with_headers("gen.submit.default", headers, body.into())
+    common::fleet::submit_raw(&nats_client, "default", headers, body)
         .await
         .unwrap();
     let call = tokio::time::timeout(

@@ -135,6 +135,34 @@ pub async fn worker_stats(
     stats
 }
 
+/// A raw submit to `pool`, sent again for up to 20 s while no worker listens. By the contract,
+/// "no responders" means no worker has a free slot at that moment (a worker leaves the submit
+/// subject while full and joins again once a slot is freed, just after the result is stored),
+/// so callers send again, as the client library does.
+pub async fn submit_raw(
+    nats: &async_nats::Client,
+    pool: &str,
+    headers: async_nats::HeaderMap,
+    body: impl Into<bytes::Bytes>,
+) -> Result<async_nats::Message, async_nats::RequestError> {
+    let body = body.into();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match nats
+            .request_with_headers(format!("gen.submit.{pool}"), headers.clone(), body.clone())
+            .await
+        {
+            Err(e)
+                if e.kind() == async_nats::RequestErrorKind::NoResponders
+                    && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Waits (bounded) until `expected` workers answer and each has all its slots free.
 pub async fn wait_all_slots_free(
     nats: &async_nats::Client,
