@@ -157,6 +157,18 @@ pub enum SystemMessages {
     Merged,
 }
 
+/// What a streamed answer that ends with `[DONE]` but without a finish reason counts as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DoneWithoutFinish {
+    /// A broken stream: FAILED `backend_error` with the partial output (the contract's rule).
+    Fail,
+    /// A complete answer with finish reason `stop`, for servers that leave the finish reason
+    /// out when a stop string or the end-of-turn token ends the text (llama-cpp-python's
+    /// server, some MLX servers). A stream cut without `[DONE]` still fails.
+    Stop,
+}
+
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LlmSettings {
@@ -169,6 +181,7 @@ pub struct LlmSettings {
     pub idle_timeout_ms: u64,
     pub retries: u32,
     pub retry_backoff_ms: u64,
+    pub done_without_finish_reason: DoneWithoutFinish,
 }
 
 /// Written by hand so the API key can never reach a log line through `{:?}`.
@@ -191,6 +204,10 @@ impl std::fmt::Debug for LlmSettings {
             .field("idle_timeout_ms", &self.idle_timeout_ms)
             .field("retries", &self.retries)
             .field("retry_backoff_ms", &self.retry_backoff_ms)
+            .field(
+                "done_without_finish_reason",
+                &self.done_without_finish_reason,
+            )
             .finish()
     }
 }

@@ -772,6 +772,77 @@ async fn a_broken_stream_is_a_backend_error_with_the_partial_output() {
     assert_eq!(result.messages.last().unwrap().text(), "one two ");
 }
 
+/// Some servers (llama-cpp-python's, when a stop string ends the text) send `[DONE]` without
+/// ever giving a finish reason. By default that is a broken stream, as the contract says;
+/// `llm.done_without_finish_reason = "stop"` takes it as a complete answer, tool calls
+/// included, while a stream cut without `[DONE]` still fails.
+#[tokio::test]
+async fn done_without_a_finish_reason_fails_unless_configured_as_a_stop() {
+    let script = "[[rules]]\nreply = \"Paris is the capital.\"\nomit_finish_reason = true\n";
+    let h = Harness::new(script).await;
+    let (result, _) = h.run(request(json!({"messages": user("go")}))).await;
+    assert_eq!(
+        (result.state, result.reason),
+        (RequestState::Failed, Reason::BackendError),
+        "{result:?}"
+    );
+    assert_eq!(result.output, "Paris is the capital.");
+    let detail = result.detail.unwrap();
+    assert!(
+        detail.contains("[DONE] arrived before a finish reason")
+            && detail.contains("llm.done_without_finish_reason"),
+        "{detail}"
+    );
+
+    let stop = |s: &mut genfleet::settings::Settings| {
+        s.llm.done_without_finish_reason = genfleet::settings::DoneWithoutFinish::Stop;
+    };
+    let h = Harness::with(script, stop).await;
+    let (result, _) = h.run(request(json!({"messages": user("go")}))).await;
+    assert_eq!(
+        (result.state, result.reason, result.output.as_str()),
+        (
+            RequestState::Completed,
+            Reason::Stop,
+            "Paris is the capital."
+        ),
+        "{result:?}"
+    );
+
+    // Native tool calls in such a stream still run, and the answer after them completes.
+    let script = r#"
+[[rules]]
+when_last_role = "tool"
+reply = "the tool said {{last_message}}"
+omit_finish_reason = true
+
+[[rules]]
+tool_calls = [{ name = "add", arguments = { a = 40, b = 2 } }]
+omit_finish_reason = true
+"#;
+    let h = Harness::with(script, stop).await;
+    let (result, _) = h
+        .run(request(json!({"messages": user("go"), "tools": ["add"]})))
+        .await;
+    assert_eq!(
+        (result.state, result.reason),
+        (RequestState::Completed, Reason::Stop),
+        "{result:?}"
+    );
+    assert_eq!(h.tools.calls().len(), 1);
+    assert!(result.output.contains("42"), "{result:?}");
+
+    // A stream cut before any end still fails with the setting.
+    let script = "[[rules]]\nreply = \"one two three four five\"\nbreak_after = 2\n";
+    let h = Harness::with(script, stop).await;
+    let (result, _) = h.run(request(json!({"messages": user("go")}))).await;
+    assert_eq!(
+        (result.state, result.reason, result.output.as_str()),
+        (RequestState::Failed, Reason::BackendError, "one two "),
+        "{result:?}"
+    );
+}
+
 #[tokio::test]
 async fn server_errors_before_the_first_token_are_retried() {
     let h = Harness::new("[[rules]]\nreply = \"recovered\"\nstatus = 503\nfail_times = 2\n").await;

@@ -14,7 +14,7 @@ use super::{
     ToolSpec,
 };
 use crate::protocol::{Message, Usage};
-use crate::settings::LlmSettings;
+use crate::settings::{DoneWithoutFinish, LlmSettings};
 
 /// The longest SSE line accepted: a backend that never sends a newline must not grow a buffer
 /// without bound.
@@ -42,6 +42,8 @@ struct Inner {
     retry_backoff: Duration,
     /// Set once the server refused `stream_options`; it is not sent again.
     no_stream_options: AtomicBool,
+    /// Whether `[DONE]` without a finish reason ends a complete answer (finish reason `stop`).
+    done_is_stop: bool,
 }
 
 impl OpenAiBackend {
@@ -63,6 +65,7 @@ impl OpenAiBackend {
                 retries: settings.retries,
                 retry_backoff: Duration::from_millis(settings.retry_backoff_ms),
                 no_stream_options: AtomicBool::new(false),
+                done_is_stop: settings.done_without_finish_reason == DoneWithoutFinish::Stop,
             }),
         })
     }
@@ -102,7 +105,7 @@ impl LlmBackend for OpenAiBackend {
         let secret = self.inner.api_key.clone();
         stream::once(async move {
             match inner.connect(&request).await {
-                Ok(response) => sse_events(response, inner.idle_timeout),
+                Ok(response) => sse_events(response, inner.idle_timeout, inner.done_is_stop),
                 Err(error) => stream::once(async move { Err(error) }).boxed(),
             }
         })
@@ -315,9 +318,15 @@ struct SseState {
     idle_timeout: Duration,
     finished: bool,
     done: bool,
+    /// `[DONE]` before a finish reason ends a complete answer instead of a broken stream.
+    done_is_stop: bool,
 }
 
-fn sse_events(response: reqwest::Response, idle_timeout: Duration) -> ChatStream {
+fn sse_events(
+    response: reqwest::Response,
+    idle_timeout: Duration,
+    done_is_stop: bool,
+) -> ChatStream {
     use eventsource_stream::Eventsource;
     let mut line_bytes = 0usize;
     let bytes = response.bytes_stream().map(move |chunk| {
@@ -341,6 +350,7 @@ fn sse_events(response: reqwest::Response, idle_timeout: Duration) -> ChatStream
         idle_timeout,
         finished: false,
         done: false,
+        done_is_stop,
     };
     stream::unfold(state, |mut state| async move {
         loop {
@@ -384,8 +394,15 @@ impl SseState {
             return;
         }
         if data == "[DONE]" {
+            if self.done_is_stop && !self.finished {
+                self.finished = true;
+                self.pending
+                    .push_back(Ok(StreamEvent::Finish(FinishReason::Stop)));
+            }
             self.end(LlmError::StreamBroken(
-                "[DONE] arrived before a finish reason".into(),
+                "[DONE] arrived before a finish reason (llm.done_without_finish_reason = \"stop\" \
+                 takes it as the end of a complete answer)"
+                    .into(),
             ));
             return;
         }

@@ -51,6 +51,7 @@
 //! finish_reason = "stop"        # forced finish reason
 //! break_after = 3               # drop the stream after N generated chunks (no finish, no [DONE])
 //! break_with_error = false      # with break_after: abort the connection instead of a clean end
+//! omit_finish_reason = false    # streaming: no finish reason, but usage and [DONE] (llama-cpp-python on a stop string)
 //! status = 503                  # answer with this HTTP error instead
 //! fail_times = 2                # only the first 2 matches fail (status defaults to 500)
 //! error_message = "overloaded"  # message of the scripted error

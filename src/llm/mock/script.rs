@@ -110,6 +110,10 @@ pub struct Rule {
     /// ending the body cleanly (the client sees an early end of stream).
     #[serde(skip_serializing_if = "is_false")]
     pub break_with_error: bool,
+    /// Streaming: no chunk carries a finish reason; usage and `[DONE]` still end the stream, as
+    /// some servers answer when a stop string ends the text (llama-cpp-python's).
+    #[serde(skip_serializing_if = "is_false")]
+    pub omit_finish_reason: bool,
     /// Answer with this HTTP status and an OpenAI error body instead of a completion.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
@@ -374,6 +378,11 @@ impl Rule {
 
     pub fn break_after(mut self, chunks: u32) -> Rule {
         self.break_after = Some(chunks);
+        self
+    }
+
+    pub fn omit_finish_reason(mut self) -> Rule {
+        self.omit_finish_reason = true;
         self
     }
 

@@ -273,6 +273,7 @@ struct Plan {
     first_delay: Duration,
     break_after: Option<u32>,
     break_with_error: bool,
+    omit_finish_reason: bool,
 }
 
 impl Plan {
@@ -346,6 +347,7 @@ impl Plan {
             first_delay: Duration::from_millis(rule.first_token_delay_ms),
             break_after: rule.break_after,
             break_with_error: rule.break_with_error,
+            omit_finish_reason: rule.omit_finish_reason,
         }
     }
 
@@ -501,8 +503,10 @@ impl Plan {
             }
             return out;
         }
-        let finish = self.chunk(Delta::default(), Some(&self.finish_reason));
-        out.push(Frame::ok(Duration::ZERO, finish));
+        if !self.omit_finish_reason {
+            let finish = self.chunk(Delta::default(), Some(&self.finish_reason));
+            out.push(Frame::ok(Duration::ZERO, finish));
+        }
         if self.include_usage {
             let chunk = Chunk {
                 id: &self.id,
