@@ -623,6 +623,25 @@ async fn genfleet_fleet_lists_the_workers() {
         rows.iter()
             .all(|r| r["pool"] == "default" && r["slots"] == 3 && r["free"] == 3)
     );
+
+    // The table for people: one aligned row per worker, then the totals.
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_genfleet"))
+        .arg("fleet")
+        .env("GENFLEET__NATS__URL", f.nats.url())
+        .output()
+        .await
+        .unwrap();
+    let table = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 4, "{table}");
+    let free_column = lines[0].find("FREE").unwrap();
+    for row in &lines[1..3] {
+        assert!(expected.iter().any(|id| row.starts_with(id)), "{table}");
+        // Numbers are right-aligned under their headings.
+        assert_eq!(&row[free_column..free_column + 4], "   3", "{table}");
+        assert!(row.contains("default"), "{table}");
+    }
+    assert_eq!(lines[3], "2 workers, 0/6 slots busy", "{table}");
 }
 
 const CALLS_ADD: &str = r#"

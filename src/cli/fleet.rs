@@ -73,9 +73,9 @@ pub async fn run(settings: Settings, args: FleetArgs) -> anyhow::Result<()> {
                 "{:<40} {:<16} {:>5} {:>5} {:>5}  {}{}",
                 meta["worker_id"].as_str().unwrap_or(id),
                 meta["pool"].as_str().unwrap_or("?"),
-                data["slots"],
-                data["busy"],
-                data["free"],
+                count(&data["slots"]),
+                count(&data["busy"]),
+                count(&data["free"]),
                 stats["version"].as_str().unwrap_or("?"),
                 if data["draining"] == true {
                     " (draining)"
@@ -86,7 +86,16 @@ pub async fn run(settings: Settings, args: FleetArgs) -> anyhow::Result<()> {
         }
     }
     if !args.json {
-        println!("{} workers, {busy}/{slots} slots busy", workers.len());
+        let n = workers.len();
+        let plural = if n == 1 { "" } else { "s" };
+        println!("{n} worker{plural}, {busy}/{slots} slots busy");
     }
     Ok(())
+}
+
+/// A number of the stats as a string, so the table's widths apply (`?` when missing).
+fn count(value: &serde_json::Value) -> String {
+    value
+        .as_u64()
+        .map_or_else(|| "?".to_string(), |n| n.to_string())
 }
