@@ -127,9 +127,10 @@ async fn the_api_key_appears_nowhere_even_when_the_backend_echoes_it() {
             collected.push_str(&body);
         }
         worker.kill();
-        collected.push_str(
-            &std::fs::read_to_string(logs.path().join(format!("{worker_id}.log"))).unwrap(),
-        );
+        let log = std::fs::read_to_string(logs.path().join(format!("{worker_id}.log"))).unwrap();
+        // Logs written to a file are plain text: no terminal colour codes.
+        assert!(!log.contains('\u{1b}'), "colour codes in the log: {log}");
+        collected.push_str(&log);
     }
     // The test saw what it meant to look at.
     assert!(collected.contains("backend_error"), "{collected}");
