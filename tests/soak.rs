@@ -4,7 +4,8 @@
 //! every request accounted for with the outcome it should have, every slot free, no message in
 //! the queue, no record left but results, workers alive, and their memory flat.
 //!
-//! `GENFLEET_SOAK_SECS` sets the traffic time (default 120 s; longer runs by hand, e.g. 1800).
+//! `GENFLEET_SOAK_SECS` sets the traffic time (default 300 s, as in CI; longer runs by hand,
+//! e.g. 1800).
 
 mod common;
 
@@ -276,7 +277,7 @@ fn soak_time() -> Duration {
     let secs = std::env::var("GENFLEET_SOAK_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(120);
+        .unwrap_or(300);
     Duration::from_secs(secs)
 }
 
