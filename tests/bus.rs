@@ -777,6 +777,54 @@ async fn configured_tools_without_a_service_fail_with_tool_execution_error() {
 }
 
 #[tokio::test]
+async fn ended_requests_leave_nothing_in_the_index_of_running_requests() {
+    // Every worker's look for lost workers reads the whole index; what an ended request leaves
+    // there (a purge marker is a message too) it would read on every look for the results' TTL.
+    let f = fleet(
+        "[[rules]]\nwhen_last_user_contains = \"slow\"\nreply = \"a b c d e f g h i j\"\ndelay_ms = 100\n\n[[rules]]\nreply = \"done\"\n",
+        2,
+        2,
+    )
+    .await;
+    f.client
+        .submit("default", &req("i1", "quick"))
+        .await
+        .unwrap();
+    f.client
+        .submit("default", &req("s1", "slow"))
+        .await
+        .unwrap();
+    f.client
+        .enqueue("default", &req("d1", "quick"))
+        .await
+        .unwrap();
+    // Refused claims: the id is running.
+    for _ in 0..2 {
+        let e = f
+            .client
+            .submit("default", &req("s1", "x"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::DuplicateRequestId), "{e}");
+    }
+    // While s1 runs, its worker's entry is there.
+    let running = common::fleet::index_subjects(f.client.nats()).await;
+    assert!(
+        running.iter().any(|s| s.ends_with(".s1 (1 messages)")),
+        "{running:?}"
+    );
+    f.client.cancel("s1").await.unwrap();
+    for id in ["i1", "s1", "d1"] {
+        wait_terminal(&f.client, id).await;
+    }
+    common::fleet::wait_only_results_left(f.client.nats(), Duration::from_secs(10)).await;
+    assert_eq!(
+        common::fleet::index_subjects(f.client.nats()).await,
+        Vec::<String>::new()
+    );
+}
+
+#[tokio::test]
 async fn a_request_id_in_use_anywhere_in_the_fleet_is_refused() {
     let f = fleet("[[rules]]\nreply = \"a b c d e f\"\ndelay_ms = 100\n", 2, 2).await;
     f.client.submit("default", &req("dup", "x")).await.unwrap();

@@ -167,13 +167,7 @@ async fn reap(shared: &Shared, suspects: &mut HashSet<String>) -> Result<(), Bus
             continue;
         }
         let record = shared.stores.live(&request_id).await?;
-        let purge_index = || async {
-            let _ = shared
-                .stores
-                .results
-                .purge(index_key(&worker, &request_id))
-                .await;
-        };
+        let purge_index = || shared.stores.drop_index(&worker, &request_id);
         match record {
             Some(record)
                 if record.worker_id == worker

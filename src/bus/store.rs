@@ -209,17 +209,15 @@ impl Stores {
         {
             Ok(_) => {
                 // Two independent writes: one round trip instead of two.
-                let index = super::heartbeat::index_key(&result.worker_id, &result.request_id);
                 let _ = tokio::join!(
                     self.results.purge(live_key(&result.request_id)),
-                    self.results.purge(index)
+                    self.drop_index(&result.worker_id, &result.request_id)
                 );
                 Ok(Stored::Stored)
             }
             Err(error) if error.kind() == kv::CreateErrorKind::AlreadyExists => {
                 // This runner's records go too; the stored result stands.
-                let index = super::heartbeat::index_key(&result.worker_id, &result.request_id);
-                let _ = self.results.purge(index).await;
+                self.drop_index(&result.worker_id, &result.request_id).await;
                 if self
                     .live(&result.request_id)
                     .await?
@@ -294,14 +292,27 @@ impl Stores {
 
     /// Removes the worker's index entry of a request and, with `live`, its live record.
     pub async fn take_back(&self, record: &LiveRecord, live: bool) {
-        let index = super::heartbeat::index_key(&record.worker_id, &record.request_id);
+        let index = self.drop_index(&record.worker_id, &record.request_id);
         if live {
-            let _ = tokio::join!(
-                self.results.purge(live_key(&record.request_id)),
-                self.results.purge(index)
-            );
+            let _ = tokio::join!(self.results.purge(live_key(&record.request_id)), index);
         } else {
-            let _ = self.results.purge(index).await;
+            index.await;
+        }
+    }
+
+    /// Removes a worker's index entry of a request, leaving nothing behind. A KV purge would
+    /// leave a marker per request until the bucket's TTL, and every worker's look for lost
+    /// workers reads the whole index: its cost would grow with every request run in the last
+    /// `results_ttl_ms` instead of with those running. Best effort: an entry left behind is
+    /// found and removed by that look once its worker is gone.
+    pub async fn drop_index(&self, worker_id: &str, request_id: &str) {
+        let subject = format!(
+            "{}{}",
+            self.results.prefix,
+            super::heartbeat::index_key(worker_id, request_id)
+        );
+        if let Err(error) = self.results.stream.purge().filter(subject).await {
+            tracing::debug!(message = "cannot remove an index entry", %request_id, %error);
         }
     }
 

@@ -210,17 +210,44 @@ pub async fn result_keys(nats: &async_nats::Client) -> BTreeMap<String, Vec<Stri
     panic!("the keys of the results bucket cannot be listed");
 }
 
+/// Every subject of a worker index entry still in the results stream, purge markers included:
+/// an ended request leaves none, so the look for lost workers reads only what runs.
+pub async fn index_subjects(nats: &async_nats::Client) -> Vec<String> {
+    let js = async_nats::jetstream::new(nats.clone());
+    for _ in 0..50 {
+        let Ok(stream) = js.get_stream("KV_GENFLEET_RESULTS").await else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        let Ok(mut subjects) = stream
+            .info_with_subjects("$KV.GENFLEET_RESULTS.idx.>")
+            .await
+        else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        let mut found = Vec::new();
+        while let Some(Ok((subject, count))) = subjects.next().await {
+            found.push(format!("{subject} ({count} messages)"));
+        }
+        return found;
+    }
+    panic!("the subjects of the results stream cannot be listed");
+}
+
 /// Waits (bounded) until the results bucket holds only results and tombstones (and the marks
-/// of answered decisions): no record of a running request, no worker index entry.
+/// of answered decisions): no record of a running request, no worker index entry or its
+/// marker.
 pub async fn wait_only_results_left(nats: &async_nats::Client, within: Duration) {
     let deadline = Instant::now() + within;
     loop {
         let keys = result_keys(nats).await;
-        let stray: Vec<&String> = keys
+        let mut stray: Vec<String> = keys
             .iter()
             .filter(|(kind, _)| !matches!(kind.as_str(), "res" | "cont"))
-            .flat_map(|(_, keys)| keys)
+            .flat_map(|(_, keys)| keys.iter().cloned())
             .collect();
+        stray.extend(index_subjects(nats).await);
         if stray.is_empty() {
             return;
         }
