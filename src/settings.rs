@@ -59,6 +59,9 @@ pub struct NatsSettings {
     pub tls_required: bool,
     pub connect_timeout_ms: u64,
     pub request_timeout_ms: u64,
+    /// Prefix of this connection's reply subjects (`<prefix>.<random>`); a per-user prefix lets
+    /// the server's permissions keep one user's replies from another.
+    pub inbox_prefix: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -126,6 +129,7 @@ impl std::fmt::Debug for NatsSettings {
             .field("tls_required", &self.tls_required)
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("request_timeout_ms", &self.request_timeout_ms)
+            .field("inbox_prefix", &self.inbox_prefix)
             .finish()
     }
 }
@@ -498,6 +502,7 @@ impl Settings {
             ("subjects.signals_prefix", &self.subjects.signals_prefix),
             ("subjects.tools_prefix", &self.subjects.tools_prefix),
             ("subjects.decisions_prefix", &self.subjects.decisions_prefix),
+            ("nats.inbox_prefix", &self.nats.inbox_prefix),
         ] {
             let tokens_ok = prefix
                 .split('.')

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use common::fleet;
 use common::nats::NatsServer;
+use futures_util::StreamExt;
 use genfleet::bus::client::Client;
 use genfleet::bus::worker::WorkerHandle;
 use genfleet::llm::mock::{MockServer, Script};
@@ -77,6 +78,10 @@ authorization {{
     {{ user: manager, password: mpass, permissions: $GENFLEET_MANAGER }}
     {{ user: tools, password: tpass, permissions: $GENFLEET_TOOL_SERVICE }}
     {{ user: tenant-b, password: bpass, permissions: $TENANT_B_CLIENT }}
+    {{ user: alice, password: alpass, permissions: {{
+        publish = {{ allow = $GENFLEET_CLIENT_PUBLISH }}
+        subscribe = {{ allow = [ "gen.events.*", "_INBOX_alice.>" ] }}
+    }} }}
     {{ user: admin, password: apass }}
   ]
 }}
@@ -365,6 +370,64 @@ async fn each_role_does_its_job_and_nothing_else() {
     let _events = raw.subscribe("gen.events.*").await.unwrap();
     raw.flush().await.unwrap();
     refused(&errors, "another tenant following requests", "gen.events.").await;
+
+    // A client with its own reply prefix (as permissions.conf shows) does its whole job, and
+    // neither it nor a client on the shared `_INBOX.>` can listen to the other's replies.
+    let mut alice_settings = settings_as(&nats, "alice", "alpass");
+    alice_settings.nats.inbox_prefix = "_INBOX_alice".into();
+    let alice = Client::connect(&alice_settings).await.unwrap();
+    let mut listen =
+        async_nats::ConnectOptions::with_user_and_password("alice".into(), "alpass".into())
+            .custom_inbox_prefix("_INBOX_alice")
+            .connect(nats.url())
+            .await
+            .unwrap()
+            .subscribe("_INBOX_alice.>")
+            .await
+            .unwrap();
+    let (client_raw, client_errors) = connect_as(&nats, "client", "cpass").await;
+    let _overheard = client_raw.subscribe("_INBOX_alice.>").await.unwrap();
+    client_raw.flush().await.unwrap();
+    refused(
+        &client_errors,
+        "a client listening to another's replies",
+        "_INBOX_alice.>",
+    )
+    .await;
+    let r = alice
+        .run(
+            "default",
+            request("p-alice", "hello"),
+            Duration::from_secs(15),
+        )
+        .await
+        .expect("a client on its own reply prefix runs a request");
+    assert_eq!(r.output, "done");
+    alice
+        .enqueue("default", &request("p-alice-durable", "hello"))
+        .await
+        .expect("the enqueue's acknowledgement comes back on the client's own prefix");
+    let durable = fleet::terminal(&alice, "p-alice-durable", Duration::from_secs(15)).await;
+    assert_eq!(durable.state, RequestState::Completed);
+    // The replies went to alice's prefix (her own listener saw them).
+    let heard = tokio::time::timeout(Duration::from_secs(5), listen.next())
+        .await
+        .expect("replies on alice's prefix")
+        .unwrap();
+    assert!(
+        heard.subject.starts_with("_INBOX_alice."),
+        "{}",
+        heard.subject
+    );
+    let (alice_raw, alice_errors) = connect_as(&nats, "alice", "alpass").await;
+    let _shared = alice_raw.subscribe("_INBOX.>").await.unwrap();
+    alice_raw.flush().await.unwrap();
+    refused(
+        &alice_errors,
+        "a client listening on the shared inboxes",
+        "_INBOX.>",
+    )
+    .await;
 
     let _ = stop_manager.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), manager_task).await;

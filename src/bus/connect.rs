@@ -343,6 +343,7 @@ async fn connect_options(
             DEFAULT_REQUEST_TIMEOUT,
         )))
         .max_reconnects(None)
+        .custom_inbox_prefix(&settings.inbox_prefix)
         .event_callback(event_logger(shown, &settings.name));
     if !settings.name.is_empty() {
         options = options.name(&settings.name);
