@@ -58,7 +58,8 @@ const SLOTS: u64 = 8;
 const WORKERS: usize = 2;
 /// Traffic generators running at once.
 const CALLERS: usize = 6;
-/// The most a worker's RSS may grow from the end of the warm-up to the end of the soak.
+/// The most a worker's RSS may grow from the end of the warm-up to the end of the traffic, and
+/// to the end of the reads of the results and the checks after it.
 const RSS_GROWTH_BOUND_KIB: u64 = 24 * 1024;
 
 #[derive(Default)]
@@ -426,6 +427,12 @@ async fn mixed_traffic_for_minutes_leaves_the_fleet_at_rest_with_nothing_lost() 
             "worker {i} grew from {} KiB to {} KiB under the traffic",
             after_warm_up[i],
             end_of_traffic[i]
+        );
+        assert!(
+            at_rest[i] <= after_warm_up[i] + RSS_GROWTH_BOUND_KIB,
+            "worker {i} grew from {} KiB to {} KiB by the end of the reads of the results",
+            after_warm_up[i],
+            at_rest[i]
         );
     }
 }
