@@ -13,4 +13,4 @@ ensure_nats_server
 say "building genfleet (cargo build; the first time takes a few minutes)"
 cargo build --quiet
 say "running the demo (genfleet demo)"
-exec cargo run --quiet -- demo --nats-server "$(command -v nats-server)" "$@"
+exec cargo run --quiet -- demo --nats-server "${NATS_SERVER:-$(command -v nats-server)}" "$@"
