@@ -159,6 +159,75 @@ async fn a_queued_request_shows_queued_and_cancelling_it_means_it_never_runs() {
     drop(worker);
 }
 
+/// A durable message pulled while a slot was free, whose slot an interactive submit took before
+/// it started, waits in the worker's hand: it shows QUEUED, and a cancel ends it CANCELLED
+/// without it ever running (it used to answer NOT_FOUND, and the request ran later).
+#[tokio::test]
+async fn a_durable_request_in_hand_waiting_for_a_slot_shows_queued_and_cancelling_it_means_it_never_runs()
+ {
+    let nats = NatsServer::start().await;
+    let mock = MockServer::start(
+        Script::from_toml_str(
+            "[[rules]]\nwhen_last_user_contains = \"slow\"\nreply = \"a b c d e f g h i j\"\n\
+             delay_ms = 200\n",
+        )
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let worker = spawn_worker(settings(&nats, &mock)).await;
+    let client = Client::connect(&settings(&nats, &mock)).await.unwrap();
+    wait_for_a_worker(&client).await;
+    let mut in_hand = 0;
+    for round in 0..5 {
+        let busy = format!("busy-{round}");
+        let waiting = format!("in-hand-{round}");
+        // The idle worker keeps a pull open for its free slot; the submit takes the slot, and
+        // the message enqueued right after is delivered to that pull.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut slow = GenerationRequest::user("slow");
+        slow.request_id = Some(busy.clone());
+        client.submit("default", &slow).await.unwrap();
+        let mut never = GenerationRequest::user("never runs");
+        never.request_id = Some(waiting.clone());
+        client.enqueue("default", &never).await.unwrap();
+        assert_eq!(
+            client.status(&waiting).await.unwrap().state,
+            RequestState::Queued,
+            "{waiting}"
+        );
+        let reply = client.cancel(&waiting).await.unwrap();
+        assert_eq!(reply.state, RequestState::Cancelled, "{waiting}");
+        let r = client.result(&waiting, true).await.unwrap();
+        assert_eq!(
+            (r.state, r.reason),
+            (RequestState::Cancelled, Reason::Cancelled)
+        );
+        match r.detail.as_deref() {
+            Some("cancelled while waiting for a slot") => in_hand += 1,
+            Some("cancelled while queued") => {}
+            other => panic!("{waiting}: detail {other:?}"),
+        }
+        assert_eq!(
+            client.cancel(&busy).await.unwrap().state,
+            RequestState::Cancelled
+        );
+    }
+    assert!(
+        in_hand > 0,
+        "no round had the message in the worker's hand while the slot was taken"
+    );
+    // None of them ever reached the backend, and the slot is free again.
+    let prompts = serde_json::to_string(&mock.requests()).unwrap();
+    assert!(!prompts.contains("never runs"), "a cancelled request ran");
+    let done = client
+        .run("default", req("after"), Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(done.state, RequestState::Completed);
+    drop(worker);
+}
+
 #[tokio::test]
 async fn a_message_whose_id_does_not_match_its_subject_is_stored_as_invalid_request() {
     let nats = NatsServer::start().await;

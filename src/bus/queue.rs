@@ -181,9 +181,15 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
     let chain = header(&message.message, CHAIN_STATE_HEADER)
         .and_then(|state| crate::engine::ChainState::from_header(&state))
         .unwrap_or_default();
+    // QUEUED while no slot is free for it (an interactive submit took the slot after the pull).
+    let state = if shared.capacity.borrow().free() == 0 {
+        RequestState::Queued
+    } else {
+        RequestState::Running
+    };
     let record = LiveRecord {
         request_id: request_id.clone(),
-        state: RequestState::Running,
+        state,
         worker_id: shared.worker_id.clone(),
         attempt,
         durable: true,
@@ -217,6 +223,14 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
     );
     let mut capacity = shared.capacity.clone();
     loop {
+        if shared
+            .lock_waiting()
+            .get(&request_id)
+            .is_some_and(|waiting| waiting.cancelled)
+        {
+            leave_waiting(shared, &request_id);
+            return cancel_in_hand(shared, message, &record, had).await;
+        }
         let submitted = shared
             .supervisor
             .send(Submit {
@@ -234,37 +248,134 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
             })
             .await;
         match submitted {
-            Ok(Ok(_)) => return,
+            Ok(Ok(_)) => {
+                set_state(shared, &request_id, RequestState::Running).await;
+                if leave_waiting(shared, &request_id) {
+                    // Cancelled while it waited, and started before it saw that: cancelled
+                    // now, as any running request.
+                    let _ = shared
+                        .supervisor
+                        .send(crate::actors::Cancel {
+                            request_id: request_id.clone(),
+                        })
+                        .await;
+                }
+                return;
+            }
             Ok(Err(error)) if error.code == ErrorCode::NoSlotAvailable => {
                 // An interactive submit took the slot meanwhile: wait for one (unless draining).
                 if capacity.borrow().draining {
+                    if leave_waiting(shared, &request_id) {
+                        return cancel_in_hand(shared, message, &record, had).await;
+                    }
                     forget(shared, &record, had, true).await;
                     let _ = message.ack_with(AckKind::Nak(None)).await;
                     return;
                 }
+                let wake = shared
+                    .lock_waiting()
+                    .entry(request_id.clone())
+                    .or_default()
+                    .wake
+                    .clone();
+                set_state(shared, &request_id, RequestState::Queued).await;
                 let _ = message.ack_with(AckKind::Progress).await;
-                let _ = tokio::time::timeout(
-                    Duration::from_secs(1),
-                    capacity.wait_for(|c| c.free() > 0),
-                )
-                .await;
+                tokio::select! {
+                    _ = tokio::time::timeout(
+                        Duration::from_secs(1),
+                        capacity.wait_for(|c| c.free() > 0),
+                    ) => {}
+                    () = wake.notified() => {}
+                }
             }
             Ok(Err(error)) if error.code == ErrorCode::DuplicateRequestId => {
                 // The id runs here under another path; its records are its own.
+                leave_waiting(shared, &request_id);
                 forget(shared, &record, had, false).await;
                 return;
             }
             Ok(Err(error)) => {
+                leave_waiting(shared, &request_id);
                 forget(shared, &record, had, true).await;
                 return refuse(shared, message, &request_id, attempt, error.message).await;
             }
             Err(_) => {
+                leave_waiting(shared, &request_id);
                 forget(shared, &record, had, true).await;
                 let _ = message.ack_with(AckKind::Nak(None)).await;
                 return;
             }
         }
     }
+}
+
+/// Sets the state of a durable request in hand, here and in its stored record (written only
+/// when it changes).
+async fn set_state(shared: &Arc<Shared>, request_id: &str, state: RequestState) {
+    let record = shared
+        .lock_running()
+        .get_mut(request_id)
+        .filter(|record| record.state != state)
+        .map(|record| {
+            record.state = state;
+            record.clone()
+        });
+    let Some(record) = record else {
+        return;
+    };
+    if let Err(error) = shared.stores.put_live(&record).await {
+        tracing::warn!(message = "could not update a request's record", %error, request_id = %request_id);
+    }
+    if !shared.lock_running().contains_key(request_id) {
+        // It finished meanwhile: what was just written goes once its result is stored.
+        tokio::spawn(super::worker::take_back_refreshed(shared.clone(), record));
+    }
+}
+
+/// Takes a request off the list of those waiting for a slot; true if a caller cancelled it.
+fn leave_waiting(shared: &Shared, request_id: &str) -> bool {
+    shared
+        .lock_waiting()
+        .remove(request_id)
+        .is_some_and(|waiting| waiting.cancelled)
+}
+
+/// Ends a durable request in hand that a caller cancelled before it found a slot: it never
+/// runs, its result is CANCELLED and its message is acknowledged.
+async fn cancel_in_hand(
+    shared: &Shared,
+    message: jetstream::Message,
+    record: &LiveRecord,
+    had: Option<Asked>,
+) {
+    let request_id = &record.request_id;
+    shared.lock_cancelled().remove(request_id);
+    forget(shared, record, had, false).await;
+    let mut result = unrun_result(
+        request_id,
+        Reason::Cancelled,
+        "cancelled while waiting for a slot".into(),
+        &shared.worker_id,
+    );
+    result.attempt = record.attempt;
+    match shared.stores.store_result(&result).await {
+        Ok(stored) => {
+            if stored == Stored::Stored {
+                shared.metrics.observe_result(&result);
+            }
+            if let Err(error) = message.double_ack().await {
+                tracing::warn!(message = "could not settle a queue message", %error, request_id = %request_id);
+            }
+        }
+        Err(error) => {
+            // Handed back rather than lost: it runs elsewhere.
+            tracing::warn!(message = "could not store a cancelled request's result", %error, request_id = %request_id);
+            shared.stores.unclaim(record).await;
+            let _ = message.ack_with(AckKind::Nak(None)).await;
+        }
+    }
+    let _ = shared.stored.send(request_id.clone());
+    tracing::info!(message = "cancelled a durable request before it started", request_id = %request_id);
 }
 
 /// Takes back what was put on record for a message that did not start here: the local

@@ -144,13 +144,26 @@ pub(super) struct Shared {
     /// Requests a caller cancelled (so a drain's cancellation, which hands a durable request
     /// back, is told apart).
     cancelled_by_callers: Mutex<HashSet<String>>,
+    /// Durable requests in hand that found no free slot (an interactive submit took it between
+    /// the pull and the start) and wait for one. A cancel marks them, so they end CANCELLED
+    /// without running.
+    waiting: Mutex<HashMap<String, WaitingForSlot>>,
     in_flight: Arc<Semaphore>,
     /// Requests being finished (result stored, then `finished` published) at once.
     finishing: Arc<Semaphore>,
     /// The id of each request whose result was just stored (or given up), for cancels that
     /// answer only once the result is there.
-    stored: tokio::sync::broadcast::Sender<String>,
+    pub(super) stored: tokio::sync::broadcast::Sender<String>,
     pub(super) metrics: Arc<Metrics>,
+}
+
+/// A durable request in hand waiting for a free slot.
+#[derive(Default)]
+pub(super) struct WaitingForSlot {
+    /// A caller cancelled it.
+    pub(super) cancelled: bool,
+    /// Wakes its wait when it is cancelled.
+    pub(super) wake: Arc<tokio::sync::Notify>,
 }
 
 /// A running request as it was asked.
@@ -178,7 +191,13 @@ impl Shared {
         self.durable.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn lock_cancelled(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+    pub(super) fn lock_waiting(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, WaitingForSlot>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn lock_cancelled(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
         self.cancelled_by_callers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -343,6 +362,7 @@ async fn start_serving(
         running: Mutex::new(HashMap::new()),
         durable: Mutex::new(HashMap::new()),
         cancelled_by_callers: Mutex::new(HashSet::new()),
+        waiting: Mutex::new(HashMap::new()),
         in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
         finishing: Arc::new(Semaphore::new(FINISHING_AT_ONCE as usize)),
         stored: tokio::sync::broadcast::channel(STORED_NOTICES).0,
@@ -802,7 +822,7 @@ async fn refresh_records(shared: Arc<Shared>) {
 
 /// Removes the records a refresh wrote for a request that had just finished, once its result
 /// is stored (bounded: a result that never comes leaves the records to the bucket's TTL).
-async fn take_back_refreshed(shared: Arc<Shared>, record: LiveRecord) {
+pub(super) async fn take_back_refreshed(shared: Arc<Shared>, record: LiveRecord) {
     for _ in 0..50 {
         if let Ok(Some(_)) = shared.stores.stored(&record.request_id).await {
             let ours = shared
@@ -1154,6 +1174,16 @@ async fn cancel_here(shared: &Shared, request_id: &str) -> Result<CancelReply, W
     shared.lock_cancelled().insert(request_id.to_string());
     // Listening before the cancel goes in, so the notice of the stored result is not missed.
     let mut stored = shared.stored.subscribe();
+    // A durable request in hand still waiting for a slot is not known to the supervisor: marked,
+    // it ends CANCELLED without running (or, if it starts meanwhile, is cancelled as it starts).
+    let waiting = shared
+        .lock_waiting()
+        .get_mut(request_id)
+        .map(|waiting| {
+            waiting.cancelled = true;
+            waiting.wake.notify_one();
+        })
+        .is_some();
     let reply = shared
         .supervisor
         .send(Cancel {
@@ -1162,6 +1192,14 @@ async fn cancel_here(shared: &Shared, request_id: &str) -> Result<CancelReply, W
         .await
         .map_err(|_| WireError::new(ErrorCode::Internal, "the worker is stopping"))
         .and_then(|r| r);
+    let reply = match reply {
+        Err(error) if waiting && error.code == ErrorCode::NotFound => Ok(CancelReply {
+            request_id: request_id.to_string(),
+            state: RequestState::Cancelled,
+            decision_id: None,
+        }),
+        reply => reply,
+    };
     if reply.is_err() {
         // Nothing was cancelled, so no `finished` will clear the mark: a caller must not be
         // able to grow this set with cancels of requests that are not running here.
