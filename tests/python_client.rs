@@ -62,6 +62,7 @@ async fn the_python_client_written_from_the_docs_talks_to_the_fleet() {
         .await
         .unwrap_or_else(|e| panic!("{python} runs: {e}"));
     let stdout = String::from_utf8_lossy(&output.stdout);
+    println!("{stdout}");
     assert!(
         output.status.success(),
         "python fleet client failed ({}):\n{stdout}\n{}",
