@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 use super::BusError;
 use super::decisions::{CHAIN_HEADER, CHAIN_STATE_HEADER, PARENT_HEADER, ROOT_HEADER};
-use super::reply::{encoding_of, header};
+use super::reply::header;
 use super::store::{LiveRecord, Stored};
 use super::subjects::Subjects;
 use super::worker::{Asked, Shared};
@@ -151,10 +151,15 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
             return;
         }
     }
-    let request: GenerationRequest = match encoding_of(&message.message).decode(&message.payload) {
-        Ok(request) => request,
-        Err(error) => return refuse(shared, message, &request_id, attempt, error.message).await,
-    };
+    // The same size limit as submit: a server allowing larger messages must not let a larger
+    // request in through the queue.
+    let request: GenerationRequest =
+        match super::reply::decode(&message.message, shared.settings.limits.max_request_bytes) {
+            Ok(request) => request,
+            Err(error) => {
+                return refuse(shared, message, &request_id, attempt, error.message).await;
+            }
+        };
     if request.request_id.as_deref() != Some(request_id.as_str()) {
         let detail = format!(
             "the body's request_id ({}) must equal the subject's ({request_id})",
