@@ -201,6 +201,8 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
     };
     // On record, here and in the store, before the generation can start: one that ends at once
     // must find its message to settle and its record to take away.
+    // Entered among those not yet started before it is visible as running, so a cancel that
+    // finds it here always finds its mark to set too.
     {
         let mut running = shared.lock_running();
         if running.contains_key(&request_id) {
@@ -208,6 +210,9 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
             // acks.
             return;
         }
+        shared
+            .lock_waiting()
+            .insert(request_id.clone(), Default::default());
         running.insert(request_id.clone(), record.clone());
     }
     shared

@@ -144,9 +144,9 @@ pub(super) struct Shared {
     /// Requests a caller cancelled (so a drain's cancellation, which hands a durable request
     /// back, is told apart).
     cancelled_by_callers: Mutex<HashSet<String>>,
-    /// Durable requests in hand that found no free slot (an interactive submit took it between
-    /// the pull and the start) and wait for one. A cancel marks them, so they end CANCELLED
-    /// without running.
+    /// Durable requests in hand that the supervisor has not yet taken: from the moment one is on
+    /// record here until it starts (it may wait for a slot an interactive submit took between
+    /// the pull and the start). A cancel marks them, so they end CANCELLED without running.
     waiting: Mutex<HashMap<String, WaitingForSlot>>,
     in_flight: Arc<Semaphore>,
     /// Requests being finished (result stored, then `finished` published) at once.
@@ -157,7 +157,7 @@ pub(super) struct Shared {
     pub(super) metrics: Arc<Metrics>,
 }
 
-/// A durable request in hand waiting for a free slot.
+/// A durable request in hand, not yet started.
 #[derive(Default)]
 pub(super) struct WaitingForSlot {
     /// A caller cancelled it.
