@@ -998,3 +998,72 @@ async fn a_store_failure_is_an_internal_error_reply_not_a_crash() {
     let err = f.client.result("gone", true).await.unwrap_err();
     assert_eq!(err.code(), Some(ErrorCode::Internal), "{err}");
 }
+
+#[tokio::test]
+async fn a_result_larger_than_the_servers_max_payload_is_stored_with_its_messages_trimmed() {
+    const MAX_PAYLOAD: usize = 64 * 1024;
+    let nats = NatsServer::start_with_config(&format!("max_payload: {MAX_PAYLOAD}")).await;
+    // Text that does not repeat, or the loop detector would stop it.
+    let mut seed = 7u64;
+    let answer: String = (0..20 * 1024)
+        .map(|_| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            b"abcdefghijklmnopqrstuvwxyz     "[(seed >> 33) as usize % 31] as char
+        })
+        .collect();
+    let mock = MockServer::start(
+        Script::from_toml_str(&format!("[[rules]]\nreply = \"{answer}\"\n")).unwrap(),
+    )
+    .await
+    .unwrap();
+    let s = settings(&nats, &mock, 1);
+    let client_settings = s.clone();
+    let _worker = tokio::task::spawn_blocking(move || WorkerHandle::spawn(s))
+        .await
+        .unwrap()
+        .unwrap();
+    let client = Client::connect(&client_settings)
+        .await
+        .unwrap()
+        .with_timeout(Duration::from_secs(10));
+    // 36 KiB of request and 20 KiB of answer, twice over in output and messages: 76 KiB.
+    let mut request: GenerationRequest = serde_json::from_value(json!({
+        "request_id": "big",
+        "messages": [
+            {"role": "user", "content": "a".repeat(12 * 1024)},
+            {"role": "assistant", "content": "b".repeat(12 * 1024)},
+            {"role": "user", "content": "c".repeat(12 * 1024)},
+        ],
+    }))
+    .unwrap();
+    request.max_tokens = Some(100_000);
+    let mut events = Box::pin(client.follow("big").await.unwrap());
+    client.submit("default", &request).await.unwrap();
+    let finished = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(event) = events.next().await {
+            if let EventBody::Finished { result } = event.body {
+                return result;
+            }
+        }
+        panic!("the events ended");
+    })
+    .await
+    .expect("a finished event");
+    let stored = wait_terminal(&client, "big").await;
+    assert_eq!(*finished, stored);
+    assert_eq!(
+        (stored.state, stored.reason, stored.truncated),
+        (RequestState::Completed, Reason::Stop, true)
+    );
+    // The output is whole; the oldest messages went, the latest turns stayed.
+    assert_eq!(stored.output, answer);
+    let kept: Vec<String> = stored
+        .messages
+        .iter()
+        .map(|m| m.text().into_owned())
+        .collect();
+    assert_eq!(kept, vec!["c".repeat(12 * 1024), answer.clone()]);
+    assert!(serde_json::to_vec(&stored).unwrap().len() <= MAX_PAYLOAD);
+}

@@ -45,6 +45,9 @@ const STORED_NOTICES: usize = 1024;
 /// How long a finished request's result is tried to be stored before it is given up (a
 /// durable one then goes back to the queue).
 const STORE_RESULT_FOR: Duration = Duration::from_secs(60);
+/// Room left in a NATS message for what goes around a result: the event's or the stored
+/// record's fields, headers, a reply's error envelope.
+const RESULT_ENVELOPE_BYTES: usize = 4096;
 
 /// A running worker, started on its own thread with its own actix system (tests and embedding).
 pub struct WorkerHandle {
@@ -714,10 +717,20 @@ async fn publish_events(shared: Arc<Shared>, mut events: mpsc::Receiver<Event>) 
 }
 
 /// Stores a request's result, settles its queue message, then publishes its `finished` event.
-async fn finish(shared: &Shared, event: Event) {
-    let EventBody::Finished { result } = &event.body else {
+async fn finish(shared: &Shared, mut event: Event) {
+    let EventBody::Finished { result } = &mut event.body else {
         return;
     };
+    // One NATS message must hold the result: in the bucket, in a `gen.result` reply and in the
+    // `finished` event, each with a little envelope around it.
+    let max_bytes = shared
+        .client
+        .max_payload()
+        .saturating_sub(RESULT_ENVELOPE_BYTES);
+    if result.fit_within(max_bytes) {
+        tracing::warn!(message = "the result was larger than the server's max_payload; its messages were trimmed", request_id = %result.request_id, max_bytes);
+    }
+    let result = &*result;
     let id = &result.request_id;
     shared.lock_running().remove(id);
     let asked = shared.lock_asked().remove(id);

@@ -192,3 +192,203 @@ impl GenerationResult {
         }
     }
 }
+
+/// The size of `value` as JSON, the largest of the encodings a result travels in.
+fn json_len<T: Serialize>(value: &T) -> usize {
+    serde_json::to_vec(value).map_or(0, |body| body.len())
+}
+
+/// Cuts `text` to at most `keep` bytes, on a char boundary.
+fn cut_to(text: &mut String, keep: usize) {
+    let mut keep = keep.min(text.len());
+    while !text.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    text.truncate(keep);
+}
+
+impl GenerationResult {
+    /// Makes the result fit in `max_bytes` of JSON, so that it can be stored, read and carried
+    /// by its `finished` event in one NATS message: a result the server refuses would be lost.
+    ///
+    /// `messages` goes first, oldest first (the caller has what it sent; the latest turns
+    /// explain the output), with any tool answer left without its call. Should the result
+    /// still not fit, `reasoning` and then `output` lose their ends. Returns whether anything
+    /// was cut; `truncated` is set when it was.
+    pub fn fit_within(&mut self, max_bytes: usize) -> bool {
+        let mut size = json_len(self);
+        if size <= max_bytes {
+            return false;
+        }
+        self.truncated = true;
+        // One comma between array elements; the loop below settles any difference.
+        let sizes: Vec<usize> = self.messages.iter().map(|m| json_len(m) + 1).collect();
+        let mut dropped = 0;
+        while size > max_bytes && dropped < self.messages.len() {
+            size = size.saturating_sub(sizes[dropped]);
+            dropped += 1;
+        }
+        while self
+            .messages
+            .get(dropped)
+            .is_some_and(|m| m.role == super::message::Role::Tool)
+        {
+            dropped += 1;
+        }
+        self.messages.drain(..dropped);
+        loop {
+            let size = json_len(self);
+            if size <= max_bytes {
+                break;
+            }
+            // Each byte of text is at least one byte of JSON, so cutting the excess never
+            // cuts too much.
+            let excess = size - max_bytes;
+            let text = if !self.reasoning.is_empty() {
+                &mut self.reasoning
+            } else if !self.output.is_empty() {
+                &mut self.output
+            } else {
+                // What is left (signals, metadata, validation) is bounded by the limits.
+                break;
+            };
+            cut_to(text, text.len().saturating_sub(excess));
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::Reason;
+
+    fn result(output: &str, reasoning: &str, messages: Vec<Message>) -> GenerationResult {
+        let mut result = GenerationResult::empty("r1", Reason::Stop, String::new(), "w1");
+        result.output = output.to_string();
+        result.reasoning = reasoning.to_string();
+        result.messages = messages;
+        result
+    }
+
+    fn texts(result: &GenerationResult) -> Vec<String> {
+        result
+            .messages
+            .iter()
+            .map(|m| m.text().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn a_result_that_fits_is_left_alone() {
+        let mut r = result(
+            "out",
+            "",
+            vec![Message::user("hi"), Message::assistant("out")],
+        );
+        let before = r.clone();
+        assert!(!r.fit_within(json_len(&r)));
+        assert_eq!(r, before);
+    }
+
+    #[test]
+    fn fitting_cuts_what_it_must_and_no_more() {
+        let big = |c: char| c.to_string().repeat(1000);
+        struct Case {
+            name: &'static str,
+            result: GenerationResult,
+            /// Room beyond the result without its messages, output and reasoning cut.
+            max: Box<dyn Fn(&GenerationResult) -> usize>,
+            messages: Vec<String>,
+            output_len: Option<usize>,
+            reasoning_len: Option<usize>,
+        }
+        let bare = |r: &GenerationResult| {
+            let mut r = r.clone();
+            r.messages.clear();
+            r.truncated = true;
+            json_len(&r)
+        };
+        let cases = vec![
+            Case {
+                name: "the oldest messages go first",
+                result: result(
+                    "done",
+                    "",
+                    vec![
+                        Message::user(big('a')),
+                        Message::assistant(big('b')),
+                        Message::user(big('c')),
+                        Message::assistant("done"),
+                    ],
+                ),
+                max: Box::new(move |r| bare(r) + 1100),
+                messages: vec![big('c'), "done".into()],
+                output_len: Some(4),
+                reasoning_len: Some(0),
+            },
+            Case {
+                name: "a tool answer does not stay without its call",
+                result: result(
+                    "done",
+                    "",
+                    vec![
+                        Message::user(big('a')),
+                        Message::assistant(big('b')),
+                        Message::tool("call-1", "42"),
+                        Message::assistant("done"),
+                    ],
+                ),
+                max: Box::new(move |r| bare(r) + 100),
+                messages: vec!["done".into()],
+                output_len: Some(4),
+                reasoning_len: Some(0),
+            },
+            Case {
+                name: "then the reasoning loses its end",
+                result: result("out", &big('r'), vec![Message::user(big('a'))]),
+                max: Box::new(move |r| bare(r) - 600),
+                messages: vec![],
+                output_len: Some(3),
+                reasoning_len: None,
+            },
+            Case {
+                name: "then the output, on a char boundary",
+                result: result(&big('é'), &big('r'), vec![Message::user("q")]),
+                max: Box::new(move |r| bare(r) - 1000 - 301),
+                messages: vec![],
+                output_len: None,
+                reasoning_len: Some(0),
+            },
+        ];
+        for case in cases {
+            let mut r = case.result.clone();
+            let max = (case.max)(&r);
+            assert!(r.fit_within(max), "{}: cut nothing", case.name);
+            assert!(r.truncated, "{}", case.name);
+            assert!(
+                json_len(&r) <= max,
+                "{}: {} > {max}",
+                case.name,
+                json_len(&r)
+            );
+            assert_eq!(texts(&r), case.messages, "{}", case.name);
+            if let Some(len) = case.output_len {
+                assert_eq!(r.output.len(), len, "{}", case.name);
+            } else {
+                assert!(!r.output.is_empty() && r.output.len() < case.result.output.len());
+                assert!(case.result.output.starts_with(&r.output), "{}", case.name);
+                // No more than the char boundary asks: one 'é' is two bytes.
+                assert!(json_len(&r) + 2 > max, "{}: cut too much", case.name);
+            }
+            if let Some(len) = case.reasoning_len {
+                assert_eq!(r.reasoning.len(), len, "{}", case.name);
+            } else {
+                assert!(!r.reasoning.is_empty());
+                assert!(case.result.reasoning.starts_with(&r.reasoning));
+                // Cut no more than needed.
+                assert_eq!(json_len(&r), max, "{}: cut too much", case.name);
+            }
+        }
+    }
+}
