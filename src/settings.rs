@@ -155,21 +155,32 @@ pub enum ToolMode {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum SystemMessages {
+    /// `separate` until the backend's chat template refuses it, then `merged`, then
+    /// `first_user`, learnt once per worker with a warning.
+    Auto,
+    /// The BIOS and the caller's system prompt as two system messages.
     Separate,
+    /// One system message, the BIOS first (templates that take exactly one).
     Merged,
+    /// No system message: the BIOS and the caller's system prompt open the first user message
+    /// (templates that refuse the system role).
+    FirstUser,
 }
 
 /// What a streamed answer that ends with `[DONE]` but without a finish reason counts as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DoneWithoutFinish {
-    /// A broken stream: FAILED `backend_error` with the partial output (the contract's rule).
+    /// A broken stream: FAILED `backend_error` with the partial output.
     Fail,
-    /// A complete answer with finish reason `stop`, for servers that leave the finish reason
-    /// out when a stop string or the end-of-turn token ends the text (llama-cpp-python's
-    /// server, some MLX servers). A stream cut without `[DONE]` still fails.
+    /// The default. `[DONE]` is the stream's own clean end (the official SDKs end there
+    /// without an error): after content it ends the answer with finish reason `stop`
+    /// (`tool_calls` after native calls). Servers leave the finish reason out when a stop
+    /// string or the end-of-turn token ends the text (llama-cpp-python's server, some MLX
+    /// servers). A stream cut without `[DONE]`, or a `[DONE]` with nothing before it, still
+    /// fails.
     Stop,
 }
 

@@ -10,6 +10,15 @@ use serde_json::Value;
 fn bench(args: &[&str]) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_genfleet"));
     command.arg("bench").args(args);
+    // These runs are about the mock's phases: `all` would also run the real-backend phase
+    // (minutes) when ./scripts/test.sh has installed the model server.
+    for name in [
+        "GENFLEET_REAL_SERVER",
+        "GENFLEET_REAL_MODEL",
+        "GENFLEET_REAL_TEMPLATE",
+    ] {
+        command.env_remove(name);
+    }
     if let Some(nats_server) = std::env::var_os("NATS_SERVER") {
         command.arg("--nats-server").arg(nats_server);
     }

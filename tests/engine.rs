@@ -124,6 +124,102 @@ async fn merged_system_messages_send_one_system_message_bios_first() {
 }
 
 #[tokio::test]
+async fn a_template_that_refuses_a_second_system_message_gets_them_merged_from_then_on() {
+    let script = "reject_system = \"after_first\"\n[[rules]]\nreply = \"fine\"\n";
+    let h = Harness::new(script).await;
+    let ask = || request(json!({"system": "Caller rules.", "messages": user("x")}));
+    let (result, _) = h.run(ask()).await;
+    assert_eq!(
+        (result.state, result.reason, result.output.as_str()),
+        (RequestState::Completed, Reason::Stop, "fine"),
+        "{result:?}"
+    );
+    let sent = h.backend_requests();
+    assert_eq!(sent.len(), 2, "refused once, then sent merged");
+    let roles = |body: &serde_json::Value| -> Vec<String> {
+        body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["role"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(roles(&sent[0]), ["system", "system", "user"]);
+    assert_eq!(roles(&sent[1]), ["system", "user"]);
+    let merged = sent[1]["messages"][0]["content"].as_str().unwrap();
+    assert!(
+        merged.contains("Tool iterations remaining") && merged.ends_with("\n\nCaller rules."),
+        "the BIOS first, then the caller's system prompt: {merged}"
+    );
+    // Learnt once: the next request goes merged at once.
+    let (result, _) = h.run(ask()).await;
+    assert_eq!(result.state, RequestState::Completed);
+    let sent = h.backend_requests();
+    assert_eq!(sent.len(), 3);
+    assert_eq!(roles(&sent[2]), ["system", "user"]);
+}
+
+#[tokio::test]
+async fn a_template_that_refuses_every_system_message_gets_them_in_the_first_user_message() {
+    let script = "reject_system = \"all\"\n[[rules]]\nreply = \"fine\"\n";
+    let h = Harness::new(script).await;
+    let (result, _) = h
+        .run(request(json!({"system": "Caller rules.", "messages": [
+            {"role": "user", "content": "first question"},
+            {"role": "assistant", "content": "an answer"},
+            {"role": "user", "content": "second question"},
+        ]})))
+        .await;
+    assert_eq!(
+        (result.state, result.reason),
+        (RequestState::Completed, Reason::Stop),
+        "{result:?}"
+    );
+    let sent = h.backend_requests();
+    assert_eq!(
+        sent.len(),
+        3,
+        "separate, merged, then in the first user message"
+    );
+    let last = &sent[2]["messages"];
+    assert_eq!(last[0]["role"], "user");
+    let opening = last[0]["content"].as_str().unwrap();
+    assert!(opening.starts_with("You are a worker"), "{opening}");
+    assert!(
+        opening.ends_with("Caller rules.\n\nfirst question"),
+        "{opening}"
+    );
+    assert_eq!(last[2]["content"], "second question");
+    // The result's conversation is the caller's, not the backend's layout.
+    assert_eq!(result.messages[0].text(), "first question");
+}
+
+#[tokio::test]
+async fn a_fixed_system_layout_is_not_changed_by_a_refusal() {
+    let script = "reject_system = \"after_first\"\n[[rules]]\nreply = \"fine\"\n";
+    let h = Harness::with(script, |s| {
+        s.llm.system_messages = SystemMessages::Separate;
+    })
+    .await;
+    let (result, _) = h
+        .run(request(
+            json!({"system": "Caller rules.", "messages": user("x")}),
+        ))
+        .await;
+    assert_eq!(
+        (result.state, result.reason),
+        (RequestState::Failed, Reason::BackendError),
+        "{result:?}"
+    );
+    let detail = result.detail.unwrap();
+    assert!(
+        detail.contains("refused the system messages") && detail.contains("roles must alternate"),
+        "{detail}"
+    );
+    assert_eq!(h.backend_requests().len(), 1);
+}
+
+#[tokio::test]
 async fn several_calls_in_one_message_consume_one_iteration() {
     let h = Harness::new(ADD_THEN_ANSWER).await;
     let (result, events) = h
@@ -777,9 +873,12 @@ async fn a_broken_stream_is_a_backend_error_with_the_partial_output() {
 /// `llm.done_without_finish_reason = "stop"` takes it as a complete answer, tool calls
 /// included, while a stream cut without `[DONE]` still fails.
 #[tokio::test]
-async fn done_without_a_finish_reason_fails_unless_configured_as_a_stop() {
+async fn done_without_a_finish_reason_is_a_stop_unless_configured_to_fail() {
     let script = "[[rules]]\nreply = \"Paris is the capital.\"\nomit_finish_reason = true\n";
-    let h = Harness::new(script).await;
+    let fail = |s: &mut genfleet::settings::Settings| {
+        s.llm.done_without_finish_reason = genfleet::settings::DoneWithoutFinish::Fail;
+    };
+    let h = Harness::with(script, fail).await;
     let (result, _) = h.run(request(json!({"messages": user("go")}))).await;
     assert_eq!(
         (result.state, result.reason),
@@ -794,9 +893,8 @@ async fn done_without_a_finish_reason_fails_unless_configured_as_a_stop() {
         "{detail}"
     );
 
-    let stop = |s: &mut genfleet::settings::Settings| {
-        s.llm.done_without_finish_reason = genfleet::settings::DoneWithoutFinish::Stop;
-    };
+    // The default: [DONE] is the stream's own clean end.
+    let stop = |_: &mut genfleet::settings::Settings| {};
     let h = Harness::with(script, stop).await;
     let (result, _) = h.run(request(json!({"messages": user("go")}))).await;
     assert_eq!(

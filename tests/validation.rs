@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Harness, event_names, request};
+use common::{Harness, event_names, request, streamed_text};
 use genfleet::engine::chain::PastAttempt;
 use genfleet::engine::{ChainState, RequestContext};
 use genfleet::protocol::{DecisionKind, Reason, RequestState, Signal, SignalType};
@@ -59,17 +59,30 @@ async fn output_that_passes_its_checks_completes_with_its_confidence() {
 #[tokio::test]
 async fn the_first_attempt_retries_once_with_the_failed_checks_named() {
     let h = Harness::new(&script("TOTAL: 42")).await;
-    let (result, events) = h.run(checked(None)).await;
+    let mut request = checked(None);
+    // Both answers together are longer than this; the retry alone is not.
+    request.validation = serde_json::from_value(json!([
+        {"kind": "contains", "text": "TOTAL", "weight": 3.0},
+        {"kind": "max_chars", "max": 20}
+    ]))
+    .unwrap();
+    let (result, events) = h.run(request).await;
     assert_eq!(
         (result.state, result.reason),
         (RequestState::Completed, Reason::Stop)
     );
     let report = result.validation.clone().unwrap();
     assert!(report.passed && report.retried);
-    assert_eq!(
-        result.output, "TOTAL: 42",
-        "the output is the answer judged"
-    );
+    // The output is every turn: the first answer (streamed already) and the retry; the checks
+    // judged the retry alone (its 9 chars, not the 24 of both).
+    assert_eq!(result.output, "the sum is 42\n\nTOTAL: 42");
+    assert_eq!(streamed_text(&events), result.output);
+    let max_chars = report
+        .checks
+        .iter()
+        .find(|c| c.kind == "max_chars")
+        .unwrap();
+    assert!(max_chars.passed);
     let asked = h.backend_requests();
     assert_eq!(asked.len(), 2);
     let note = asked[1]["messages"].as_array().unwrap().last().unwrap()["content"]

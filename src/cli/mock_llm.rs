@@ -15,18 +15,23 @@ pub struct MockLlmArgs {
     pub listen: SocketAddr,
     /// Rules file (.toml or .json); without one every request is answered with its last user
     /// message.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "replay")]
     pub script: Option<PathBuf>,
+    /// Answer every chat request with this recorded response exactly as it was recorded: an
+    /// SSE transcript (.sse) or a JSON body (e.g. tests/data/backends/vllm/tool_call.sse).
+    #[arg(long, value_name = "FILE")]
+    pub replay: Option<PathBuf>,
 }
 
 pub async fn run(args: MockLlmArgs) -> anyhow::Result<()> {
     // SIGTERM (a container's stop) or Ctrl-C.
     let shutdown = super::shutdown_signal();
-    let script = match &args.script {
-        Some(path) => Script::from_file(path)
+    let script = match (&args.script, &args.replay) {
+        (Some(path), _) => Script::from_file(path)
             .map_err(anyhow::Error::msg)
             .with_context(|| format!("cannot load the script {}", path.display()))?,
-        None => Script::echo(),
+        (None, Some(path)) => Script::replay(path).map_err(anyhow::Error::msg)?,
+        (None, None) => Script::echo(),
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

@@ -1,7 +1,8 @@
 //! The event stream of one generation: gapless sequence numbers and coalesced deltas.
 //!
 //! Deltas are gathered until `coalesce_bytes` or `coalesce_ms` have passed, so a fast model
-//! does not cost one bus message per token. Nothing is ever dropped here: the sink is a bounded
+//! does not cost one bus message per token. The first delta goes out at once: the time to
+//! first token a caller sees is the model's, not the coalescing interval. Nothing is ever dropped here: the sink is a bounded
 //! channel, and a slow consumer slows the generation rather than losing text.
 
 use std::sync::Arc;
@@ -32,6 +33,8 @@ pub struct EventEmitter {
     coalescing: Coalescing,
     pending: String,
     pending_since: Option<Instant>,
+    /// Whether a delta went out already.
+    first_delta_sent: bool,
 }
 
 impl EventEmitter {
@@ -53,6 +56,7 @@ impl EventEmitter {
             coalescing,
             pending: String::new(),
             pending_since: None,
+            first_delta_sent: false,
         }
     }
 
@@ -63,9 +67,11 @@ impl EventEmitter {
         }
         self.pending.push_str(text);
         let since = *self.pending_since.get_or_insert_with(Instant::now);
-        if self.pending.len() >= self.coalescing.bytes
+        if !self.first_delta_sent
+            || self.pending.len() >= self.coalescing.bytes
             || since.elapsed() >= self.coalescing.interval
         {
+            self.first_delta_sent = true;
             self.flush().await;
         }
     }
@@ -123,7 +129,7 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn coalesces_and_numbers_without_gaps() {
+    async fn sends_the_first_delta_at_once_then_coalesces_and_numbers_without_gaps() {
         let (tx, mut rx) = mpsc::channel(64);
         let mut emitter = EventEmitter::new(
             "r".into(),
@@ -160,7 +166,8 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(texts, vec!["abcdefgh", "ij"]);
+        // The first delta at once (time to first token), then 8 bytes at a time.
+        assert_eq!(texts, vec!["ab", "cdefghij"]);
         assert!(matches!(events[3].body, EventBody::Reasoning { .. }));
     }
 }

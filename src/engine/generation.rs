@@ -21,14 +21,14 @@ use super::loop_detect::{LoopDetector, LoopVerdict};
 use super::signals::SignalBook;
 use super::text_calls::{self, InvalidCallKind, ParseMode, ParsedItem, TextCallParser};
 use super::validation;
-use super::{Engine, Finished, RequestContext};
+use super::{Engine, Finished, RequestContext, SystemShape};
 use crate::llm::{ChatRequest, FinishReason, LlmError, StreamEvent, ToolSpec};
 use crate::protocol::{
     Content, DecisionBlock, DecisionKind, DecisionOption, EventBody, FunctionCall,
     GenerationRequest, GenerationResult, Message, Reason, Role, Severity, Signal, SignalSource,
     SignalType, Timings, ToolCall, Usage, ValidationReport,
 };
-use crate::settings::{SystemMessages, ToolMode};
+use crate::settings::ToolMode;
 use crate::tools::{Tool, ToolInvocation, ToolReply};
 
 /// Why the generation stops, with the detail the result carries.
@@ -91,6 +91,8 @@ struct NativeCall {
 enum TurnError {
     Stop(Stop),
     ToolsRefused(String),
+    /// The chat template refused the system messages laid out in this shape.
+    SystemRefused(SystemShape, String),
 }
 
 impl From<Stop> for TurnError {
@@ -122,6 +124,8 @@ pub(super) struct Generation<'e> {
     next_call_id: u32,
     /// 1, or 2 once validation sent the model back to its answer.
     tries: u32,
+    /// Where in `output` the answer the checks judge starts: 0, or where the retry began.
+    answer_from: usize,
     validation: Option<ValidationReport>,
 }
 
@@ -157,6 +161,7 @@ impl<'e> Generation<'e> {
             first_token: None,
             next_call_id: 0,
             tries: 1,
+            answer_from: 0,
             validation: None,
             engine,
             request,
@@ -332,7 +337,7 @@ impl<'e> Generation<'e> {
                 - self.ctx.chain.confidence_boost)
                 .max(0.0);
             let mut report =
-                validation::evaluate(&self.request.validation, &self.output, threshold);
+                validation::evaluate(&self.request.validation, self.judged_answer(), threshold);
             report.retried = self.tries > 1;
             if report.passed {
                 self.validation = Some(report);
@@ -360,8 +365,16 @@ impl<'e> Generation<'e> {
         }
     }
 
-    /// Sends the model back to its answer with the failed checks named. The output starts
-    /// again: the result's output is the answer the checks judge.
+    /// The output since the answer under judgement began: all of it, or the retry's.
+    fn judged_answer(&self) -> &str {
+        self.output
+            .get(self.answer_from..)
+            .unwrap_or_default()
+            .trim_start_matches('\n')
+    }
+
+    /// Sends the model back to its answer with the failed checks named. The output keeps the
+    /// first answer (it was streamed, and `output` is every turn); the checks judge the retry.
     async fn auto_retry(&mut self, report: &ValidationReport) {
         let failed: Vec<&str> = report
             .checks
@@ -383,7 +396,7 @@ impl<'e> Generation<'e> {
             .await;
         self.conversation
             .push(Message::user(validation::retry_note(report)));
-        self.output.clear();
+        self.answer_from = self.output.len();
         self.tries += 1;
     }
 
@@ -415,7 +428,7 @@ impl<'e> Generation<'e> {
         meta.insert("prompt".into(), json!(summarise(&task, 2000)));
         meta.insert(
             "output_summary".into(),
-            json!(summarise(&self.output, 1000)),
+            json!(summarise(self.judged_answer(), 1000)),
         );
         meta.insert("suggestions".into(), json!(suggestions));
         let summary = format!(
@@ -501,6 +514,13 @@ impl<'e> Generation<'e> {
                         .store(true, Ordering::Relaxed);
                     self.mode = ToolMode::Text;
                     continue;
+                }
+                Err(TurnError::SystemRefused(shape, body)) => {
+                    if self.engine.system_refused(shape, &body).is_some() {
+                        continue;
+                    }
+                    let error = LlmError::SystemRejected(body);
+                    return Stop::new(Reason::BackendError, error.to_string());
                 }
             };
             if turn.finish == FinishReason::Length {
@@ -657,8 +677,9 @@ impl<'e> Generation<'e> {
         }
     }
 
-    /// The messages the model is sent: BIOS, caller system, conversation.
-    fn prompt(&self) -> Vec<Message> {
+    /// The messages the model is sent: BIOS, caller system, conversation, with the system
+    /// messages laid out in `shape`.
+    fn prompt(&self, shape: SystemShape) -> Vec<Message> {
         let config = &self.engine.config;
         let tools: Vec<&Tool> = self.tools.iter().map(|t| t.as_ref()).collect();
         let controls: Vec<&Tool> = control::control_tools()
@@ -675,18 +696,12 @@ impl<'e> Generation<'e> {
             max_model_signal_bytes: config.signal_limits.max_model_signal_bytes,
         });
         let mut messages = Vec::with_capacity(self.conversation.len() + 2);
-        match (&self.request.system, config.system_messages) {
-            (Some(system), SystemMessages::Merged) => {
-                messages.push(Message::system(format!("{bios}\n\n{system}")));
-            }
-            (Some(system), SystemMessages::Separate) => {
-                messages.push(Message::system(bios));
-                messages.push(Message::system(system.clone()));
-            }
-            (None, _) => messages.push(Message::system(bios)),
+        messages.push(Message::system(bios));
+        if let Some(system) = &self.request.system {
+            messages.push(Message::system(system.clone()));
         }
         messages.extend(self.conversation.iter().cloned());
-        messages
+        shape.apply(messages)
     }
 
     fn native_tools(&self) -> Vec<ToolSpec> {
@@ -704,22 +719,37 @@ impl<'e> Generation<'e> {
             .collect()
     }
 
-    /// Streams one model call. Cancellation and the deadline are checked at every await.
-    async fn model_turn(&mut self) -> Result<Turn, TurnError> {
+    /// The backend call of the turn about to be taken.
+    fn chat_request(&self, shape: SystemShape) -> ChatRequest {
         let mut options = self.request.options.clone();
         if self.mode == ToolMode::Text {
             // tool_choice means nothing without native tools, and some servers reject it.
             options.remove("tool_choice");
         }
-        let chat = ChatRequest {
+        ChatRequest {
             model: self.request.model.clone(),
-            messages: self.prompt(),
+            messages: self.prompt(shape),
             tools: self.native_tools(),
             max_tokens: self.max_tokens(),
             temperature: self.request.temperature,
             options,
             traceparent: self.ctx.traceparent.clone(),
-        };
+        }
+    }
+
+    /// The first backend call this request would make, exactly as it would be sent (what
+    /// `genfleet bench` sends straight to a backend to compare with the worker's path).
+    pub(super) fn first_call(mut self) -> Result<ChatRequest, String> {
+        if let Some(stop) = self.resolve_tools() {
+            return Err(stop.detail.unwrap_or_default());
+        }
+        Ok(self.chat_request(self.engine.system_shape()))
+    }
+
+    /// Streams one model call. Cancellation and the deadline are checked at every await.
+    async fn model_turn(&mut self) -> Result<Turn, TurnError> {
+        let shape = self.engine.system_shape();
+        let chat = self.chat_request(shape);
         let mut stream = self.engine.backend.chat_stream(chat);
         let parse_mode = match self.mode {
             ToolMode::Native => ParseMode::Native,
@@ -767,6 +797,9 @@ impl<'e> Generation<'e> {
                     if !any_token && self.mode == ToolMode::Native =>
                 {
                     return Err(TurnError::ToolsRefused(body));
+                }
+                Some(Err(LlmError::SystemRejected(body))) if !any_token => {
+                    return Err(TurnError::SystemRefused(shape, body));
                 }
                 Some(Err(error)) => {
                     let stop = Stop::new(Reason::BackendError, error.to_string());

@@ -15,14 +15,14 @@ pub mod signals;
 pub mod text_calls;
 pub mod validation;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
 use crate::llm::LlmBackend;
-use crate::protocol::{GenerationRequest, GenerationResult, WireError};
+use crate::protocol::{Content, GenerationRequest, GenerationResult, Message, Role, WireError};
 use crate::settings::{Settings, SystemMessages, ToolMode};
 use crate::tools::{ToolCatalog, ToolRunner};
 
@@ -176,6 +176,85 @@ pub struct Engine {
     catalog: RwLock<Arc<ToolCatalog>>,
     /// Set when the backend refused native tools: every later call goes in text mode.
     native_tools_refused: AtomicBool,
+    /// How system messages are sent now ([`SystemShape`] as a number): the configured shape,
+    /// or, with `auto`, what the backend's chat template has been found to accept.
+    system_shape: AtomicU8,
+}
+
+/// How the BIOS and the caller's system prompt are laid out for the backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SystemShape {
+    /// Each its own system message.
+    Separate = 0,
+    /// The leading system messages joined into one.
+    Merged = 1,
+    /// No leading system message: their text opens the first user message.
+    FirstUser = 2,
+}
+
+impl SystemShape {
+    fn from_u8(n: u8) -> SystemShape {
+        match n {
+            0 => SystemShape::Separate,
+            1 => SystemShape::Merged,
+            _ => SystemShape::FirstUser,
+        }
+    }
+
+    /// The shape to try once the backend refused this one, if any is left.
+    fn next(self) -> Option<SystemShape> {
+        match self {
+            SystemShape::Separate => Some(SystemShape::Merged),
+            SystemShape::Merged => Some(SystemShape::FirstUser),
+            SystemShape::FirstUser => None,
+        }
+    }
+
+    fn configured(setting: SystemMessages) -> SystemShape {
+        match setting {
+            SystemMessages::Auto | SystemMessages::Separate => SystemShape::Separate,
+            SystemMessages::Merged => SystemShape::Merged,
+            SystemMessages::FirstUser => SystemShape::FirstUser,
+        }
+    }
+
+    /// `messages` laid out in this shape. Only the system messages at the start move (the
+    /// BIOS, the caller's `system`, and any the caller's conversation opens with).
+    pub fn apply(self, mut messages: Vec<Message>) -> Vec<Message> {
+        if self == SystemShape::Separate {
+            return messages;
+        }
+        let leading = messages
+            .iter()
+            .take_while(|m| m.role == Role::System)
+            .count();
+        if leading == 0 || (leading == 1 && self == SystemShape::Merged) {
+            return messages;
+        }
+        let text = messages
+            .drain(..leading)
+            .map(|m| m.text().into_owned())
+            .collect::<Vec<_>>()
+            .join("\n\n");
+        match self {
+            SystemShape::Separate => unreachable!("returned above"),
+            SystemShape::Merged => messages.insert(0, Message::system(text)),
+            SystemShape::FirstUser => match messages.iter_mut().find(|m| m.role == Role::User) {
+                Some(user) => {
+                    user.content = Some(match user.content.take() {
+                        Some(Content::Text(said)) => Content::Text(format!("{text}\n\n{said}")),
+                        Some(Content::Parts(mut parts)) => {
+                            parts.insert(0, serde_json::json!({"type": "text", "text": text}));
+                            Content::Parts(parts)
+                        }
+                        None => Content::Text(text),
+                    });
+                }
+                None => messages.insert(0, Message::user(text)),
+            },
+        }
+        messages
+    }
 }
 
 impl Engine {
@@ -185,14 +264,16 @@ impl Engine {
         runner: Arc<dyn ToolRunner>,
         bios: Arc<dyn BiosProvider>,
     ) -> Self {
+        let shape = SystemShape::configured(config.system_messages) as u8;
         Engine {
-            config,
             backend,
             runner,
             bios,
             history: Arc::new(NoHistory),
             catalog: RwLock::new(Arc::new(ToolCatalog::default())),
             native_tools_refused: AtomicBool::new(false),
+            system_shape: AtomicU8::new(shape),
+            config,
         }
     }
 
@@ -225,6 +306,52 @@ impl Engine {
         } else {
             self.config.tool_mode
         }
+    }
+
+    /// The first backend call `request` would make on this engine, as it would be sent: the
+    /// BIOS, the system layout, the native tools and the options. An unknown tool is an error.
+    pub fn first_call(
+        &self,
+        request: GenerationRequest,
+        context: RequestContext,
+    ) -> Result<crate::llm::ChatRequest, String> {
+        let events = EventEmitter::new(context.request_id.clone(), None, self.config.coalescing);
+        generation::Generation::new(self, request, context, events, CancellationToken::new())
+            .first_call()
+    }
+
+    /// How system messages are laid out for the backend now.
+    pub fn system_shape(&self) -> SystemShape {
+        SystemShape::from_u8(self.system_shape.load(Ordering::Relaxed))
+    }
+
+    /// The backend's chat template refused `refused`: with `llm.system_messages = "auto"`, the
+    /// next shape to try (kept for every later call, with one warning); `None` when the
+    /// configuration fixes the shape or none is left.
+    fn system_refused(&self, refused: SystemShape, backend_said: &str) -> Option<SystemShape> {
+        if self.config.system_messages != SystemMessages::Auto {
+            return None;
+        }
+        let next = refused.next()?;
+        // Only the first generation to see the refusal moves the shape on, and warns.
+        if self
+            .system_shape
+            .compare_exchange(
+                refused as u8,
+                next as u8,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+        {
+            tracing::warn!(
+                message = "the backend's chat template refused the system messages; sending them another way from now on (llm.system_messages)",
+                refused = ?refused,
+                now = ?next,
+                backend_said = %backend_said
+            );
+        }
+        Some(self.system_shape().max(next))
     }
 
     /// Checks what only the worker can check: every requested tool is registered.

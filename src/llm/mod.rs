@@ -83,6 +83,10 @@ pub enum LlmError {
     /// The backend refused native tools (e.g. vLLM without a tool parser): retry in text mode.
     #[error("the backend rejected native tools: {0}")]
     ToolsRejected(String),
+    /// The backend's chat template refused the system messages as sent (a second one, or any):
+    /// retry with them merged, or folded into the first user message.
+    #[error("the backend's chat template refused the system messages: {0}")]
+    SystemRejected(String),
     #[error("the backend answered HTTP {status}: {body}")]
     Http { status: u16, body: String },
     #[error("could not reach the backend: {0}")]
@@ -93,6 +97,9 @@ pub enum LlmError {
     StreamBroken(String),
     #[error("the backend sent an unreadable chunk: {0}")]
     Protocol(String),
+    /// An error the backend reported inside the stream (or as its whole answer).
+    #[error("the backend reported an error: {0}")]
+    Backend(String),
 }
 
 impl LlmError {
@@ -105,6 +112,8 @@ impl LlmError {
         let clean = |text: String| redact(&text, secret);
         match self {
             LlmError::ToolsRejected(text) => LlmError::ToolsRejected(clean(text)),
+            LlmError::SystemRejected(text) => LlmError::SystemRejected(clean(text)),
+            LlmError::Backend(text) => LlmError::Backend(clean(text)),
             LlmError::Http { status, body } => LlmError::Http {
                 status,
                 body: clean(body),

@@ -8,12 +8,14 @@ use std::time::Duration;
 
 use futures_util::stream::{self, BoxStream, StreamExt};
 use serde::{Deserialize, Serialize};
+use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
+use tokio_util::io::StreamReader;
 
 use super::{
     ChatRequest, ChatStream, FinishReason, LlmBackend, LlmError, StreamEvent, ToolCallDelta,
     ToolSpec,
 };
-use crate::protocol::{Message, Usage};
+use crate::protocol::{Message, Role, Usage};
 use crate::settings::{DoneWithoutFinish, LlmSettings};
 
 /// The longest SSE line accepted: a backend that never sends a newline must not grow a buffer
@@ -105,6 +107,7 @@ impl LlmBackend for OpenAiBackend {
         let secret = self.inner.api_key.clone();
         stream::once(async move {
             match inner.connect(&request).await {
+                Ok(response) if is_json(&response) => json_events(response, inner.idle_timeout),
                 Ok(response) => sse_events(response, inner.idle_timeout, inner.done_is_stop),
                 Err(error) => stream::once(async move { Err(error) }).boxed(),
             }
@@ -191,14 +194,28 @@ impl Inner {
                         self.no_stream_options.store(true, Ordering::Relaxed);
                         continue;
                     }
+                    let message = error_message(&body);
+                    if matches!(status, 400 | 422 | 500)
+                        && request.messages.iter().any(|m| m.role == Role::System)
+                        && refuses_system_role(&body)
+                    {
+                        return Err(LlmError::SystemRejected(message));
+                    }
                     if (status == 400 || status == 422)
                         && !request.tools.is_empty()
                         && body.to_ascii_lowercase().contains("tool")
                     {
-                        return Err(LlmError::ToolsRejected(body));
+                        return Err(LlmError::ToolsRejected(message));
                     }
                     let retryable = status == 429 || status >= 500;
-                    (retryable, LlmError::Http { status, body }, retry_after)
+                    (
+                        retryable,
+                        LlmError::Http {
+                            status,
+                            body: message,
+                        },
+                        retry_after,
+                    )
                 }
                 Err(error) => (true, LlmError::Transport(transport_error(&error)), None),
             };
@@ -211,6 +228,15 @@ impl Inner {
             attempt += 1;
         }
     }
+}
+
+/// Whether a successful answer is one JSON completion rather than an event stream.
+fn is_json(response: &reqwest::Response) -> bool {
+    response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.to_ascii_lowercase().starts_with("application/json"))
 }
 
 fn retry_after(response: &reqwest::Response) -> Option<Duration> {
@@ -262,12 +288,20 @@ struct Chunk {
     usage: Option<WireUsage>,
     #[serde(default)]
     error: Option<serde_json::Value>,
+    /// `"error"` on the bare error objects some servers stream (older vLLM).
+    #[serde(default)]
+    object: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
 }
 
 #[derive(Deserialize)]
 struct Choice {
     #[serde(default)]
     delta: Option<Delta>,
+    /// A whole answer: a server that ignored `stream: true` and answered with JSON.
+    #[serde(default)]
+    message: Option<Delta>,
     #[serde(default)]
     finish_reason: Option<String>,
 }
@@ -278,11 +312,14 @@ struct Delta {
     content: Option<String>,
     #[serde(default)]
     reasoning_content: Option<String>,
-    /// Some servers (e.g. Ollama) name it `reasoning`.
+    /// Some servers (Ollama, newer vLLM) name it `reasoning`.
     #[serde(default)]
     reasoning: Option<String>,
     #[serde(default)]
     tool_calls: Option<Vec<WireToolCallDelta>>,
+    /// The deprecated single `function_call` form (OpenAI before tools, some older servers).
+    #[serde(default)]
+    function_call: Option<WireFunctionDelta>,
 }
 
 #[derive(Deserialize)]
@@ -312,14 +349,79 @@ struct WireUsage {
     completion_tokens: u64,
 }
 
+/// One server-sent event as it is being read: its type and its data lines.
+#[derive(Default)]
+struct Frame {
+    event: String,
+    data: String,
+}
+
 struct SseState {
-    events: BoxStream<'static, Result<eventsource_stream::Event, String>>,
+    lines: BoxStream<'static, Result<String, LinesCodecError>>,
+    frame: Frame,
     pending: VecDeque<Result<StreamEvent, LlmError>>,
     idle_timeout: Duration,
     finished: bool,
     done: bool,
     /// `[DONE]` before a finish reason ends a complete answer instead of a broken stream.
     done_is_stop: bool,
+    calls: CallIndexes,
+    /// Whether any content, reasoning or tool call arrived.
+    any_output: bool,
+}
+
+/// Gives each native tool call its own index, whatever the server sends: some leave `index`
+/// out (each delta is then a call of its own when it brings a new id, else more of the last
+/// one), some give every call index 0 with a new id.
+#[derive(Default)]
+struct CallIndexes {
+    /// Per call so far: the server's index, its id, its name.
+    seen: Vec<(Option<usize>, Option<String>, String)>,
+}
+
+impl CallIndexes {
+    /// The index to use for this delta, and the part of its name not yet seen (servers that
+    /// repeat the whole name in every delta must not double it).
+    fn place(
+        &mut self,
+        index: Option<usize>,
+        id: Option<&str>,
+        name: Option<&str>,
+    ) -> (usize, Option<String>) {
+        let known = match index {
+            Some(index) => self.seen.iter().rposition(|(i, _, _)| *i == Some(index)),
+            None => self.seen.len().checked_sub(1),
+        };
+        let same_call = known.filter(|&at| match (id, &self.seen[at].1) {
+            (Some(new), Some(old)) => new == old,
+            _ => true,
+        });
+        let at = match same_call {
+            Some(at) if !(index.is_none() && id.is_some() && self.seen[at].1.is_none()) => at,
+            _ => {
+                self.seen
+                    .push((index, id.map(str::to_string), String::new()));
+                self.seen.len() - 1
+            }
+        };
+        let entry = &mut self.seen[at];
+        if entry.1.is_none() {
+            entry.1 = id.map(str::to_string);
+        }
+        let name = name.filter(|n| !n.is_empty()).and_then(|n| {
+            if entry.2 == n {
+                None
+            } else {
+                entry.2.push_str(n);
+                Some(n.to_string())
+            }
+        });
+        (at, name)
+    }
+
+    fn any(&self) -> bool {
+        !self.seen.is_empty()
+    }
 }
 
 fn sse_events(
@@ -327,30 +429,24 @@ fn sse_events(
     idle_timeout: Duration,
     done_is_stop: bool,
 ) -> ChatStream {
-    use eventsource_stream::Eventsource;
-    let mut line_bytes = 0usize;
-    let bytes = response.bytes_stream().map(move |chunk| {
-        let chunk = chunk.map_err(|e| transport_error(&e))?;
-        line_bytes = match chunk.iter().rposition(|b| *b == b'\n') {
-            Some(pos) => chunk.len() - pos - 1,
-            None => line_bytes + chunk.len(),
-        };
-        if line_bytes > MAX_LINE_BYTES {
-            return Err(format!("an SSE line exceeded {MAX_LINE_BYTES} bytes"));
-        }
-        Ok(chunk)
-    });
-    let events = bytes
-        .eventsource()
-        .map(|event| event.map_err(|e| e.to_string()))
-        .boxed();
+    let bytes = response
+        .bytes_stream()
+        .map(|chunk| chunk.map_err(|e| std::io::Error::other(transport_error(&e))));
+    let lines = FramedRead::new(
+        StreamReader::new(bytes),
+        LinesCodec::new_with_max_length(MAX_LINE_BYTES),
+    )
+    .boxed();
     let state = SseState {
-        events,
+        lines,
+        frame: Frame::default(),
         pending: VecDeque::new(),
         idle_timeout,
         finished: false,
         done: false,
         done_is_stop,
+        calls: CallIndexes::default(),
+        any_output: false,
     };
     stream::unfold(state, |mut state| async move {
         loop {
@@ -365,18 +461,74 @@ fn sse_events(
             } else {
                 state.idle_timeout
             };
-            let next = tokio::time::timeout(wait, state.events.next()).await;
-            match next {
-                Ok(Some(Ok(event))) => state.on_event(&event.data),
-                Ok(Some(Err(error))) => state.end(LlmError::StreamBroken(error)),
-                Ok(None) => state.end(LlmError::StreamBroken(
-                    "the stream closed before a finish reason".into(),
-                )),
+            match tokio::time::timeout(wait, state.lines.next()).await {
+                Ok(Some(Ok(line))) => state.on_line(&line),
+                Ok(Some(Err(LinesCodecError::MaxLineLengthExceeded))) => state.end(
+                    LlmError::StreamBroken(format!("an SSE line exceeded {MAX_LINE_BYTES} bytes")),
+                ),
+                Ok(Some(Err(LinesCodecError::Io(error)))) => {
+                    state.end(LlmError::StreamBroken(error.to_string()))
+                }
+                Ok(None) => {
+                    // A last event without its blank line still counts.
+                    state.dispatch();
+                    state.end(LlmError::StreamBroken(
+                        "the stream closed before a finish reason".into(),
+                    ))
+                }
                 Err(_) => state.end(LlmError::Idle(wait.as_millis() as u64)),
             }
         }
     })
     .boxed()
+}
+
+/// The human part of an error object or body: `error.message`, `message`, `detail`, or the
+/// text itself.
+fn error_text(value: &serde_json::Value) -> Option<String> {
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) if !s.trim().is_empty() => Some(s.trim().to_string()),
+        _ => None,
+    };
+    let error = value.get("error").unwrap_or(value);
+    text(error)
+        .or_else(|| error.get("message").and_then(text))
+        .or_else(|| value.get("message").and_then(text))
+        .or_else(|| value.get("detail").and_then(text))
+        .or_else(|| {
+            value
+                .get("detail")
+                .filter(|d| !d.is_null())
+                .map(|d| d.to_string())
+        })
+}
+
+/// An error body reduced to its message, for people (the raw body when it is not JSON).
+fn error_message(body: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|value| error_text(&value))
+        .unwrap_or_else(|| body.to_string())
+}
+
+/// Whether an error body says the chat template refuses the system messages it was sent: a
+/// second system message, one that is not first, or any at all (Gemma's, Mistral's and
+/// Llama 2's templates raise these).
+fn refuses_system_role(body: &str) -> bool {
+    let body = body.to_ascii_lowercase();
+    [
+        "roles must alternate",
+        "system role not supported",
+        "system role is not supported",
+        "system messages are not supported",
+        "does not support system",
+        "system message must be at the beginning",
+        "system message must be first",
+        "only one system message",
+        "system message is only supported at the beginning",
+    ]
+    .iter()
+    .any(|pattern| body.contains(pattern))
 }
 
 impl SseState {
@@ -388,22 +540,98 @@ impl SseState {
         }
     }
 
+    /// One line of the event stream (the line codec took its end off).
+    fn on_line(&mut self, line: &str) {
+        if line.is_empty() {
+            self.dispatch();
+            return;
+        }
+        if line.starts_with(':') {
+            // A comment: keep-alives and proxies' padding.
+            return;
+        }
+        let (field, value) = match line.split_once(':') {
+            Some((field, value)) => (field, value.strip_prefix(' ').unwrap_or(value)),
+            None => (line, ""),
+        };
+        match field {
+            "data" => {
+                if self.frame.data.len() + value.len() >= MAX_LINE_BYTES {
+                    self.end(LlmError::StreamBroken(format!(
+                        "an SSE event exceeded {MAX_LINE_BYTES} bytes"
+                    )));
+                    return;
+                }
+                if !self.frame.data.is_empty() {
+                    self.frame.data.push('\n');
+                }
+                self.frame.data.push_str(value);
+            }
+            "event" => self.frame.event = value.to_string(),
+            // llama.cpp's server writes an error inside a stream as an `error:` line.
+            "error" => {
+                self.dispatch();
+                self.on_error(value);
+            }
+            _ => {}
+        }
+    }
+
+    fn dispatch(&mut self) {
+        let frame = std::mem::take(&mut self.frame);
+        if self.done {
+            return;
+        }
+        if frame.event == "error" {
+            self.on_error(&frame.data);
+        } else {
+            self.on_event(&frame.data);
+        }
+    }
+
+    /// An error the server reports inside the stream: the request failed on its side.
+    fn on_error(&mut self, data: &str) {
+        let message = serde_json::from_str::<serde_json::Value>(data)
+            .ok()
+            .and_then(|value| error_text(&value))
+            .unwrap_or_else(|| data.trim().to_string());
+        self.fail_with(message);
+    }
+
+    fn fail_with(&mut self, message: String) {
+        // Whatever came before, an error ends the answer as a failure.
+        self.finished = false;
+        self.pending
+            .retain(|event| !matches!(event, Ok(StreamEvent::Finish(_))));
+        self.end(LlmError::Backend(message));
+    }
+
     fn on_event(&mut self, data: &str) {
         let data = data.trim();
         if data.is_empty() {
             return;
         }
         if data == "[DONE]" {
-            if self.done_is_stop && !self.finished {
+            if self.done_is_stop && !self.finished && self.any_output {
+                // The stream's own clean end: the official SDKs end there without an error.
+                let reason = if self.calls.any() {
+                    FinishReason::ToolCalls
+                } else {
+                    FinishReason::Stop
+                };
+                tracing::debug!(
+                    message = "[DONE] without a finish reason; taken as the end of the answer",
+                    ?reason
+                );
                 self.finished = true;
-                self.pending
-                    .push_back(Ok(StreamEvent::Finish(FinishReason::Stop)));
+                self.pending.push_back(Ok(StreamEvent::Finish(reason)));
             }
-            self.end(LlmError::StreamBroken(
-                "[DONE] arrived before a finish reason (llm.done_without_finish_reason = \"stop\" \
-                 takes it as the end of a complete answer)"
-                    .into(),
-            ));
+            self.end(LlmError::StreamBroken(if self.any_output {
+                "[DONE] arrived before a finish reason (llm.done_without_finish_reason = \"fail\")"
+                    .into()
+            } else {
+                "the stream ended with [DONE] before any answer or finish reason".into()
+            }));
             return;
         }
         let chunk: Chunk = match serde_json::from_str(data) {
@@ -414,27 +642,34 @@ impl SseState {
                 return;
             }
         };
-        if let Some(error) = chunk.error {
-            let message = error
-                .get("message")
-                .and_then(|m| m.as_str())
-                .map(str::to_string)
-                .unwrap_or_else(|| error.to_string());
-            self.end(LlmError::StreamBroken(format!(
-                "the backend reported: {message}"
-            )));
+        if let Some(error) = chunk.error.as_ref().filter(|e| !e.is_null()) {
+            let message = error_text(error).unwrap_or_else(|| error.to_string());
+            self.fail_with(message);
             return;
         }
+        if chunk.object.as_deref() == Some("error") {
+            let message = chunk.message.clone().unwrap_or_else(|| data.to_string());
+            self.fail_with(message);
+            return;
+        }
+        self.on_chunk(chunk);
+    }
+
+    fn on_chunk(&mut self, chunk: Chunk) {
         for choice in chunk.choices {
-            if let Some(delta) = choice.delta {
+            if let Some(delta) = choice.delta.or(choice.message) {
                 self.on_delta(delta);
             }
-            if let Some(reason) = choice.finish_reason
+            if let Some(reason) = choice.finish_reason.filter(|r| !r.is_empty())
                 && !self.finished
             {
                 self.finished = true;
-                self.pending
-                    .push_back(Ok(StreamEvent::Finish(FinishReason::parse(&reason))));
+                let mut reason = FinishReason::parse(&reason);
+                if reason == FinishReason::Stop && self.calls.any() {
+                    // Servers that say `stop` after a native call (older Ollama).
+                    reason = FinishReason::ToolCalls;
+                }
+                self.pending.push_back(Ok(StreamEvent::Finish(reason)));
             }
         }
         if let Some(usage) = chunk.usage {
@@ -449,27 +684,85 @@ impl SseState {
         if let Some(text) = delta.reasoning_content.or(delta.reasoning)
             && !text.is_empty()
         {
+            self.any_output = true;
             self.pending.push_back(Ok(StreamEvent::Reasoning(text)));
         }
         if let Some(text) = delta.content
             && !text.is_empty()
         {
+            self.any_output = true;
             self.pending.push_back(Ok(StreamEvent::Text(text)));
         }
-        for (position, call) in delta.tool_calls.into_iter().flatten().enumerate() {
+        let legacy = delta.function_call.map(|function| WireToolCallDelta {
+            index: Some(0),
+            id: None,
+            function: Some(function),
+        });
+        for call in delta.tool_calls.into_iter().flatten().chain(legacy) {
             let function = call.function;
             let arguments = match function.as_ref().and_then(|f| f.arguments.as_ref()) {
                 Some(serde_json::Value::String(s)) => s.clone(),
                 Some(serde_json::Value::Null) | None => String::new(),
                 Some(other) => other.to_string(),
             };
+            self.any_output = true;
+            let (index, name) = self.calls.place(
+                call.index,
+                call.id.as_deref(),
+                function.as_ref().and_then(|f| f.name.as_deref()),
+            );
             self.pending
                 .push_back(Ok(StreamEvent::ToolCall(ToolCallDelta {
-                    index: call.index.unwrap_or(position),
+                    index,
                     id: call.id,
-                    name: function.and_then(|f| f.name),
+                    name,
                     arguments,
                 })));
         }
     }
+}
+
+/// A server that answered `stream: true` with one JSON completion: read it whole (bounded) and
+/// yield it as the events a stream would have.
+fn json_events(response: reqwest::Response, idle_timeout: Duration) -> ChatStream {
+    stream::once(async move {
+        let mut response = response;
+        let mut body = Vec::new();
+        loop {
+            match tokio::time::timeout(idle_timeout, response.chunk()).await {
+                Err(_) => return vec![Err(LlmError::Idle(idle_timeout.as_millis() as u64))],
+                Ok(Err(e)) => return vec![Err(LlmError::StreamBroken(transport_error(&e)))],
+                Ok(Ok(None)) => break,
+                Ok(Ok(Some(chunk))) => {
+                    body.extend_from_slice(&chunk);
+                    if body.len() > MAX_LINE_BYTES {
+                        return vec![Err(LlmError::Protocol(format!(
+                            "a JSON answer exceeded {MAX_LINE_BYTES} bytes"
+                        )))];
+                    }
+                }
+            }
+        }
+        let text = String::from_utf8_lossy(&body);
+        let mut state = SseState {
+            lines: stream::empty().boxed(),
+            frame: Frame::default(),
+            pending: VecDeque::new(),
+            idle_timeout,
+            finished: false,
+            done: false,
+            done_is_stop: false,
+            calls: CallIndexes::default(),
+            any_output: false,
+        };
+        state.on_event(&text);
+        if !state.finished && !state.done {
+            state.end(LlmError::Protocol(
+                "the backend's JSON answer has no finish reason".into(),
+            ));
+        }
+        state.pending.into_iter().collect()
+    })
+    .flat_map(stream::iter)
+    .boxed()
 }

@@ -21,6 +21,8 @@ impl MeteredBackend {
 pub fn error_kind(error: &LlmError) -> &'static str {
     match error {
         LlmError::ToolsRejected(_) => "tools_rejected",
+        LlmError::SystemRejected(_) => "system_rejected",
+        LlmError::Backend(_) => "backend_reported",
         LlmError::Http { .. } => "http",
         LlmError::Transport(_) => "transport",
         LlmError::Idle(_) => "idle",

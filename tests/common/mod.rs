@@ -122,6 +122,11 @@ pub fn test_tools() -> Vec<ToolDefinition> {
         ),
         def("broken", "Fail in the runner", json!({"type": "object"})),
         def(
+            "get_weather",
+            "Get the weather in a city",
+            json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+        ),
+        def(
             "refuse",
             "Answer with an error reply",
             json!({"type": "object"}),
@@ -190,6 +195,10 @@ impl Harness {
         tools.set("shell", Behaviour::Reply(json!({"exit": 0})));
         tools.set("note", Behaviour::Reply(json!({"saved": true})));
         tools.set("broken", Behaviour::RunnerError("connection reset".into()));
+        tools.set(
+            "get_weather",
+            Behaviour::Reply(json!({"sky": "clear", "celsius": 21})),
+        );
         tools.set(
             "refuse",
             Behaviour::ErrorReply(json!({"code": "DENIED", "message": "not today"})),

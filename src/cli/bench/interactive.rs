@@ -22,7 +22,7 @@ use super::progress::Progress;
 use super::target::Target;
 use super::workload;
 use crate::actors::Accepted;
-use crate::protocol::{ErrorCode, ErrorReply, Event, EventBody, RequestState};
+use crate::protocol::{ErrorCode, ErrorReply, Event, EventBody, GenerationRequest, RequestState};
 
 /// The pause before a submit refused with NO_SLOT_AVAILABLE is sent again (plus up to as much
 /// jitter): short, so the refusals a run counts are what the fleet says, not what a slow
@@ -80,17 +80,17 @@ pub struct LoadReport {
 
 /// How one request went.
 #[derive(Debug, Default)]
-struct Outcome {
-    accepted: Option<Duration>,
-    submit_to_result: Option<Duration>,
-    first_delta: Option<Duration>,
-    no_slot: u64,
-    submits: u64,
-    error: Option<String>,
-    tokens: u64,
-    completion_tokens: u64,
-    missing_events: u64,
-    delta_mismatch: bool,
+pub(super) struct Outcome {
+    pub accepted: Option<Duration>,
+    pub submit_to_result: Option<Duration>,
+    pub first_delta: Option<Duration>,
+    pub no_slot: u64,
+    pub submits: u64,
+    pub error: Option<String>,
+    pub tokens: u64,
+    pub completion_tokens: u64,
+    pub missing_events: u64,
+    pub delta_mismatch: bool,
 }
 
 /// What one client gathered.
@@ -162,7 +162,8 @@ impl Tally {
 pub async fn warm_up(target: &Target, phase: &str, concurrency: usize, reply_tokens: usize) {
     let clients = (0..concurrency.min(target.connections.len())).map(|client| async move {
         let id = target.request_id(&format!("{phase}-warmup"), client as u64);
-        let outcome = one_request(target, client, id.clone(), reply_tokens).await;
+        let request = workload::request(id.clone(), reply_tokens);
+        let outcome = one_request(target, client, request).await;
         if let Some(error) = outcome.error {
             tracing::warn!(message = "a warm-up request failed", %error);
         }
@@ -189,7 +190,8 @@ pub async fn run(
             let mut tally = Tally::default();
             while let Some(n) = budget.take() {
                 let id = target.request_id(spec.phase, n);
-                let outcome = one_request(target, client, id.clone(), spec.reply_tokens).await;
+                let request = workload::request(id.clone(), spec.reply_tokens);
+                let outcome = one_request(target, client, request).await;
                 tally.add(id, outcome);
                 budget.done();
             }
@@ -238,12 +240,12 @@ pub async fn run(
 }
 
 /// Subscribe, submit, follow until `finished`.
-async fn one_request(
+pub(super) async fn one_request(
     target: &Target,
     client: usize,
-    request_id: String,
-    reply_tokens: usize,
+    request: GenerationRequest,
 ) -> Outcome {
+    let request_id = request.request_id.clone().unwrap_or_default();
     let mut outcome = Outcome::default();
     let nats = target.connection(client);
     // Subscribed on the connection the submit goes out on, so the server has the
@@ -255,7 +257,7 @@ async fn one_request(
             return outcome;
         }
     };
-    let body: Bytes = serde_json::to_vec(&workload::request(request_id, reply_tokens))
+    let body: Bytes = serde_json::to_vec(&request)
         .expect("requests serialize")
         .into();
     let started = Instant::now();

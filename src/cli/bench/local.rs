@@ -97,12 +97,30 @@ impl LocalFleet {
         Ok(fleet)
     }
 
-    /// Starts one more worker process and waits until it is ready (`/readyz`).
+    /// Starts one more worker process on the mock backend and waits until it is ready
+    /// (`/readyz`).
     pub async fn start_worker(
         &self,
         worker_id: &str,
         pool: &str,
         slots: u32,
+    ) -> anyhow::Result<LocalWorker> {
+        self.start_worker_at(worker_id, pool, slots, &self.backend_url)
+            .await
+    }
+
+    /// The fleet's own directory (logs, the store), removed with it.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Starts one more worker process on the backend at `backend_url`.
+    pub async fn start_worker_at(
+        &self,
+        worker_id: &str,
+        pool: &str,
+        slots: u32,
+        backend_url: &str,
     ) -> anyhow::Result<LocalWorker> {
         let http_addr = format!("127.0.0.1:{}", free_port()?);
         let log_path = self.dir.path().join(format!("{worker_id}.log"));
@@ -114,7 +132,7 @@ impl LocalFleet {
         let child = command
             .arg("worker")
             .env("GENFLEET__NATS__URL", &self.nats_url)
-            .env("GENFLEET__LLM__BASE_URL", &self.backend_url)
+            .env("GENFLEET__LLM__BASE_URL", backend_url)
             .env("GENFLEET__WORKER__SLOTS", slots.to_string())
             .env("GENFLEET__WORKER__ID", worker_id)
             .env("GENFLEET__WORKER__POOL", pool)

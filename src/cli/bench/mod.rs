@@ -3,7 +3,8 @@
 //!
 //! Phases (`--mode`): interactive submits at a fixed concurrency, a durable burst on the
 //! queue, a streaming relay of long replies, and (`--local` only) the memory of a worker with
-//! many slots. In the same run it measures the floors genfleet is compared with: plain NATS
+//! many slots and a real model server behind a worker against the same client calling it
+//! directly (`real-backend`, when `scripts/real-backend.sh` has installed one). In the same run it measures the floors genfleet is compared with: plain NATS
 //! request-reply against an echo responder, and the backend called directly over HTTP. The
 //! result is a set of tables, or one JSON object with `--json`; docs/benchmarks.md explains
 //! the figures and holds the project's own.
@@ -17,6 +18,7 @@ mod local;
 mod memory;
 mod procstat;
 mod progress;
+mod real;
 mod report;
 mod target;
 mod workload;
@@ -99,6 +101,20 @@ pub struct BenchArgs {
     /// --local: the nats-server binary [default: nats-server on PATH, /usr/sbin, /usr/local/bin].
     #[arg(long, value_name = "PATH")]
     pub nats_server: Option<PathBuf>,
+    /// Real-backend phase: the llama.cpp `llama-server` binary [default: $GENFLEET_REAL_SERVER,
+    /// as `scripts/real-backend.sh` prints it].
+    #[arg(long, value_name = "PATH")]
+    pub real_server: Option<PathBuf>,
+    /// Real-backend phase: the GGUF model [default: $GENFLEET_REAL_MODEL].
+    #[arg(long, value_name = "PATH")]
+    pub real_model: Option<PathBuf>,
+    /// Real-backend phase: completion tokens per request.
+    #[arg(long, default_value_t = 128)]
+    pub real_tokens: u32,
+    /// Real-backend phase: requests per path (direct and through genfleet) at each
+    /// concurrency (1 and 4).
+    #[arg(long, default_value_t = 12)]
+    pub real_requests: u64,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -110,6 +126,7 @@ pub enum Mode {
     Durable,
     Streaming,
     Memory,
+    RealBackend,
     All,
 }
 
@@ -128,8 +145,15 @@ pub async fn run(
     // reqwest is built without a bundled TLS provider; the process-wide one goes in first.
     crate::llm::openai::install_crypto_provider();
     anyhow::ensure!(
-        args.local || args.mode != Mode::Memory,
-        "--mode memory needs --local (the bench starts the worker it measures)"
+        args.local || !matches!(args.mode, Mode::Memory | Mode::RealBackend),
+        "--mode memory and --mode real-backend need --local (the bench starts the worker it measures)"
+    );
+    anyhow::ensure!(
+        args.mode != Mode::RealBackend
+            || real::RealSpec::locate(args.real_server.clone(), args.real_model.clone()).is_some(),
+        "--mode real-backend needs the model server and model: --real-server and --real-model, \
+         or GENFLEET_REAL_SERVER and GENFLEET_REAL_MODEL (eval \"$(scripts/real-backend.sh)\" installs \
+         them and sets both)"
     );
     // Installed first: Ctrl-C at any point ends the run, and dropping it stops the fleet.
     let interrupted = super::shutdown_signal();
@@ -213,6 +237,7 @@ async fn bench(
     let mut durable_report = None;
     let mut streaming_report = None;
     let mut memory_report = None;
+    let mut real_report = None;
 
     if args.mode.runs(Mode::Interactive) {
         interactive::warm_up(&target, "interactive", args.concurrency, args.reply_tokens).await;
@@ -286,6 +311,29 @@ async fn bench(
         };
         memory_report = Some(memory::run(fleet, &target, &spec).await?);
     }
+    let real_paths = real::RealSpec::locate(args.real_server.clone(), args.real_model.clone());
+    if let Some(fleet) = &fleet
+        && args.mode.runs(Mode::RealBackend)
+        && let Some((server, model)) = real_paths.clone()
+    {
+        let spec = real::RealSpec {
+            server,
+            model,
+            template: real::RealSpec::template(),
+            tokens: args.real_tokens.max(1),
+            requests: args.real_requests.max(1),
+            levels: vec![1, 4],
+        };
+        real_report = Some(
+            real::run(
+                fleet,
+                &settings,
+                &spec,
+                Duration::from_secs(args.timeout_secs),
+            )
+            .await?,
+        );
+    }
 
     let ratios = report::ratios(
         &floors,
@@ -312,6 +360,13 @@ async fn bench(
     if fleet.is_none() && args.mode.runs(Mode::Memory) {
         notes.push("memory is measured only with --local".into());
     }
+    if args.mode == Mode::All && real_paths.is_none() {
+        notes.push(
+            "no real-backend phase: eval \"$(scripts/real-backend.sh)\" installs a model server \
+             and sets GENFLEET_REAL_SERVER and GENFLEET_REAL_MODEL"
+                .into(),
+        );
+    }
     let worker_stats = if fleet.is_some() {
         "read from /proc of the worker processes the bench started".to_string()
     } else if args.worker_pids.is_empty() {
@@ -332,6 +387,7 @@ async fn bench(
         &ratios,
         streaming_report.as_ref(),
         memory_report.as_ref(),
+        real_report.as_ref(),
     );
     let report = Report {
         genfleet_version: env!("CARGO_PKG_VERSION"),
@@ -362,6 +418,7 @@ async fn bench(
         durable: durable_report,
         streaming: streaming_report,
         memory: memory_report,
+        real_backend: real_report,
         ratios,
         targets,
         notes,
@@ -419,10 +476,21 @@ fn targets(
     ratios: &report::Ratios,
     streaming: Option<&interactive::LoadReport>,
     memory: Option<&memory::MemoryReport>,
+    real: Option<&real::RealReport>,
 ) -> Vec<TargetCheck> {
     let local = |holds: bool| if run.local { Some(holds) } else { None };
     let zero_delay_one_worker = run.token_delay_ms == 0 && run.workers == 1;
-    vec![
+    // The real backend's worst level: the lowest ratio and the largest added time.
+    let real_levels = real.map(|r| r.levels.as_slice()).unwrap_or_default();
+    let worst_ratio = real_levels
+        .iter()
+        .filter_map(|l| l.tokens_per_sec_ratio)
+        .reduce(f64::min);
+    let worst_added = real_levels
+        .iter()
+        .filter_map(|l| l.added_first_token_p50_ms)
+        .reduce(f64::max);
+    let mut checks = vec![
         TargetCheck {
             name: "added latency p50",
             target: "< 1 ms at concurrency 16, zero-delay mock",
@@ -465,5 +533,24 @@ fn targets(
             met: memory.map(|m| m.per_request_kib < 256.0),
             conditions_met: memory.map(|_| true),
         },
-    ]
+    ];
+    if real.is_some() {
+        checks.push(TargetCheck {
+            name: "real backend tokens/s through genfleet",
+            target: ">= 97% of the direct client's, at concurrency 1 and 4",
+            value: worst_ratio.map(|r| r * 100.0),
+            unit: "%",
+            met: worst_ratio.map(|r| r >= 0.97),
+            conditions_met: Some(true),
+        });
+        checks.push(TargetCheck {
+            name: "real backend added time to first token p50",
+            target: "<= 2 ms more than the direct client's, at concurrency 1 and 4",
+            value: worst_added,
+            unit: "ms",
+            met: worst_added.map(|ms| ms <= 2.0),
+            conditions_met: Some(true),
+        });
+    }
+    checks
 }

@@ -10,6 +10,7 @@ use super::interactive::LoadReport;
 use super::latency::Summary;
 use super::memory::MemoryReport;
 use super::procstat::ProcessUsage;
+use super::real::RealReport;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -25,6 +26,8 @@ pub struct Report {
     pub durable: Option<DurableReport>,
     pub streaming: Option<LoadReport>,
     pub memory: Option<MemoryReport>,
+    /// The real model server, direct and through one worker.
+    pub real_backend: Option<RealReport>,
     pub ratios: Ratios,
     pub targets: Vec<TargetCheck>,
     pub notes: Vec<String>,
@@ -291,6 +294,63 @@ impl Report {
                 d.errors,
                 d.missed_finished_events
             );
+        }
+
+        if let Some(r) = &self.real_backend {
+            let _ = writeln!(
+                out,
+                "real backend: {} with {}, {} tokens per request",
+                r.server, r.model, r.tokens_per_request
+            );
+            let mut real = Table::new(&[
+                "path",
+                "conc",
+                "requests",
+                "errors",
+                "tokens/s",
+                "1st token p50 ms",
+                "p90 ms",
+                "ratio",
+                "added p50 ms",
+            ]);
+            for level in &r.levels {
+                for (name, f, ratio, added) in [
+                    ("direct client", &level.direct, None, None),
+                    (
+                        "through genfleet",
+                        &level.through_genfleet,
+                        level.tokens_per_sec_ratio,
+                        level.added_first_token_p50_ms,
+                    ),
+                ] {
+                    real.row(vec![
+                        name.to_string(),
+                        level.concurrency.to_string(),
+                        f.requests.to_string(),
+                        f.errors.to_string(),
+                        format!("{:.1}", f.tokens_per_sec),
+                        opt(f.first_token_ms.map(|s| s.p50), 2),
+                        opt(f.first_token_ms.map(|s| s.p90), 2),
+                        ratio.map_or(String::new(), |r| format!("{:.1}%", r * 100.0)),
+                        opt(added, 2),
+                    ]);
+                }
+            }
+            let _ = writeln!(out, "{}", real.render());
+            for level in &r.levels {
+                for (name, f) in [
+                    ("direct", &level.direct),
+                    ("genfleet", &level.through_genfleet),
+                ] {
+                    if let Some(error) = &f.first_error {
+                        let _ = writeln!(
+                            out,
+                            "real backend {name} at concurrency {}: {} errors, the first: {error}",
+                            level.concurrency, f.errors
+                        );
+                    }
+                }
+            }
         }
 
         let mut cpu = Table::new(&[

@@ -30,6 +30,7 @@
 //! api_key = "secret"             # require "Authorization: Bearer secret" on /v1/*
 //! reject_tools = false           # 400 (param "tools") for any request carrying `tools`
 //! reject_stream_options = false  # 400 (param "stream_options") for any request carrying it
+//! reject_system = "after_first"  # 400 like Gemma's template: "after_first" (a system message not first) or "all"
 //! token_delay_ms = 0             # default delay before each generated chunk
 //!
 //! [[rules]]
@@ -56,6 +57,8 @@
 //! fail_times = 2                # only the first 2 matches fail (status defaults to 500)
 //! error_message = "overloaded"  # message of the scripted error
 //! usage = { prompt_tokens = 10, completion_tokens = 5 }
+//! replay = "vllm/tool_call.sse"   # answer with this recorded file byte for byte (.sse streamed event by
+//!                                # event, delay_ms before each; other files as a JSON body), with status
 //! ```
 //!
 //! Token accounting: every generated chunk (reasoning and content) is one token; a tool call
@@ -81,7 +84,9 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
-pub use script::{Chunking, DEFAULT_MODEL, Rule, Script, ToolCallSpec, UsageOverride};
+pub use script::{
+    Chunking, DEFAULT_MODEL, RejectSystem, Rule, Script, ToolCallSpec, UsageOverride,
+};
 
 /// How many chat request bodies the server keeps for `GET /mock/requests`.
 pub const REQUEST_LOG_CAPACITY: usize = server::LOG_CAPACITY;

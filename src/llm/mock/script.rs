@@ -36,6 +36,10 @@ pub struct Script {
     /// Reject any request carrying `stream_options` with a 400, as some older servers do.
     #[serde(skip_serializing_if = "is_false")]
     pub reject_stream_options: bool,
+    /// Refuse system messages as some chat templates do: `after_first` (a system message that
+    /// is not the first message, as Gemma's template) or `all` (any system message).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reject_system: Option<RejectSystem>,
     /// Default delay before each generated chunk, for rules that set no `delay_ms`.
     #[serde(skip_serializing_if = "is_zero")]
     pub token_delay_ms: u64,
@@ -127,6 +131,23 @@ pub struct Rule {
     /// Reported usage, overriding the computed counts field by field.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<UsageOverride>,
+    /// Answer with this file's bytes exactly as recorded, whatever the request asked: an SSE
+    /// transcript (`.sse`, sent as `text/event-stream` one event at a time, `delay_ms` before
+    /// each) or any other body (sent as `application/json`), with `status` (default 200). A
+    /// relative path is taken from the script file's directory (the working directory for a
+    /// script not read from a file). The transcripts in `tests/data/backends/` are such files.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replay: Option<std::path::PathBuf>,
+}
+
+/// Which system messages a script's chat template refuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectSystem {
+    /// Only the first message may be a system message.
+    AfterFirst,
+    /// No message may be a system message.
+    All,
 }
 
 /// A native tool call a rule makes.
@@ -202,12 +223,41 @@ impl Script {
             .extension()
             .and_then(|e| e.to_str())
             .map(str::to_ascii_lowercase);
-        let parsed = match ext.as_deref() {
-            Some("toml") => Script::from_toml_str(&text),
-            Some("json") => Script::from_json_str(&text),
-            _ => Err("the script file name must end in .toml or .json".to_string()),
+        let parse = |text: &str| -> Result<Script, String> {
+            match ext.as_deref() {
+                Some("toml") => Ok(config::Config::builder()
+                    .add_source(config::File::from_str(text, config::FileFormat::Toml))
+                    .build()
+                    .and_then(|c| c.try_deserialize())
+                    .map_err(|e| e.to_string())?),
+                Some("json") => serde_json::from_str(text).map_err(|e| e.to_string()),
+                _ => Err("the script file name must end in .toml or .json".to_string()),
+            }
         };
-        parsed.map_err(|e| format!("script {}: {e}", path.display()))
+        let mut script = parse(&text).map_err(|e| format!("script {}: {e}", path.display()))?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        for rule in &mut script.rules {
+            if let Some(replay) = &mut rule.replay
+                && replay.is_relative()
+            {
+                *replay = dir.join(&*replay);
+            }
+        }
+        script
+            .validate()
+            .map_err(|e| format!("script {}: {e}", path.display()))?;
+        Ok(script)
+    }
+
+    /// A script that answers every request with the recorded response in `path` (see
+    /// [`Rule::replay`]).
+    pub fn replay(path: impl Into<std::path::PathBuf>) -> Result<Script, String> {
+        let script = Script::new(vec![Rule {
+            replay: Some(path.into()),
+            ..Rule::default()
+        }]);
+        script.validate()?;
+        Ok(script)
     }
 
     /// Parses a TOML rules file.
@@ -232,7 +282,20 @@ impl Script {
     pub fn validate(&self) -> Result<(), String> {
         for (i, rule) in self.rules.iter().enumerate() {
             let n = i + 1;
-            if let Some(status) = rule.status
+            if let Some(replay) = &rule.replay {
+                if let Err(e) = std::fs::metadata(replay).and_then(|m| {
+                    m.is_file()
+                        .then_some(())
+                        .ok_or_else(|| std::io::Error::other("not a file"))
+                }) {
+                    return Err(format!("rule {n}: cannot replay {}: {e}", replay.display()));
+                }
+                if let Some(status) = rule.status
+                    && !(200..=599).contains(&status)
+                {
+                    return Err(format!("rule {n}: status {status} is not in 200..=599"));
+                }
+            } else if let Some(status) = rule.status
                 && !(400..=599).contains(&status)
             {
                 return Err(format!("rule {n}: status {status} is not in 400..=599"));

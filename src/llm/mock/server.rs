@@ -16,7 +16,7 @@ use futures_util::stream;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::script::{Conversation, Rule, Script};
+use super::script::{Conversation, RejectSystem, Rule, Script};
 
 /// How many request bodies the log keeps (oldest dropped first).
 pub(super) const LOG_CAPACITY: usize = 256;
@@ -219,6 +219,11 @@ async fn chat_completions(
             Some("stream_options"),
         );
     }
+    if let Some(refusal) = script.reject_system
+        && let Some(message) = system_refusal(refusal, &body)
+    {
+        return openai_error(StatusCode::BAD_REQUEST, message, Some("messages"), None);
+    }
     let params = Params::from_body(&body, script);
 
     let fallback = Rule::default();
@@ -227,6 +232,10 @@ async fn chat_completions(
         None => (None, &fallback),
     };
     tracing::debug!(rule = ?index.map(|i| i + 1), stream = params.stream, "mock chat request");
+    if let Some(path) = &rule.replay {
+        let delay = Duration::from_millis(rule.delay_ms.unwrap_or(script.token_delay_ms));
+        return replay(path, rule.status.unwrap_or(200), delay).await;
+    }
     if let Some(status) = rule.error_status() {
         let seen = index.map_or(0, |i| shared.matched[i].fetch_add(1, Ordering::Relaxed));
         if rule.fail_times.is_none_or(|n| seen < n) {
@@ -604,6 +613,74 @@ struct FunctionDelta<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     name: Option<&'a str>,
     arguments: &'a str,
+}
+
+/// The error a chat template that refuses these system messages raises, if it does.
+fn system_refusal(refusal: RejectSystem, body: &Value) -> Option<&'static str> {
+    let roles: Vec<&str> = body["messages"]
+        .as_array()?
+        .iter()
+        .map(|m| m["role"].as_str().unwrap_or_default())
+        .collect();
+    let system_at = |i: usize| roles.get(i) == Some(&"system");
+    match refusal {
+        RejectSystem::AfterFirst => (1..roles.len())
+            .any(system_at)
+            .then_some("Conversation roles must alternate user/assistant/user/assistant/..."),
+        RejectSystem::All => (0..roles.len())
+            .any(system_at)
+            .then_some("System role not supported"),
+    }
+}
+
+/// A recorded response sent back as it was recorded: an `.sse` transcript one event at a time
+/// (each with `delay` before it), any other file as one JSON body.
+async fn replay(path: &std::path::Path, status: u16, delay: Duration) -> Response {
+    let body = match tokio::fs::read(path).await {
+        Ok(body) => Bytes::from(body),
+        Err(e) => {
+            let message = format!("mock: cannot read the replay file {}: {e}", path.display());
+            return openai_error(StatusCode::INTERNAL_SERVER_ERROR, &message, None, None);
+        }
+    };
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+    let is_sse = path.extension().is_some_and(|e| e == "sse");
+    if !is_sse {
+        let json = HeaderValue::from_static("application/json");
+        return (status, [(header::CONTENT_TYPE, json)], body).into_response();
+    }
+    // Events end at a blank line (LF or CRLF); each goes out with its end, as a server
+    // writes them.
+    let mut frames = Vec::new();
+    let mut start = 0;
+    while start < body.len() {
+        let rest = &body[start..];
+        let end = (0..rest.len())
+            .find_map(|i| match rest[i..] {
+                [b'\n', b'\n', ..] => Some(i + 2),
+                [b'\n', b'\r', b'\n', ..] => Some(i + 3),
+                _ => None,
+            })
+            .map_or(body.len(), |at| start + at);
+        frames.push(body.slice(start..end));
+        start = end;
+    }
+    let stream = stream::unfold(frames.into_iter(), move |mut frames| async move {
+        let frame = frames.next()?;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        Some((Ok::<_, std::io::Error>(frame), frames))
+    });
+    let mut resp = Response::new(Body::from_stream(stream));
+    *resp.status_mut() = status;
+    let headers = resp.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    resp
 }
 
 fn sse_data(value: &impl Serialize) -> Bytes {
