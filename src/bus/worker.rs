@@ -214,7 +214,19 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
     ready: Option<std::sync::mpsc::Sender<Result<Option<std::net::SocketAddr>, BusError>>>,
 ) -> Result<(), BusError> {
-    let started = start(settings, worker_id).await;
+    // Asked to stop while starting (NATS unreachable, say): the start is dropped where it is.
+    tokio::pin!(shutdown);
+    let started = tokio::select! {
+        biased;
+        () = &mut shutdown => {
+            tracing::info!(message = "stopped while starting", worker_id = %worker_id);
+            if let Some(ready) = ready {
+                let _ = ready.send(Err(BusError::Setup("stopped while starting".into())));
+            }
+            return Ok(());
+        }
+        started = start(settings, worker_id.clone()) => started,
+    };
     let (shared, handle, tasks) = match started {
         Ok((shared, handle, tasks, http_addr)) => {
             if let Some(ready) = &ready {

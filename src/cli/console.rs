@@ -34,14 +34,17 @@ pub async fn run(settings: Settings, args: ConsoleArgs) -> anyhow::Result<()> {
     let listen: SocketAddr = listen
         .parse()
         .with_context(|| format!("--listen {listen:?} is not an address like 127.0.0.1:8080"))?;
-    let console = Console::start(
+    let started = Console::start(
         &settings,
         ConsoleOptions {
             listen,
             read_only: args.read_only,
         },
-    )
-    .await?;
+    );
+    let Some(console) = super::unless_stopped(&stop, started).await else {
+        return Ok(());
+    };
+    let console = console?;
     let addr = console.addr();
     let mode = if console.read_only() {
         "read-only: no console.token"

@@ -87,7 +87,10 @@ pub async fn run(settings: Settings, args: ManagerArgs) -> anyhow::Result<()> {
         console,
         llm,
     };
-    let manager = Manager::start(&settings, options, Arc::new(StdoutSink)).await?;
-    manager.run(stop).await?;
+    let started = Manager::start(&settings, options, Arc::new(StdoutSink));
+    let Some(manager) = super::unless_stopped(&stop, started).await else {
+        return Ok(());
+    };
+    manager?.run(stop).await?;
     Ok(())
 }

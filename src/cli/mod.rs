@@ -15,6 +15,8 @@ mod worker;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+use futures_util::FutureExt;
+use futures_util::future::{BoxFuture, Shared};
 
 use crate::telemetry::LogFormat;
 
@@ -110,11 +112,14 @@ impl Cli {
     }
 }
 
-/// SIGTERM (Kubernetes) or SIGINT (Ctrl-C): how long-running commands are asked to stop.
-/// The handlers are installed when this is called (not when the future is first polled), so a
-/// signal that comes while the command is still starting is not lost to the default action.
-/// Must be called inside a tokio runtime.
-pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+/// How a long-running command is asked to stop: SIGTERM (Kubernetes) or SIGINT (Ctrl-C).
+/// Cloned, it can be awaited at several points (the start-up, then the serving).
+pub(crate) type Stop = Shared<BoxFuture<'static, ()>>;
+
+/// Listens for SIGTERM and SIGINT. The handlers are installed when this is called (not when the
+/// future is first polled), so a signal that comes while the command is still starting is not
+/// lost to the default action. Must be called inside a tokio runtime.
+pub(crate) fn shutdown_signal() -> Stop {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
@@ -133,11 +138,31 @@ pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> {
                 }
             }
         }
+        .boxed()
+        .shared()
     }
     #[cfg(not(unix))]
     {
         async {
             let _ = tokio::signal::ctrl_c().await;
         }
+        .boxed()
+        .shared()
+    }
+}
+
+/// Runs a command's start-up unless it is asked to stop first: `None` then, the start-up
+/// dropped where it was (waiting for NATS, say), so a signal stops a command at any point.
+pub(crate) async fn unless_stopped<T>(
+    stop: &Stop,
+    start: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    tokio::select! {
+        biased;
+        () = stop.clone() => {
+            tracing::info!(message = "stopped while starting");
+            None
+        }
+        value = start => Some(value),
     }
 }

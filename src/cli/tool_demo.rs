@@ -85,18 +85,34 @@ pub fn calculate(arguments: &Value) -> Result<Value, Value> {
 }
 
 pub async fn run(settings: Settings, _args: ToolDemoArgs) -> anyhow::Result<()> {
-    let shutdown = super::shutdown_signal();
+    let stop = super::shutdown_signal();
+    let Some(started) = super::unless_stopped(&stop, start(&settings)).await else {
+        return Ok(());
+    };
+    let (client, calculator, clock) = started?;
+    println!("tool-demo serving: calculate, clock");
+    stop.await;
+    calculator.withdraw().await?;
+    clock.withdraw().await?;
+    let _ = client.flush().await;
+    Ok(())
+}
+
+/// Connects (waiting for NATS) and registers the two tools.
+async fn start(
+    settings: &Settings,
+) -> anyhow::Result<(async_nats::Client, ToolService, ToolService)> {
     let client = connect::connect(&settings.nats, ConnectPurpose::Worker).await?;
     let calculator = ToolService::start(
         client.clone(),
-        &settings,
+        settings,
         calculate_definition(),
         |arguments, _| async move { calculate(&arguments) },
     )
     .await?;
     let clock = ToolService::start(
         client.clone(),
-        &settings,
+        settings,
         clock_definition(),
         |_, _| async move {
             let now = std::time::SystemTime::now();
@@ -108,12 +124,7 @@ pub async fn run(settings: Settings, _args: ToolDemoArgs) -> anyhow::Result<()> 
         },
     )
     .await?;
-    println!("tool-demo serving: calculate, clock");
-    shutdown.await;
-    calculator.withdraw().await?;
-    clock.withdraw().await?;
-    let _ = client.flush().await;
-    Ok(())
+    Ok((client, calculator, clock))
 }
 
 #[cfg(test)]
