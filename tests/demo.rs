@@ -75,8 +75,17 @@ async fn the_demo_shows_the_tool_call_the_decision_the_answer_and_the_result() {
 
 #[tokio::test]
 async fn ctrl_c_stops_everything_the_demo_started() {
-    let mut child = demo().spawn().unwrap();
+    // As at a terminal: the demo leads its own process group, and Ctrl-C goes to the group.
+    let mut child = demo().process_group(0).spawn().unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut errors = BufReader::new(child.stderr.take().unwrap()).lines();
+    let stderr = tokio::spawn(async move {
+        let mut all = Vec::new();
+        while let Ok(Some(line)) = errors.next_line().await {
+            all.push(line);
+        }
+        all
+    });
     let first = lines.next_line().await.unwrap().unwrap();
     let port = nats_port(&first);
     tokio::time::timeout(Duration::from_secs(30), async {
@@ -91,7 +100,7 @@ async fn ctrl_c_stops_everything_the_demo_started() {
     .expect("the job starts");
     let pid = child.id().unwrap().to_string();
     let kill = std::process::Command::new("kill")
-        .args(["-INT", &pid])
+        .args(["-INT", "--", &format!("-{pid}")])
         .status()
         .unwrap();
     assert!(kill.success());
@@ -111,4 +120,10 @@ async fn ctrl_c_stops_everything_the_demo_started() {
         "{rest:?}"
     );
     assert!(gone(port).await, "no nats-server is left behind");
+    // The server goes last: nothing lost it on the way down.
+    let stderr = stderr.await.unwrap();
+    assert!(
+        !stderr.iter().any(|l| l.contains("WARN")),
+        "warnings while stopping: {stderr:#?}"
+    );
 }

@@ -117,6 +117,8 @@ async fn demo(args: &DemoArgs, stack: &mut Stack) -> anyhow::Result<()> {
     settings.http.listen = "127.0.0.1:0".into();
     stack.mock = Some(mock);
 
+    // Each part under its own connection name, as the server's connection list shows them.
+    settings.nats.name = "genfleet-demo".into();
     let tool_settings = settings.clone();
     let client = Client::connect(&settings)
         .await?
@@ -132,7 +134,8 @@ async fn demo(args: &DemoArgs, stack: &mut Stack) -> anyhow::Result<()> {
     );
     step("started the example tool service: calculate (tools.calculate)");
 
-    let worker_settings = settings.clone();
+    let mut worker_settings = settings.clone();
+    worker_settings.nats.name = "genfleet-demo-worker".into();
     let worker = tokio::task::spawn_blocking(move || WorkerHandle::spawn(worker_settings))
         .await?
         .context("the worker did not start")?;
@@ -149,7 +152,9 @@ async fn demo(args: &DemoArgs, stack: &mut Stack) -> anyhow::Result<()> {
     let policy = Policy::from_toml_str(DEMO_POLICY)?;
     let mut options = ManagerOptions::new("demo", policy);
     options.deliver = crate::manager::Deliver::New;
-    let manager = Manager::start(&settings, options, Arc::new(ManagerLines)).await?;
+    let mut manager_settings = settings.clone();
+    manager_settings.nats.name = "genfleet-demo-manager".into();
+    let manager = Manager::start(&manager_settings, options, Arc::new(ManagerLines)).await?;
     let (stop_manager, stopped) = tokio::sync::oneshot::channel::<()>();
     let manager_task = tokio::spawn(async move {
         let _ = manager

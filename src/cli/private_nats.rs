@@ -25,13 +25,19 @@ impl PrivateNats {
     pub async fn start(given: Option<&Path>, dir: &Path) -> anyhow::Result<PrivateNats> {
         let binary = find_nats_server(given)?;
         let port = free_port()?;
-        let child = Command::new(&binary)
+        let mut command = Command::new(&binary);
+        command
             .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
             .arg(dir.join("jetstream"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .kill_on_drop(true)
+            .kill_on_drop(true);
+        // Its own process group: a Ctrl-C at the terminal reaches genfleet only, which stops
+        // what it started with the server still there, and the server last.
+        #[cfg(unix)]
+        command.process_group(0);
+        let child = command
             .spawn()
             .with_context(|| format!("cannot start {}", binary.display()))?;
         let nats = PrivateNats {
