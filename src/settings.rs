@@ -109,6 +109,9 @@ pub struct JetStreamSettings {
     pub queue_duplicate_window_ms: u64,
     pub queue_ack_wait_ms: u64,
     pub queue_max_deliver: i64,
+    pub finished_bucket: String,
+    pub finished_ttl_ms: u64,
+    pub finished_max_entries: i64,
 }
 
 /// Written by hand so secrets never reach a log line through `{:?}`.
@@ -533,6 +536,12 @@ impl Settings {
         if self.jetstream.queue_ack_wait_ms < 300 || self.jetstream.queue_max_deliver < 1 {
             return fail(
                 "jetstream.queue_ack_wait_ms must be at least 300 and jetstream.queue_max_deliver at least 1"
+                    .into(),
+            );
+        }
+        if self.jetstream.finished_max_entries < 1 || self.jetstream.finished_ttl_ms == 0 {
+            return fail(
+                "jetstream.finished_max_entries and jetstream.finished_ttl_ms must be at least 1"
                     .into(),
             );
         }

@@ -956,6 +956,7 @@ async fn genfleet_decide_answers_from_the_command_line() {
             "why not",
             "--decided-by",
             "cli-test",
+            "--json",
         ])
         .env("GENFLEET__NATS__URL", f.nats.url())
         .output()
@@ -983,6 +984,12 @@ async fn genfleet_decide_answers_from_the_command_line() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("ALREADY_DECIDED") && stderr.lines().count() == 1,
+        "{stderr}"
+    );
+    // It says by whom, when and with which option.
+    assert!(
+        stderr.contains("already answered by cli-test at 20")
+            && stderr.contains("with option fast"),
         "{stderr}"
     );
 }
@@ -1066,4 +1073,149 @@ async fn a_result_larger_than_the_servers_max_payload_is_stored_with_its_message
         .collect();
     assert_eq!(kept, vec!["c".repeat(12 * 1024), answer.clone()]);
     assert!(serde_json::to_vec(&stored).unwrap().len() <= MAX_PAYLOAD);
+}
+
+/// Runs a `genfleet` command against the fleet's NATS: (success, stdout, stderr).
+async fn genfleet(f: &Fleet, args: &[&str]) -> (bool, String, String) {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_genfleet"))
+        .args(args)
+        .env("GENFLEET__NATS__URL", f.nats.url())
+        .output()
+        .await
+        .unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn a_failed_request_raises_failed_and_its_summary_outlives_the_read_result() {
+    let f = fleet(
+        "[[rules]]\nwhen_last_user_contains = \"boom\"\nstatus = 500\n\
+         error_message = \"the model ran out of memory\"\n\
+         [[rules]]\nreply = \"fine\"\n",
+        1,
+        1,
+    )
+    .await;
+    let mut failures = f
+        .client
+        .nats()
+        .subscribe("signals.outcome.FAILED")
+        .await
+        .unwrap();
+    f.client.nats().flush().await.unwrap();
+    let failed = f
+        .client
+        .run(
+            "default",
+            req("doomed", "boom, please"),
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (failed.state, failed.reason),
+        (RequestState::Failed, Reason::BackendError)
+    );
+    // Managers and the console hear of it, with why.
+    let signal = tokio::time::timeout(Duration::from_secs(30), failures.next())
+        .await
+        .expect("a FAILED signal")
+        .unwrap();
+    let signal: genfleet::protocol::Signal = serde_json::from_slice(&signal.payload).unwrap();
+    assert_eq!(
+        (signal.request_id.as_str(), signal.code.as_str()),
+        ("doomed", "FAILED")
+    );
+    assert_eq!(signal.meta["reason"], "backend_error");
+    let detail = signal.meta["detail"].as_str().unwrap();
+    assert!(detail.contains("the model ran out of memory"), "{detail}");
+    assert!(
+        signal.summary.contains("backend_error"),
+        "{}",
+        signal.summary
+    );
+    // A completed request raises none.
+    f.client
+        .run("default", req("fine", "hello"), Duration::from_secs(30))
+        .await
+        .unwrap();
+    // `run` read (and so released) the result; the summary stays for people.
+    let gone = f.client.result("doomed", true).await.unwrap_err();
+    assert_eq!(gone.code(), Some(ErrorCode::NotFound), "{gone}");
+    let mut summary = None;
+    for _ in 0..200 {
+        summary = f.client.status("doomed").await.unwrap().finished;
+        if summary.as_ref().is_some_and(|s| s.finished_at.is_some()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let summary = summary.expect("the summary is kept");
+    assert!(summary.finished_at.is_some(), "{summary:?}");
+    assert_eq!(
+        (summary.state, summary.reason, summary.prompt_start.as_str()),
+        (RequestState::Failed, Reason::BackendError, "boom, please")
+    );
+    assert_eq!(summary.detail, failed.detail);
+    let (ok, stdout, stderr) = genfleet(&f, &["status", "doomed"]).await;
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.starts_with("doomed FAILED backend_error\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("  why:      ") && stdout.contains("the model ran out of memory"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("  prompt:   boom, please"), "{stdout}");
+    let (ok, stdout, _) = genfleet(&f, &["status", "doomed", "--json"]).await;
+    assert!(ok);
+    let status: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        (&status["state"], &status["finished"]["reason"]),
+        (&json!("FAILED"), &json!("backend_error"))
+    );
+    // Only the failure raised a signal.
+    let more = tokio::time::timeout(Duration::from_millis(300), failures.next()).await;
+    assert!(more.is_err(), "a signal for a completed request: {more:?}");
+}
+
+#[tokio::test]
+async fn the_request_commands_print_for_people_and_refuse_malformed_ids_as_such() {
+    let f = fleet("[[rules]]\nreply = \"Hello from the fleet.\"\n", 1, 1).await;
+    f.client
+        .submit("default", &req("greeted", "hi"))
+        .await
+        .unwrap();
+    wait_terminal(&f.client, "greeted").await;
+    let (ok, stdout, stderr) = genfleet(&f, &["result", "greeted", "--peek"]).await;
+    assert!(ok, "{stderr}");
+    assert!(stdout.starts_with("greeted COMPLETED stop\n"), "{stdout}");
+    assert!(stdout.ends_with("\nHello from the fleet.\n"), "{stdout}");
+    let (ok, stdout, _) = genfleet(&f, &["result", "greeted", "--json"]).await;
+    assert!(ok);
+    let result: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(result["output"], "Hello from the fleet.");
+    // A malformed id is named as such, whatever the command; nothing is sent for it.
+    for args in [
+        &["result", "a.b"][..],
+        &["status", "a*"],
+        &["cancel", ""],
+        &["decide", "x y", "fast"],
+    ] {
+        let (ok, _, stderr) = genfleet(&f, args).await;
+        assert!(!ok, "{args:?}");
+        assert!(
+            stderr.contains("is not a valid") && !stderr.contains("no worker answers"),
+            "{args:?}: {stderr}"
+        );
+    }
+    let (ok, _, stderr) = genfleet(&f, &["cancel", ""]).await;
+    assert!(!ok && stderr.contains("it is empty"), "{stderr}");
+    let (ok, _, stderr) = genfleet(&f, &["status", "never-submitted"]).await;
+    assert!(!ok && stderr.contains("is not known"), "{stderr}");
 }

@@ -60,6 +60,27 @@ pub struct Client {
     timeout: Duration,
 }
 
+/// Refuses an id that could never name a request (or decision) before anything is sent: the
+/// reply would otherwise be silence on a subject no worker serves.
+fn check_id(what: &str, id: &str) -> Result<(), ClientError> {
+    if crate::protocol::ids::is_valid_request_id(id) {
+        return Ok(());
+    }
+    let why = if id.is_empty() {
+        "it is empty".to_string()
+    } else if id.len() > crate::protocol::ids::MAX_REQUEST_ID_LEN {
+        format!(
+            "it is longer than {} characters",
+            crate::protocol::ids::MAX_REQUEST_ID_LEN
+        )
+    } else {
+        "only letters, digits, '_' and '-' are allowed".to_string()
+    };
+    Err(ClientError::Wire(WireError::invalid(format!(
+        "{id:?} is not a valid {what} id: {why}"
+    ))))
+}
+
 impl Client {
     /// Connects as the settings say (failing fast when NATS is unreachable).
     pub async fn connect(settings: &Settings) -> Result<Client, ClientError> {
@@ -197,6 +218,7 @@ impl Client {
         &self,
         request_id: &str,
     ) -> Result<impl Stream<Item = Event> + use<>, ClientError> {
+        check_id("request", request_id)?;
         let sub = self
             .nats
             .subscribe(self.subjects.events(request_id))
@@ -208,6 +230,7 @@ impl Client {
     }
 
     pub async fn status(&self, request_id: &str) -> Result<StatusReply, ClientError> {
+        check_id("request", request_id)?;
         self.call(self.subjects.status(request_id), &serde_json::json!({}))
             .await
     }
@@ -218,6 +241,7 @@ impl Client {
         request_id: &str,
         release: bool,
     ) -> Result<GenerationResult, ClientError> {
+        check_id("request", request_id)?;
         self.call(
             self.subjects.result(request_id),
             &serde_json::json!({ "release": release }),
@@ -226,6 +250,7 @@ impl Client {
     }
 
     pub async fn cancel(&self, request_id: &str) -> Result<CancelReply, ClientError> {
+        check_id("request", request_id)?;
         self.call(self.subjects.cancel(request_id), &serde_json::json!({}))
             .await
     }
@@ -236,6 +261,7 @@ impl Client {
         decision_id: &str,
         answer: &DecisionAnswer,
     ) -> Result<DecisionReply, ClientError> {
+        check_id("decision", decision_id)?;
         self.call(self.subjects.decision(decision_id), answer).await
     }
 

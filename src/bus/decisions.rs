@@ -244,11 +244,17 @@ impl Decisions {
                 if given.option_id != answer.option_id {
                     return Err(WireError::new(
                         ErrorCode::AlreadyDecided,
-                        "this decision was already answered",
+                        format!(
+                            "this decision was already answered by {} at {} with option {}",
+                            given.decided_by.as_deref().unwrap_or("someone unnamed"),
+                            given.decided_at,
+                            given.option_id
+                        ),
                     )
                     .with_detail(serde_json::json!({
                         "option_id": given.option_id,
                         "decided_by": given.decided_by,
+                        "decided_at": given.decided_at,
                         "outcome": given.outcome,
                         "continuation_request_id": given.continuation_request_id,
                     })));

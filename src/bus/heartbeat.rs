@@ -182,7 +182,7 @@ async fn reap(shared: &Shared, suspects: &mut HashSet<String>) -> Result<(), Bus
                 );
                 result.attempt = record.attempt;
                 if shared.stores.store_result(&result).await? == super::store::Stored::Stored {
-                    shared.metrics.observe_result(&result);
+                    shared.recorded(&result);
                 }
                 let _ = shared.stores.results.purge(live_key(&request_id)).await;
                 tracing::warn!(message = "ended the request of a lost worker", request_id = %request_id, lost_worker = %worker);

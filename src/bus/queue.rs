@@ -371,7 +371,7 @@ async fn cancel_in_hand(
     match shared.stores.store_result(&result).await {
         Ok(stored) => {
             if stored == Stored::Stored {
-                shared.metrics.observe_result(&result);
+                shared.recorded(&result);
             }
             if let Err(error) = message.double_ack().await {
                 tracing::warn!(message = "could not settle a queue message", %error, request_id = %request_id);
@@ -435,7 +435,7 @@ async fn refuse(
     );
     result.attempt = attempt;
     if let Ok(Stored::Stored) = shared.stores.store_result(&result).await {
-        shared.metrics.observe_result(&result);
+        shared.recorded(&result);
     }
     let _ = message.ack_with(AckKind::Term).await;
 }
@@ -524,7 +524,7 @@ pub(super) async fn cancel_queued(
             &shared.worker_id,
         );
         if shared.stores.store_result(&result).await? == Stored::Stored {
-            shared.metrics.observe_result(&result);
+            shared.recorded(&result);
         }
     }
     Ok(removed)
@@ -570,7 +570,7 @@ pub(super) async fn watch_exhausted(shared: Arc<Shared>) -> Result<(), BusError>
                 );
                 result.attempt = u32::try_from(deliveries).unwrap_or(u32::MAX);
                 match shared.stores.store_result(&result).await {
-                    Ok(Stored::Stored) => shared.metrics.observe_result(&result),
+                    Ok(Stored::Stored) => shared.recorded(&result),
                     Ok(_) => {}
                     Err(error) => {
                         tracing::warn!(message = "could not store a worker_lost result", %error, request_id = %request_id);

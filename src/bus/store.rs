@@ -10,7 +10,8 @@ use async_nats::jetstream::{self, kv, stream};
 use serde::{Deserialize, Serialize};
 
 use super::BusError;
-use crate::protocol::{GenerationResult, RequestState};
+use crate::protocol::ids::now_rfc3339;
+use crate::protocol::{FinishedSummary, GenerationResult, RequestState};
 use crate::settings::{JetStreamSettings, SubjectSettings};
 
 /// The streams and buckets a worker uses.
@@ -19,6 +20,8 @@ pub struct Stores {
     pub jetstream: jetstream::Context,
     pub results: kv::Store,
     pub queue: stream::Stream,
+    /// Summaries of finished requests, for people.
+    pub finished: kv::Store,
 }
 
 impl Stores {
@@ -68,12 +71,81 @@ impl Stores {
             .map_err(|e| {
                 BusError::Setup(format!("cannot open stream {}: {e}", settings.queue_stream))
             })?;
+        let finished = ensure_finished_bucket(&jetstream, settings).await?;
         Ok(Stores {
             jetstream,
             results,
             queue,
+            finished,
         })
     }
+
+    /// The summary kept for a finished request, if any (a store that cannot be read is as if
+    /// none were kept: the summary is for people, never needed to answer).
+    pub async fn finished_summary(&self, request_id: &str) -> Option<FinishedSummary> {
+        match self.finished.get(finished_key(request_id)).await {
+            Ok(Some(body)) => serde_json::from_slice(&body).ok(),
+            Ok(None) => None,
+            Err(error) => {
+                tracing::debug!(message = "cannot read a finished summary", %error, request_id = %request_id);
+                None
+            }
+        }
+    }
+
+    /// Keeps the summary of a result just stored, in the background: it is for people, and the
+    /// request's path does not wait for it.
+    pub fn keep_finished(&self, result: &GenerationResult) {
+        let summary = FinishedSummary::of(result, Some(now_rfc3339()));
+        let body = serde_json::to_vec(&summary).expect("summaries serialize");
+        let bucket = self.finished.clone();
+        tokio::spawn(async move {
+            if let Err(error) = bucket
+                .put(finished_key(&summary.request_id), body.into())
+                .await
+            {
+                tracing::warn!(message = "a finished request's summary was not kept", %error, request_id = %summary.request_id);
+            }
+        });
+    }
+}
+
+/// The bucket of finished requests' summaries: unlike the others, its oldest entries give way
+/// (discard old) once it holds `finished_max_entries`.
+async fn ensure_finished_bucket(
+    js: &jetstream::Context,
+    settings: &JetStreamSettings,
+) -> Result<kv::Store, BusError> {
+    let name = &settings.finished_bucket;
+    if let Ok(store) = js.get_key_value(name).await {
+        return Ok(store);
+    }
+    ensure_stream(
+        js,
+        stream::Config {
+            name: format!("KV_{name}"),
+            description: Some(format!("genfleet finished requests {name}")),
+            subjects: vec![format!("$KV.{name}.>")],
+            max_messages_per_subject: 1,
+            max_messages: settings.finished_max_entries,
+            max_age: Duration::from_millis(settings.finished_ttl_ms),
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
+            discard: stream::DiscardPolicy::Old,
+            num_replicas: settings.replicas,
+            ..Default::default()
+        },
+    )
+    .await?;
+    js.get_key_value(name)
+        .await
+        .map_err(|e| BusError::Setup(format!("cannot open bucket {name}: {e}")))
+}
+
+/// The key of a finished request's summary.
+pub fn finished_key(request_id: &str) -> String {
+    format!("fin.{request_id}")
 }
 
 /// How long set-up waits for a stream to be usable: on a JetStream cluster a stream that was

@@ -26,7 +26,8 @@ use crate::engine::{DefaultBios, Engine, EngineConfig};
 use crate::llm::OpenAiBackend;
 use crate::observe::{MeteredBackend, Metrics, Readiness};
 use crate::protocol::{
-    ErrorCode, Event, EventBody, GenerationRequest, Reason, RequestState, Signal, WireError,
+    ErrorCode, Event, EventBody, FinishedSummary, GenerationRequest, GenerationResult, Reason,
+    RequestState, Severity, Signal, SignalSource, SignalType, WireError,
 };
 use crate::settings::Settings;
 
@@ -180,6 +181,28 @@ pub(super) struct Asked {
 }
 
 impl Shared {
+    /// What follows a result stored here first (by whichever path): its metrics, its summary
+    /// for people and, when it failed, `signals.outcome.FAILED` for managers.
+    pub(super) fn recorded(&self, result: &GenerationResult) {
+        self.metrics.observe_result(result);
+        self.stores.keep_finished(result);
+        if result.state == RequestState::Failed {
+            let signal = failure_signal(result, &self.settings.worker.pool);
+            let subject = self.subjects.signal(signal.kind, &signal.code);
+            let body = serde_json::to_vec(&signal).expect("signals serialize");
+            let jetstream = self.stores.jetstream.clone();
+            tokio::spawn(async move {
+                let published = match jetstream.publish(subject, body.into()).await {
+                    Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+                    Err(error) => Err(error.to_string()),
+                };
+                if let Err(error) = published {
+                    tracing::warn!(message = "a failure signal was not stored in its stream", %error, request_id = %signal.request_id);
+                }
+            });
+        }
+    }
+
     pub(super) fn lock_asked(&self) -> std::sync::MutexGuard<'_, HashMap<String, Asked>> {
         self.asked.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -757,10 +780,13 @@ async fn finish(shared: &Shared, mut event: Event) {
     }
     let stored = store_result(shared, result).await;
     let _ = shared.stored.send(id.clone());
-    shared.metrics.observe_result(result);
+    match stored {
+        Some(Stored::Stored) => shared.recorded(result),
+        _ => shared.metrics.observe_result(result),
+    }
     // A durable request whose result could not be stored goes back to the queue to run again,
     // rather than be acknowledged and lost.
-    queue::settle(shared, id, !stored).await;
+    queue::settle(shared, id, stored.is_none()).await;
     release_local(shared, id).await;
     if let Some(chain) = asked.map(|a| a.chain) {
         record_outcome(shared, &chain, result).await;
@@ -789,18 +815,21 @@ async fn release_local(shared: &Shared, request_id: &str) {
 }
 
 /// Stores a result, trying again for up to [`STORE_RESULT_FOR`] (NATS reconnecting, a bucket
-/// electing a leader). False when it gave up.
-async fn store_result(shared: &Shared, result: &crate::protocol::GenerationResult) -> bool {
+/// electing a leader). `None` when it gave up.
+async fn store_result(
+    shared: &Shared,
+    result: &crate::protocol::GenerationResult,
+) -> Option<Stored> {
     let mut delay = Duration::from_millis(50);
     let started = tokio::time::Instant::now();
     let mut attempt = 0;
     loop {
         attempt += 1;
         match shared.stores.store_result(result).await {
-            Ok(Stored::Stored) => return true,
+            Ok(Stored::Stored) => return Some(Stored::Stored),
             Ok(Stored::AlreadyStored) => {
                 tracing::warn!(message = "another runner stored this request's result first; this one is discarded", request_id = %result.request_id);
-                return true;
+                return Some(Stored::AlreadyStored);
             }
             Err(error) if started.elapsed() + delay < STORE_RESULT_FOR => {
                 tracing::warn!(message = "storing a result failed; retrying", %error, attempt, request_id = %result.request_id);
@@ -809,9 +838,55 @@ async fn store_result(shared: &Shared, result: &crate::protocol::GenerationResul
             }
             Err(error) => {
                 tracing::error!(message = "gave up storing a result", %error, attempt, request_id = %result.request_id);
-                return false;
+                return None;
             }
         }
+    }
+}
+
+/// Characters of a failure's detail its signal carries.
+const FAILURE_DETAIL_CHARS: usize = 1000;
+
+/// `signals.outcome.FAILED`: a request ended FAILED, with its reason, detail and place in its
+/// job, for managers and the console.
+fn failure_signal(result: &GenerationResult, pool: &str) -> Signal {
+    use crate::protocol::finished::opening;
+    let detail = result
+        .detail
+        .as_deref()
+        .map(|d| opening(d, FAILURE_DETAIL_CHARS));
+    let mut meta = serde_json::Map::new();
+    meta.insert("reason".into(), result.reason.as_str().into());
+    meta.insert("detail".into(), detail.clone().into());
+    meta.insert("attempt".into(), result.attempt.into());
+    meta.insert("chain_position".into(), result.chain_position.into());
+    meta.insert(
+        "parent_request_id".into(),
+        result.parent_request_id.clone().into(),
+    );
+    let summary = match &detail {
+        Some(detail) => format!(
+            "request failed: {}: {}",
+            result.reason.as_str(),
+            opening(detail, 200)
+        ),
+        None => format!("request failed: {}", result.reason.as_str()),
+    };
+    Signal {
+        signal_id: crate::protocol::ids::new_id(),
+        kind: SignalType::Outcome,
+        code: "FAILED".into(),
+        source: SignalSource::Worker,
+        severity: Severity::High,
+        summary,
+        meta,
+        request_id: result.request_id.clone(),
+        root_request_id: result.root_request_id.clone(),
+        job_name: result.job_name.clone(),
+        worker_id: result.worker_id.clone(),
+        pool: pool.to_string(),
+        ts: crate::protocol::ids::now_rfc3339(),
+        decision: None,
     }
 }
 
@@ -905,6 +980,30 @@ pub struct StatusReply {
     /// What became of it: pending, continued, skipped, aborted or expired.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision_outcome: Option<DecisionOutcome>,
+    /// A finished request's summary (how it ended, why, its figures and openings), kept for
+    /// people after its result is read, for `jetstream.finished_ttl_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished: Option<FinishedSummary>,
+}
+
+impl StatusReply {
+    fn new(request_id: &str, state: RequestState) -> StatusReply {
+        StatusReply {
+            request_id: request_id.into(),
+            state,
+            worker_id: None,
+            attempt: None,
+            continuation_request_id: None,
+            decision_id: None,
+            decision_outcome: None,
+            finished: None,
+        }
+    }
+
+    fn with_finished(mut self, summary: FinishedSummary) -> StatusReply {
+        self.finished = Some(summary);
+        self
+    }
 }
 
 /// Reads of the stores answer within [`STORE_WAIT`]: a caller waiting on a stuck store gets
@@ -979,12 +1078,22 @@ async fn status_once(shared: &Shared, request_id: &str) -> Result<StatusReply, W
         .await
         .map_err(store_error)?;
     if let Some((stored, _)) = stored {
-        let mark = decision_mark(shared, request_id).await;
-        let (state, worker_id, attempt) = match stored {
+        let (mark, kept) = tokio::join!(
+            decision_mark(shared, request_id),
+            shared.stores.finished_summary(request_id)
+        );
+        let (state, worker_id, attempt, finished) = match stored {
             StoredResult::Result(result) => {
-                (result.state, Some(result.worker_id), Some(result.attempt))
+                // Kept a moment after the result is stored: until then, made from the result.
+                let finished = kept.or_else(|| Some(FinishedSummary::of(&result, None)));
+                (
+                    result.state,
+                    Some(result.worker_id),
+                    Some(result.attempt),
+                    finished,
+                )
             }
-            StoredResult::Released { state, .. } => (state, None, None),
+            StoredResult::Released { state, .. } => (state, None, None, kept),
         };
         return Ok(StatusReply {
             request_id: request_id.into(),
@@ -996,32 +1105,32 @@ async fn status_once(shared: &Shared, request_id: &str) -> Result<StatusReply, W
                 .and_then(|m| m.continuation_request_id.clone()),
             decision_id: mark.as_ref().map(|m| m.decision_id.clone()),
             decision_outcome: mark.map(|m| m.outcome),
+            finished,
         });
     }
     if let Some(record) = shared.stores.live(request_id).await.map_err(store_error)? {
         return Ok(StatusReply {
-            request_id: request_id.into(),
-            state: record.state,
             worker_id: Some(record.worker_id),
             attempt: Some(record.attempt),
-            continuation_request_id: None,
-            decision_id: None,
-            decision_outcome: None,
+            ..StatusReply::new(request_id, record.state)
         });
     }
-    match queue::find_queued(shared, request_id)
+    if queue::find_queued(shared, request_id)
         .await
         .map_err(store_error)?
+        .is_some()
     {
-        Some(_) => Ok(StatusReply {
-            request_id: request_id.into(),
-            state: RequestState::Queued,
-            worker_id: None,
-            attempt: None,
-            continuation_request_id: None,
-            decision_id: None,
-            decision_outcome: None,
-        }),
+        return Ok(StatusReply::new(request_id, RequestState::Queued));
+    }
+    // Its result (and the marker that outlives a read) aged out: the summary kept for people
+    // still says how it ended.
+    match shared.stores.finished_summary(request_id).await {
+        Some(summary) => Ok(StatusReply {
+            worker_id: Some(summary.worker_id.clone()),
+            attempt: Some(summary.attempt),
+            ..StatusReply::new(request_id, summary.state)
+        }
+        .with_finished(summary)),
         None => Err(not_found(request_id)),
     }
 }

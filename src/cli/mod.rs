@@ -40,6 +40,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run one worker (the main job) until SIGTERM or Ctrl-C, then drain.
+    #[command(after_help = WORKER_HELP)]
     Worker(worker::WorkerArgs),
     /// Start a generation request on a worker of a pool.
     Submit(requests::SubmitArgs),
@@ -68,6 +69,19 @@ pub enum Command {
     /// worker, a tool service, a manager, and a job through a tool call and a decision.
     Demo(demo::DemoArgs),
 }
+
+/// What `genfleet worker --help` adds: the settings a worker is usually started with.
+const WORKER_HELP: &str = "\
+Settings come from the built-in defaults, a file (--config or GENFLEET_CONFIG) and the
+environment (GENFLEET__SECTION__KEY). A worker is usually started with:
+  GENFLEET__NATS__URL       NATS servers                       [default: nats://127.0.0.1:4222]
+  GENFLEET__WORKER__POOL    the pool it serves                 [default: default]
+  GENFLEET__WORKER__SLOTS   requests it runs at once           [default: 4]
+  GENFLEET__LLM__BASE_URL   the OpenAI-compatible backend      [default: http://127.0.0.1:8000/v1]
+  GENFLEET__LLM__MODEL      the model the backend serves       [default: default]
+  GENFLEET__LLM__API_KEY    the backend's key, if it needs one
+Every setting, with its default and variable: docs/configuration.md (and config/default.toml).
+Backends and their settings: docs/backends.md.";
 
 impl Cli {
     /// The log level when RUST_LOG is unset: services narrate, one-shot commands stay quiet.
@@ -164,5 +178,56 @@ pub(crate) async fn unless_stopped<T>(
             None
         }
         value = start => Some(value),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every command and every argument says what it is for in `--help`.
+    #[test]
+    fn every_command_and_argument_has_a_description() {
+        fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if matches!(id, "help" | "version") {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in command.get_subcommands() {
+                if sub.get_about().is_none() && sub.get_long_about().is_none() {
+                    missing.push(format!("{path} {}", sub.get_name()));
+                }
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "genfleet", &mut missing);
+        assert!(missing.is_empty(), "without a description: {missing:#?}");
+    }
+
+    #[test]
+    fn worker_help_names_the_usual_settings_and_where_the_rest_are() {
+        let mut command = Cli::command();
+        let help = command
+            .find_subcommand_mut("worker")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        for needed in [
+            "GENFLEET__WORKER__POOL",
+            "GENFLEET__WORKER__SLOTS",
+            "GENFLEET__LLM__BASE_URL",
+            "GENFLEET__LLM__MODEL",
+            "GENFLEET__NATS__URL",
+            "docs/configuration.md",
+        ] {
+            assert!(help.contains(needed), "{needed} missing from\n{help}");
+        }
     }
 }

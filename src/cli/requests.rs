@@ -9,8 +9,10 @@ use clap::Args;
 use futures_util::StreamExt;
 
 use crate::bus::client::Client;
-use crate::protocol::{EventBody, GenerationRequest};
+use crate::protocol::{ErrorCode, EventBody, GenerationRequest};
 use crate::settings::Settings;
+
+mod show;
 
 #[derive(Debug, Args)]
 pub struct SubmitArgs {
@@ -43,14 +45,20 @@ pub struct SubmitArgs {
 
 #[derive(Debug, Args)]
 pub struct IdArgs {
+    /// The request's id, as `submit` printed it.
     pub request_id: String,
+    /// Print the reply as JSON (for scripts).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
 pub struct DecideArgs {
+    /// The decision's id, from its signal (the console, `genfleet manager`, `submit --follow`).
     pub decision_id: String,
     /// The id of the chosen option.
     pub option_id: String,
+    /// Why this option: recorded with the answer and shown to other managers.
     #[arg(long)]
     pub rationale: Option<String>,
     /// Who decides (recorded and announced); default: $USER.
@@ -65,14 +73,21 @@ pub struct DecideArgs {
     /// Escalations and checkpoints: lowers the next attempt's escalation threshold (0 to 1).
     #[arg(long)]
     pub confidence_boost: Option<f64>,
+    /// Print the reply as JSON (for scripts).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
 pub struct ResultArgs {
+    /// The request's id, as `submit` printed it.
     pub request_id: String,
     /// Read the result without releasing it.
     #[arg(long)]
     pub peek: bool,
+    /// Print the whole result as JSON (for scripts).
+    #[arg(long)]
+    pub json: bool,
 }
 
 fn read_request(args: &SubmitArgs) -> anyhow::Result<GenerationRequest> {
@@ -282,15 +297,33 @@ fn print_decision(decision: &crate::protocol::DecisionBlock) {
 
 pub async fn status(settings: Settings, args: IdArgs) -> anyhow::Result<()> {
     let client = Client::connect(&settings).await?;
-    let status = client.status(&args.request_id).await?;
-    println!("{}", serde_json::to_string(&status)?);
+    let status = client.status(&args.request_id).await.map_err(|error| {
+        if error.code() == Some(ErrorCode::NotFound) {
+            anyhow::anyhow!(
+                "request {} is not known: not queued, not running, and no record of it \
+                 finishing (kept for jetstream.finished_ttl_ms)",
+                args.request_id
+            )
+        } else {
+            error.into()
+        }
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string(&status)?);
+    } else {
+        print!("{}", show::status(&status));
+    }
     Ok(())
 }
 
 pub async fn result(settings: Settings, args: ResultArgs) -> anyhow::Result<()> {
     let client = Client::connect(&settings).await?;
     let result = client.result(&args.request_id, !args.peek).await?;
-    println!("{}", serde_json::to_string(&result)?);
+    if args.json {
+        println!("{}", serde_json::to_string(&result)?);
+    } else {
+        print!("{}", show::result(&result));
+    }
     Ok(())
 }
 
@@ -305,13 +338,21 @@ pub async fn decide(settings: Settings, args: DecideArgs) -> anyhow::Result<()> 
         confidence_boost: args.confidence_boost,
     };
     let reply = client.decide(&args.decision_id, &answer).await?;
-    println!("{}", serde_json::to_string(&reply)?);
+    if args.json {
+        println!("{}", serde_json::to_string(&reply)?);
+    } else {
+        println!("{}", show::decided(&reply));
+    }
     Ok(())
 }
 
 pub async fn cancel(settings: Settings, args: IdArgs) -> anyhow::Result<()> {
     let client = Client::connect(&settings).await?;
     let reply = client.cancel(&args.request_id).await?;
-    println!("{}", serde_json::to_string(&reply)?);
+    if args.json {
+        println!("{}", serde_json::to_string(&reply)?);
+    } else {
+        println!("{} {}", reply.request_id, reply.state.as_str());
+    }
     Ok(())
 }

@@ -3,6 +3,7 @@
 pub mod codec;
 pub mod error;
 pub mod event;
+pub mod finished;
 pub mod ids;
 pub mod message;
 pub mod request;
@@ -12,6 +13,7 @@ pub mod signal;
 pub use codec::Encoding;
 pub use error::{ErrorBody, ErrorCode, ErrorReply, WireError};
 pub use event::{Event, EventBody};
+pub use finished::FinishedSummary;
 pub use message::{Content, FunctionCall, Message, Role, ToolCall};
 pub use request::{Checkpoint, GenerationRequest, RequestLimits, ValidationCheck};
 pub use result::{
