@@ -15,7 +15,8 @@ use crate::bus::decisions::{Answer, DecisionRecord};
 use crate::engine::chain::task_text;
 use crate::manager::view::trim_text;
 use crate::protocol::{
-    DecisionKind, DecisionOption, Event, EventBody, Severity, Signal, SignalSource, SignalType,
+    DecisionKind, DecisionOption, Event, EventBody, RequestState, Severity, Signal, SignalSource,
+    SignalType,
 };
 
 /// Longest task prompt shown with a decision.
@@ -27,6 +28,8 @@ const FEED_META_BYTES: usize = 4096;
 const MAX_RUNNING: usize = 10_000;
 /// Running requests listed in the fleet view (the count covers all of them).
 const RUNNING_SHOWN: usize = 200;
+/// Characters of a failure's detail shown in the fleet view.
+const FINISHED_DETAIL_CHARS: usize = 300;
 /// Recently finished requests listed in the fleet view.
 const FINISHED_SHOWN: usize = 25;
 /// Poll rounds a worker may miss before it leaves the fleet view.
@@ -353,6 +356,9 @@ pub struct FinishedRequest {
     pub worker_id: String,
     pub chain_position: u32,
     pub finished_at: String,
+    /// Why it ended so, for those that did not complete (its opening).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 /// The fleet as the page shows it.
@@ -473,6 +479,11 @@ impl Fleet {
                     worker_id: result.worker_id.clone(),
                     chain_position: result.chain_position,
                     finished_at: event.ts.clone(),
+                    detail: result
+                        .detail
+                        .as_deref()
+                        .filter(|_| result.state != RequestState::Completed)
+                        .map(|d| trim_text(d, FINISHED_DETAIL_CHARS)),
                 });
                 self.finished.truncate(FINISHED_SHOWN);
                 self.dirty = true;
@@ -791,6 +802,38 @@ mod tests {
         assert_eq!(view.running_total, 1);
         assert_eq!(view.finished[0].request_id, "r1");
         assert_eq!(view.finished[0].reason, "stop");
+        assert_eq!(view.finished[0].detail, None);
+        // A failure is listed with why.
+        let mut failed: GenerationResult = serde_json::from_value(json!({
+            "request_id": "r0", "root_request_id": "r0", "parent_request_id": null,
+            "state": "FAILED", "reason": "backend_error", "output": "", "messages": [],
+            "signals": [], "signals_dropped": 0, "tool_iterations_used": 0,
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0}, "worker_id": "w2",
+            "attempt": 1, "chain_position": 1, "truncated": false,
+            "timings_ms": {"queued": 0, "total": 1}
+        }))
+        .unwrap();
+        failed.detail = Some("out of memory ".repeat(100));
+        fleet.apply_event(
+            &event(
+                "r0",
+                EventBody::Finished {
+                    result: Box::new(failed),
+                },
+            ),
+            seen,
+        );
+        let view = fleet.view();
+        assert_eq!(view.finished[0].reason, "backend_error");
+        let detail = view.finished[0].detail.clone().unwrap();
+        assert!(
+            detail.starts_with("out of memory out of memory"),
+            "{detail}"
+        );
+        assert!(
+            detail.chars().count() < FINISHED_DETAIL_CHARS + 50,
+            "{detail}"
+        );
 
         // A poll asked before r2 started does not end it; one after, with w1 idle, does.
         fleet.apply_round(
