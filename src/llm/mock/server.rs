@@ -429,14 +429,7 @@ impl Plan {
                 Some((frame.data, frames))
             },
         ));
-        let mut resp = Response::new(body);
-        let headers = resp.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        );
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        resp
+        sse_response(StatusCode::OK, body)
     }
 
     /// Renders the whole stream up front; a frame is a few hundred bytes, so even long
@@ -672,7 +665,12 @@ async fn replay(path: &std::path::Path, status: u16, delay: Duration) -> Respons
         }
         Some((Ok::<_, std::io::Error>(frame), frames))
     });
-    let mut resp = Response::new(Body::from_stream(stream));
+    sse_response(status, Body::from_stream(stream))
+}
+
+/// A server-sent event stream with `status`, as the servers the mock stands for send one.
+fn sse_response(status: StatusCode, body: Body) -> Response {
+    let mut resp = Response::new(body);
     *resp.status_mut() = status;
     let headers = resp.headers_mut();
     headers.insert(
