@@ -29,7 +29,7 @@ const TOKEN: &str = "console-test-token-0123456789";
 
 /// The model computes with the calculator, then asks where the report goes; a continuation
 /// files it. "Sum the numbers" never passes its check (an escalation); "slowly" streams for a
-/// few seconds.
+/// few seconds; "Fail loudly" meets a backend that answers HTTP 500.
 const SCRIPT: &str = r#"
 token_delay_ms = 2
 
@@ -47,6 +47,11 @@ when_last_user_contains = "slowly"
 reply = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen twenty twenty-one twenty-two twenty-three twenty-four twenty-five twenty-six twenty-seven twenty-eight twenty-nine thirty"
 chunk = "word"
 delay_ms = 120
+
+[[rules]]
+when_last_user_contains = "Fail loudly"
+status = 500
+error_message = "the model ran out of memory"
 
 [[rules]]
 when_last_role = "tool"
@@ -172,12 +177,25 @@ impl Fleet {
         self.raise(request).await
     }
 
-    async fn start_slow(&self) -> String {
+    /// Starts a request that streams for a few seconds, with the id given or a new one.
+    async fn start_slow(&self, id: Option<&str>) -> String {
         let mut request = GenerationRequest::user("Count slowly to thirty.");
-        let id = genfleet::protocol::ids::new_id();
+        let id = id.map_or_else(genfleet::protocol::ids::new_id, str::to_string);
         request.request_id = Some(id.clone());
         request.job_name = Some("slow-count".into());
         self.client.submit("default", &request).await.unwrap();
+        id
+    }
+
+    /// Runs a request the backend refuses, and reads (so releases) its FAILED result, as its
+    /// caller would.
+    async fn run_failing(&self) -> String {
+        let mut request = GenerationRequest::user("Fail loudly, please.");
+        let id = genfleet::protocol::ids::new_id();
+        request.request_id = Some(id.clone());
+        request.job_name = Some("doomed".into());
+        let result = self.client.run("default", request, WAIT).await.unwrap();
+        assert_eq!(result.state, genfleet::protocol::RequestState::Failed);
         id
     }
 
@@ -668,7 +686,7 @@ async fn the_live_stream_sends_a_snapshot_then_every_change() {
     assert_eq!(shown["meta"]["checks"][0]["passed"], false);
 
     // The fleet: busy while a slow request runs, which is listed as running, then free.
-    let slow = f.start_slow().await;
+    let slow = f.start_slow(None).await;
     let busy = next_event(
         &mut stream,
         "a busy slot, the slow request running",
@@ -1091,7 +1109,14 @@ async fn the_console_in_a_browser() {
         },
         transcript.join("\n")
     );
-    for shot in ["inbox", "request", "fleet", "signals", "inbox-narrow"] {
+    for shot in [
+        "inbox",
+        "request",
+        "fleet",
+        "signals",
+        "inbox-narrow",
+        "fleet-narrow",
+    ] {
         let path = shots.join(format!("{shot}.png"));
         let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert!(bytes.starts_with(b"\x89PNG"), "{} is a PNG", path.display());
@@ -1110,7 +1135,8 @@ async fn browser_step(f: &Fleet, step: &Value) -> Value {
             let (request_id, decision_id) = f.raise_escalation().await;
             json!({"request_id": request_id, "decision_id": decision_id})
         }
-        "slow" => json!({"request_id": f.start_slow().await}),
+        "slow" => json!({"request_id": f.start_slow(step["request_id"].as_str()).await}),
+        "failed" => json!({"request_id": f.run_failing().await}),
         "answer" => match f.record(decision_id).await.answer {
             Some(answer) => json!(answer),
             None => json!({"error": format!("decision {decision_id} has no answer")}),

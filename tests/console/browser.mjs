@@ -13,6 +13,7 @@
 
 import { createInterface } from 'node:readline';
 import { createRequire } from 'node:module';
+import { randomUUID } from 'node:crypto';
 import path from 'node:path';
 
 const env = (name) => {
@@ -63,6 +64,31 @@ async function noHorizontalScroll(page, width) {
   const scroll = await page.evaluate(() => document.documentElement.scrollWidth);
   check(scroll <= width, `the page is ${scroll}px wide on a ${width}px screen`);
 }
+
+// Every time the console shows: one format, with its zone.
+const TIME_FORMAT = /^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} UTC$/;
+
+// Checks every time on the page: each <time> in that format, and no clock time printed any
+// other way outside the model's and callers' own text (outputs, transcripts, JSON). Returns
+// how many times the page shows.
+async function checkTimes(page, where) {
+  const { shown, stray } = await page.evaluate(() => {
+    const shown = [...document.querySelectorAll('time')].map((t) => t.textContent);
+    const stray = [];
+    const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      if (node.parentElement.closest('time, pre, script, style')) continue;
+      if (/\d:\d\d|\d{4}-\d\d-\d\d/.test(node.textContent)) stray.push(node.textContent);
+    }
+    return { shown, stray };
+  });
+  for (const text of shown) check(TIME_FORMAT.test(text), `${where} shows the time ${JSON.stringify(text)}, not as 2026-11-24 14:03:07 UTC`);
+  check(stray.length === 0, `${where} prints a time outside the time helper: ${JSON.stringify(stray)}`);
+  return shown.length;
+}
+
+// A request id the fleet has never seen.
+const freshId = (prefix) => `${prefix}-${randomUUID()}`;
 
 const browser = await chromium.launch({
   executablePath: env('GENFLEET_TEST_CHROMIUM'),
@@ -126,6 +152,8 @@ try {
     `the record holds ${JSON.stringify(answer)}`);
   check(await follow.locator(`a[data-request-link="${answer.continuation_request_id}"]`).count() === 1,
     'the follow panel does not name the continuation');
+  // Raised, expires and decided at: all in the one format.
+  check(await checkTimes(page, 'the inbox') >= 3, 'the inbox shows fewer than 3 times');
 
   // ---- an escalation answered with guidance and a confidence boost ----
   await esc.locator('textarea[data-field="guidance"]').fill('Write TOTAL first.');
@@ -147,31 +175,76 @@ try {
     check(viewText.includes(needle), `the request view does not show ${JSON.stringify(needle)}`);
   }
   await page.screenshot({ path: path.join(shots, 'request.png'), fullPage: true });
+  await checkTimes(page, 'the request view');
+
+  // ---- request view: an id the fleet does not know, and one that is not an id ----
+  const unknownId = freshId('never');
+  await page.goto(`${url}/#/request/${unknownId}`);
+  const unknown = page.locator(`.follow[data-request-id="${unknownId}"]`);
+  await unknown.locator('[data-field="notice"]', { hasText: 'is not known to the fleet' }).waitFor();
+  check((await unknown.getAttribute('data-state')) === 'UNKNOWN', 'an unknown request is not in the state UNKNOWN');
+  await page.goto(`${url}/#/request/not.an.id`);
+  const invalid = page.locator('.follow[data-request-id="not.an.id"]');
+  await invalid.locator('[data-field="notice"]', { hasText: 'is not a valid request id' }).waitFor();
+  check((await invalid.getAttribute('data-state')) === 'INVALID', 'a malformed id is not in the state INVALID');
 
   // ---- fleet: the slot counts change while a slow request runs ----
   await page.goto(`${url}/#/fleet`);
   await page.locator('#fleet-busy', { hasText: /^0$/ }).waitFor();
   check((await textOf(page, '#fleet-slots')) === '2', 'the fleet does not show the worker\'s 2 slots');
-  const slow = await ask('slow');
-  // Followed live in a second tab: the output streams in while it runs.
+  // Followed live in a second tab opened before the request exists: the page says the fleet
+  // does not know it, then, once it starts, shows it running and its result, without a reload.
+  const slowId = freshId('slow');
   const live = await context.newPage();
   live.on('pageerror', (e) => errors.push(e.message));
-  await live.goto(`${url}/#/request/${slow.request_id}`);
+  await live.goto(`${url}/#/request/${slowId}`);
+  const notice = live.locator('[data-field="notice"]', { hasText: 'is not known to the fleet' });
+  await notice.waitFor();
+  const slow = await ask('slow', { request_id: slowId });
   await page.locator('#fleet-busy', { hasText: /^1$/ }).waitFor();
   await page.locator(`tr[data-worker-id] td[data-field="busy"]`, { hasText: /^1$/ }).waitFor();
   await page.locator(`tr[data-running="${slow.request_id}"]`).waitFor();
   await page.screenshot({ path: path.join(shots, 'fleet.png'), fullPage: true });
+  check(await checkTimes(page, 'the fleet') >= 3, 'the fleet shows fewer than 3 times');
   await live.locator(`.follow[data-state="RUNNING"] [data-field="output"]`, { hasText: /[a-z]+/ }).waitFor();
+  check(await notice.count() === 0, 'the running request still says the fleet does not know it');
   await page.locator('#fleet-busy', { hasText: /^0$/ }).waitFor();
-  await live.locator('.follow[data-state="COMPLETED"]').waitFor();
+  const done = live.locator('.follow[data-state="COMPLETED"]');
+  await done.waitFor();
+  check(await notice.count() === 0, 'the finished request still says the fleet does not know it');
+  const doneLine = await done.locator('[data-field="result"]').textContent();
+  check(doneLine.includes('COMPLETED') && doneLine.includes('stop'), `the followed request's result line is ${doneLine}`);
+  check((await done.locator('[data-field="output"]').textContent()).includes('thirty'), 'the followed request\'s output is not whole');
+  check(await checkTimes(live, 'the followed request') >= 1, 'the followed request shows no time');
   await live.close();
+
+  // ---- a failure in sight: listed with why, raised as a signal, and its page after the
+  // caller read (so released) the result ----
+  const failed = await ask('failed');
+  const failedRow = page.locator('tr', { has: page.locator(`a[data-request-link="${failed.request_id}"]`) });
+  await failedRow.locator('[data-field="detail"]', { hasText: 'the model ran out of memory' }).waitFor();
+  check((await failedRow.textContent()).includes('backend_error'), 'the failed row does not name its reason');
+  await failedRow.locator(`a[data-request-link="${failed.request_id}"]`).click();
+  const failedView = page.locator(`.follow[data-request-id="${failed.request_id}"][data-state="FAILED"]`);
+  await failedView.waitFor();
+  const failedLine = await failedView.locator('[data-field="result"]').textContent();
+  check(failedLine.includes('backend_error') && failedLine.includes('the model ran out of memory'),
+    `the failed request's result line is ${failedLine}`);
+  const kept = await failedView.locator('[data-field="summary"]').textContent();
+  check(kept.includes('Fail loudly, please.'), `the failed request's summary is ${kept}`);
+  await failedView.locator('[data-field="notice"]', { hasText: 'summary kept for people' }).waitFor();
+  await checkTimes(page, 'the failed request');
 
   // ---- signals: the live feed, filtered ----
   await page.goto(`${url}/#/signals`);
   await page.locator('li.signal[data-type="outcome"]').first().waitFor();
+  const failure = page.locator('li.signal[data-code="FAILED"]', { hasText: failed.request_id });
+  await failure.waitFor();
+  check((await failure.textContent()).includes('the model ran out of memory'), 'the failure signal does not say why');
   const all = await page.locator('li.signal').count();
   check(all >= 4, `only ${all} signals in the feed`);
   await page.screenshot({ path: path.join(shots, 'signals.png'), fullPage: true });
+  check(await checkTimes(page, 'the signal feed') >= 4, 'the signal feed shows fewer than 4 times');
   await page.selectOption('select[data-filter="type"]', 'outcome');
   await page.waitForFunction(() => [...document.querySelectorAll('li.signal')].every((li) => li.dataset.type === 'outcome'));
   const outcomes = await page.locator('li.signal').count();
@@ -202,11 +275,32 @@ try {
   await small.locator(`${card(second.decision_id)}[data-state="answered"] .follow[data-state="COMPLETED"]`).waitFor();
   const archived = await ask('answer', { decision_id: second.decision_id });
   check(archived.option_id === 'archive' && archived.decided_by === 'human:bo', `the record holds ${JSON.stringify(archived)}`);
-  for (const view of ['fleet', 'signals']) {
-    await small.goto(`${url}/#/${view}`);
-    await small.locator('h1').waitFor();
-    await noHorizontalScroll(small, 390);
+  await small.goto(`${url}/#/signals`);
+  await small.locator('li.signal').first().waitFor();
+  await noHorizontalScroll(small, 390);
+  await checkTimes(small, 'the narrow signal feed');
+  // The fleet's tables, full (a worker, a running request, finished ones), fit the screen.
+  const narrowSlow = await ask('slow');
+  await small.goto(`${url}/#/fleet`);
+  await small.locator(`tr[data-running="${narrowSlow.request_id}"]`).waitFor();
+  await small.locator('tr[data-worker-id]').first().waitFor();
+  await small.locator('#fleet-busy', { hasText: /^1$/ }).waitFor();
+  await noHorizontalScroll(small, 390);
+  await small.screenshot({ path: path.join(shots, 'fleet-narrow.png'), fullPage: true });
+  // Not only the page: each table fits, with no sideways scrolling inside its box either.
+  const tables = await small.evaluate(() => [...document.querySelectorAll('main table')].map((t) => ({
+    caption: t.caption ? t.caption.textContent : '?',
+    right: Math.round(t.getBoundingClientRect().right),
+    inside: t.parentElement.scrollWidth - t.parentElement.clientWidth,
+    rows: t.tBodies[0].rows.length,
+  })));
+  check(tables.length === 4 && tables.every((t) => t.rows > 0), `the narrow fleet view has the tables ${JSON.stringify(tables)}`);
+  for (const t of tables) {
+    check(t.right <= 390, `the table ${t.caption} reaches ${t.right}px on a 390px screen`);
+    check(t.inside <= 0, `the table ${t.caption} scrolls ${t.inside}px sideways in its box`);
   }
+  await checkTimes(small, 'the narrow fleet view');
+  await small.locator('#fleet-busy', { hasText: /^0$/ }).waitFor();
   await phone.close();
 
   // ---- a read-only console refuses to answer ----

@@ -57,15 +57,17 @@
     return el;
   }
 
+  // Every time the page shows goes through here: one format, in UTC and saying so
+  // ("2026-11-24 14:03:07 UTC"), the same for everyone who looks at the fleet.
+  function formatTime(ts) {
+    const date = new Date(ts);
+    if (isNaN(date)) return String(ts);
+    return date.toISOString().slice(0, 19).replace('T', ' ') + ' UTC';
+  }
+
   function time(ts) {
     if (!ts) return h('span', { text: '-' });
-    const date = new Date(ts);
-    let shown = ts;
-    if (!isNaN(date)) {
-      shown = date.toLocaleTimeString([], { hour12: false });
-      if (date.toDateString() !== new Date().toDateString()) shown = date.toLocaleDateString() + ' ' + shown;
-    }
-    return h('time', { datetime: ts, title: ts, text: shown });
+    return h('time', { datetime: ts, text: formatTime(ts) });
   }
 
   function requestLink(id, label) {
@@ -225,12 +227,18 @@
 
   // ---------- router ----------
 
+  // An address typed by hand may hold a broken %-escape: kept as it is, the server says why
+  // it is not an id.
+  function decoded(text) {
+    try { return decodeURIComponent(text); } catch (_) { return text; }
+  }
+
   function route() {
     const hash = location.hash.replace(/^#\/?/, '');
     const [path, query] = hash.split('?');
     const parts = path.split('/');
     const params = new URLSearchParams(query || '');
-    if (parts[0] === 'request' && parts[1]) return { name: 'request', id: decodeURIComponent(parts[1]), params };
+    if (parts[0] === 'request' && parts[1]) return { name: 'request', id: decoded(parts[1]), params };
     if (parts[0] === 'fleet' || parts[0] === 'signals') return { name: parts[0], params };
     return { name: 'inbox', params };
   }
@@ -612,10 +620,15 @@
     const reasoningBox = h('details', { hidden: true }, h('summary', { text: 'Reasoning' }), reasoning);
     const activity = h('ol', { class: 'activity' });
     const final = h('div', { class: 'final' });
-    const note = h('p', { class: 'muted' });
+    // Where the request stands, in words (not known to the fleet, queued, running, not a
+    // valid id ...): replaced as soon as the request shows otherwise. Its kind is in
+    // data-notice.
+    const notice = h('p', { class: 'notice', 'data-field': 'notice' });
+    // The decision it raised and the continuation an answer started.
+    const chain = h('p', { class: 'muted', 'data-field': 'chain', hidden: true });
     const el = h('section', { class: compact ? 'follow compact' : 'follow', 'data-request-id': id, 'aria-label': 'Request ' + id },
       h('p', { class: 'follow-head' }, compact ? ['Continuation ', requestLink(id), ' '] : null, stateBadge),
-      note, facts,
+      notice, chain, facts,
       h('h4', { text: 'Output' }), output, reasoningBox,
       h('h4', { text: 'Activity' }), activity,
       final);
@@ -630,6 +643,23 @@
       el.dataset.state = state;
     }
 
+    // `kind` null: nothing to say.
+    function setNotice(kind, ...content) {
+      clear(notice);
+      if (kind) append(notice, content);
+      notice.hidden = !kind;
+      if (kind) notice.dataset.notice = kind;
+      else delete notice.dataset.notice;
+    }
+
+    function setChain(...content) {
+      clear(chain);
+      append(chain, content);
+      chain.hidden = chain.childNodes.length === 0;
+    }
+
+    setNotice('asking', 'Asking the fleet about this request…');
+
     function addActivity(kind, ...content) {
       activity.append(h('li', { class: 'act act-' + kind, 'data-kind': kind }, content));
     }
@@ -637,6 +667,7 @@
     function showResult(result) {
       finished = true;
       setState(result.state, result.reason);
+      if (notice.dataset.notice !== 'result_gone') setNotice(null);
       el.dataset.reason = result.reason;
       clear(output).append(document.createTextNode(result.output || ''));
       if (result.reasoning) { reasoning.textContent = result.reasoning; reasoningBox.hidden = false; }
@@ -690,35 +721,121 @@
         (m.tool_calls || []).map((c) => h('pre', { class: 'json', text: 'call ' + (c.function ? c.function.name + ' ' + c.function.arguments : json(c)) })));
     }
 
-    source.addEventListener('status', (e) => {
-      const status = JSON.parse(e.data);
-      if (!finished) setState(status.state);
-      clear(note);
-      if (status.state === 'RUNNING' && !compact) note.append('Running on ' + (status.worker_id || '?') + '. Output streamed before this page opened comes with the result.');
-      if (status.state === 'QUEUED') note.append('Waiting in the queue for a free slot.');
-      if (status.continuation_request_id) note.append(h('span', {}, ' Continued as ', requestLink(status.continuation_request_id), '.'));
-      else if (status.decision_id) note.append(' Decision ' + status.decision_id + ': ' + (status.decision_outcome || 'pending') + '.');
-    });
-    source.addEventListener('status_error', (e) => {
-      const error = JSON.parse(e.data).error || {};
-      if (!finished) setState(error.code === 'NOT_FOUND' ? 'UNKNOWN' : 'ERROR');
-      note.textContent = error.code === 'NOT_FOUND'
-        ? 'The fleet does not know this request (not yet, or no longer). Waiting for it to start…'
-        : error.code + ': ' + error.message;
-    });
+    // A finished request whose result its caller has read: the summary the fleet keeps for
+    // people (how it ended and why, its figures, the openings of prompt and output).
+    let summarised = false;
+    function showSummary(f) {
+      summarised = true;
+      setState(f.state, f.reason);
+      el.dataset.reason = f.reason;
+      clear(output).append(document.createTextNode(f.output_start || ''));
+      clear(facts);
+      append(facts, [
+        field('Worker', f.worker_id || '-'),
+        f.job_name ? field('Job', f.job_name) : null,
+        field('Chain position', String(f.chain_position)),
+        f.parent_request_id ? field('Continues', requestLink(f.parent_request_id)) : null,
+        f.root_request_id && f.root_request_id !== f.request_id ? field('Chain root', requestLink(f.root_request_id)) : null,
+        f.finished_at ? field('Finished', time(f.finished_at)) : null,
+      ]);
+      clear(final);
+      const usage = f.usage || {};
+      const timings = f.timings_ms || {};
+      append(final, [
+        h('p', { class: 'result-line', 'data-field': 'result' },
+          h('strong', { text: f.state }), ' ', f.reason, f.detail ? ': ' + f.detail : ''),
+        compact ? null : h('dl', { class: 'facts', 'data-field': 'summary' },
+          f.prompt_start ? field('Prompt (opening)', f.prompt_start) : null,
+          field('Output', f.output_chars + ' characters' + (f.output_chars > (f.output_start || '').length ? ', the opening shown above' : '')),
+          field('Tokens', (usage.prompt_tokens || 0) + ' prompt, ' + (usage.completion_tokens || 0) + ' completion'),
+          field('Tool iterations used', String(f.tool_iterations_used)),
+          field('Timings', 'queued ' + (timings.queued || 0) + ' ms, first token ' + (timings.first_token !== undefined ? timings.first_token + ' ms' : '-') + ', total ' + (timings.total || 0) + ' ms'),
+          field('Attempt', String(f.attempt)),
+          f.signals && f.signals.length ? field('Signals', f.signals.join(', ')) : null),
+      ]);
+    }
+
+    function showStatus(status) {
+      if (!finished && status.finished) showSummary(status.finished);
+      if (!finished && !summarised) {
+        setState(status.state);
+        if (status.state === 'QUEUED') setNotice('queued', 'Waiting in the queue for a free slot.');
+        else if (status.state === 'RUNNING') {
+          // Seen from its start here (a stream that reconnected), nothing was missed.
+          setNotice(compact || lastSeq !== null ? null : 'running', 'Running on ' + (status.worker_id || '?') + '. Output streamed before this page opened comes with the result.');
+        } else setNotice(null);
+      }
+      if (status.continuation_request_id) setChain('Continued as ', requestLink(status.continuation_request_id), '.');
+      else if (status.decision_id) setChain('Decision ' + status.decision_id + ': ' + (status.decision_outcome || 'pending') + '.');
+    }
+
+    function showStatusError(error) {
+      if (finished) return;
+      if (error.code === 'NOT_FOUND') {
+        setState('UNKNOWN');
+        setNotice('unknown', 'This request is not known to the fleet: it has not started yet, or the fleet no longer keeps it. ' +
+          'It shows here as soon as it starts.');
+      } else {
+        setState('ERROR');
+        setNotice('error', 'The fleet did not say how this request stands (' + error.code + ': ' + error.message + '). It shows here as soon as it sends an event.');
+      }
+    }
+
+    source.addEventListener('status', (e) => showStatus(JSON.parse(e.data)));
+    source.addEventListener('status_error', (e) => showStatusError(JSON.parse(e.data).error || {}));
     source.addEventListener('result', (e) => showResult(JSON.parse(e.data)));
     source.addEventListener('result_error', (e) => {
       const error = JSON.parse(e.data).error || {};
-      note.textContent = 'The result is not available: ' + error.message;
+      setNotice('result_gone', summarised
+        ? 'Its caller has read the result, so the fleet no longer holds it whole: this is the summary kept for people.'
+        : 'The result is not available: ' + error.message);
+    });
+    // A stream the console refused (a malformed id, too many live streams) is not retried by
+    // the browser: ask once why, and say it.
+    source.addEventListener('error', async () => {
+      if (source.readyState !== EventSource.CLOSED || finished) return;
+      let reply = null;
+      try {
+        const response = await fetch('/api/requests/' + encodeURIComponent(id), { credentials: 'omit' });
+        let data = null;
+        try { data = await response.json(); } catch (_) { data = null; }
+        reply = { ok: response.ok, status: response.status, data };
+      } catch (_) {
+        reply = null;
+      }
+      if (finished) return;
+      if (reply && reply.status === 400) {
+        setState('INVALID');
+        setNotice('invalid', 'This is not a valid request id: ' + (reply.data && reply.data.error ? reply.data.error.message : 'HTTP 400') + '.');
+      } else if (reply && reply.ok && reply.data) {
+        if (reply.data.status) showStatus(reply.data.status);
+        if (reply.data.status_error) showStatusError(reply.data.status_error.error || {});
+        if (reply.data.result) showResult(reply.data.result);
+        if (!finished) {
+          notice.hidden = false;
+          notice.dataset.notice = 'not_live';
+          notice.append((notice.childNodes.length ? ' ' : '') + 'The console did not open a live stream for it (it serves a limited number at once, ' +
+            'console.max_clients): reload the page to follow it live.');
+        }
+      } else {
+        setState('ERROR');
+        setNotice('error', 'This request cannot be followed: ' + (reply ? errorText(reply.data, reply.status) : 'the console does not answer') + '.');
+      }
     });
     source.addEventListener('event', (e) => {
       const event = JSON.parse(e.data);
       if (lastSeq !== null && event.seq > lastSeq + 1) addActivity('gap', 'missed ' + (event.seq - lastSeq - 1) + ' events; the result has all of it');
+      // The request shows itself: what was said before (not known, queued, no answer) goes.
+      if (!finished && el.dataset.state !== 'RUNNING' && event.event !== 'finished') {
+        setState('RUNNING');
+        const missed = lastSeq === null && event.event !== 'started';
+        setNotice(missed && !compact ? 'running' : null, 'Output streamed before this page opened comes with the result.');
+      }
       lastSeq = event.seq;
       switch (event.event) {
         case 'started':
           setState('RUNNING');
-          addActivity('started', 'started on ', h('code', { text: event.worker_id }), ' (attempt ' + event.attempt + ', chain position ' + event.chain_position + ')');
+          addActivity('started', 'started on ', h('code', { text: event.worker_id }), ' at ', time(event.ts), ' (attempt ' + event.attempt + ', chain position ' + event.chain_position + ')');
           break;
         case 'delta':
           output.append(document.createTextNode(event.text));
@@ -740,10 +857,11 @@
           showResult(event.result);
           break;
         case 'continued':
-          addActivity('continued', 'the decision was answered: continued as ', requestLink(event.continuation_request_id));
+          addActivity('continued', 'the decision was answered at ', time(event.ts), ': continued as ', requestLink(event.continuation_request_id));
+          setChain('Continued as ', requestLink(event.continuation_request_id), '.');
           break;
         case 'chain_ended':
-          addActivity('chain_ended', 'the chain ended: ' + event.outcome + (event.decided_by ? ' by ' + event.decided_by : ''));
+          addActivity('chain_ended', 'the chain ended at ', time(event.ts), ': ' + event.outcome + (event.decided_by ? ' by ' + event.decided_by : ''));
           break;
         default:
           break;
@@ -769,12 +887,22 @@
 
   // ---------- fleet ----------
 
+  // On a narrow screen each row becomes a block of "column: value" lines (app.css): every
+  // cell carries its column's name, and the roles keep it a table for screen readers.
   function table(caption, head, rows, attrs) {
+    const body = h('tbody', { role: 'rowgroup' }, rows);
+    for (const tr of body.rows) {
+      tr.setAttribute('role', 'row');
+      [...tr.cells].forEach((td, i) => {
+        td.setAttribute('role', 'cell');
+        if (!td.hasAttribute('colspan') && head[i]) td.dataset.label = head[i];
+      });
+    }
     return h('div', { class: 'table-wrap' },
-      h('table', attrs || {},
+      h('table', Object.assign({ role: 'table' }, attrs || {}),
         h('caption', { text: caption }),
-        h('thead', {}, h('tr', {}, head.map((c) => h('th', { scope: 'col', text: c })))),
-        h('tbody', {}, rows)));
+        h('thead', { role: 'rowgroup' }, h('tr', { role: 'row' }, head.map((c) => h('th', { scope: 'col', role: 'columnheader', text: c })))),
+        body));
   }
 
   // The fleet view is drawn anew on each change; a link that had the focus gets it back.
@@ -819,7 +947,8 @@
         : h('tr', {}, h('td', { colspan: 5, class: 'muted', text: 'None seen running.' }))));
     main.append(table('Recently finished', ['request', 'job', 'result', 'worker', 'finished'],
       f.finished.length ? f.finished.map((r) => h('tr', {},
-        h('td', {}, requestLink(r.request_id)), h('td', { text: r.job_name || '-' }), h('td', {}, badge(r.state, 'state state-' + r.state.toLowerCase()), ' ' + r.reason),
+        h('td', {}, requestLink(r.request_id)), h('td', { text: r.job_name || '-' }),
+        h('td', {}, badge(r.state, 'state state-' + r.state.toLowerCase()), ' ' + r.reason, r.detail ? h('span', { class: 'detail', 'data-field': 'detail', text: ': ' + r.detail }) : null),
         h('td', {}, h('code', { text: r.worker_id })), h('td', {}, time(r.finished_at))))
         : h('tr', {}, h('td', { colspan: 5, class: 'muted', text: 'None yet.' }))));
     main.append(h('p', { class: 'muted' }, 'The workers are asked every ' + (store.console.fleet_refresh_ms || 1000) + ' ms through the NATS service API; last answer at ', time(f.polled_at), '.'));
