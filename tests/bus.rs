@@ -1219,3 +1219,44 @@ async fn the_request_commands_print_for_people_and_refuse_malformed_ids_as_such(
     let (ok, _, stderr) = genfleet(&f, &["status", "never-submitted"]).await;
     assert!(!ok && stderr.contains("is not known"), "{stderr}");
 }
+
+#[tokio::test]
+async fn submit_sets_the_common_request_fields_from_flags() {
+    let f = fleet("[[rules]]\nreply = \"Brief.\"\n", 1, 1).await;
+    let (ok, stdout, stderr) = genfleet(
+        &f,
+        &[
+            "submit",
+            "--follow",
+            "--json",
+            "--request-id",
+            "flagged",
+            "--system",
+            "Be brief.",
+            "--max-tokens",
+            "12",
+            "--temperature",
+            "0.2",
+            "--job-name",
+            "nightly",
+            "--metadata",
+            "team=ops",
+            "--metadata",
+            "priority=3",
+            "hello",
+        ],
+    )
+    .await;
+    assert!(ok, "{stderr}");
+    let result: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(result["request_id"], "flagged");
+    assert_eq!(result["job_name"], "nightly");
+    assert_eq!(result["metadata"], json!({"team": "ops", "priority": 3}));
+    let asked = &f.mock.requests()[0];
+    assert_eq!(asked["max_tokens"], 12);
+    assert_eq!(asked["temperature"], 0.2);
+    let prompt = asked["messages"].to_string();
+    assert!(prompt.contains("Be brief."), "{prompt}");
+    let (ok, _, stderr) = genfleet(&f, &["submit", "--metadata", "novalue", "hi"]).await;
+    assert!(!ok && stderr.contains("is not KEY=VALUE"), "{stderr}");
+}

@@ -1,4 +1,13 @@
-//! The docs keep up with the code: every configuration key is in docs/configuration.md.
+//! The docs keep up with the code: every configuration key is in docs/configuration.md, and
+//! the README's by-hand flow runs as written.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::nats::{NatsServer, free_port};
+use common::process::Running;
 
 #[test]
 fn every_configuration_key_is_documented() {
@@ -20,4 +29,165 @@ fn every_configuration_key_is_documented() {
         missing.is_empty(),
         "not in docs/configuration.md (run scripts/config-reference.py): {missing:?}"
     );
+}
+
+/// The README's by-hand block: its commands, one per line, comments dropped.
+fn readme_by_hand() -> Vec<String> {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let from = readme
+        .find("By hand, against a NATS you run")
+        .expect("the README has its by-hand section");
+    let block = &readme[from..];
+    let start = block.find("```sh\n").expect("a sh block") + "```sh\n".len();
+    let end = start + block[start..].find("```").expect("the block ends");
+    block[start..end]
+        .lines()
+        .map(|line| {
+            line.split(" #")
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        })
+        .filter(|line| !line.is_empty())
+        .collect()
+}
+
+/// A command line as the shell splits it (double quotes group words).
+fn words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut quoted = false;
+    let mut any = false;
+    for c in line.chars() {
+        match c {
+            '"' => {
+                quoted = !quoted;
+                any = true;
+            }
+            ' ' if !quoted => {
+                if any {
+                    words.push(std::mem::take(&mut word));
+                    any = false;
+                }
+            }
+            _ => {
+                word.push(c);
+                any = true;
+            }
+        }
+    }
+    if any {
+        words.push(word);
+    }
+    words
+}
+
+/// The README's by-hand flow, word for word: each command of its block runs as written (from
+/// the repository's root, so its file arguments resolve), with only the addresses moved to free
+/// ports of this test's own servers.
+#[test]
+fn the_readmes_by_hand_flow_runs_as_written() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let nats = runtime.block_on(NatsServer::start());
+    let backend_port = free_port();
+    let env: Vec<(String, String)> = [
+        ("GENFLEET__NATS__URL", nats.url()),
+        (
+            "GENFLEET__LLM__BASE_URL",
+            format!("http://127.0.0.1:{backend_port}/v1"),
+        ),
+        ("GENFLEET__HTTP__LISTEN", "127.0.0.1:0".into()),
+        ("GENFLEET__CONSOLE__LISTEN", "127.0.0.1:0".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let mut running: Vec<Running> = Vec::new();
+    let mut ran = Vec::new();
+    for line in readme_by_hand() {
+        if line == "nats-server -js" {
+            // This test's own server stands in for it.
+            continue;
+        }
+        let mut words = words(&line);
+        let mut line_env = env.clone();
+        while words
+            .first()
+            .is_some_and(|w| w.contains('=') && !w.starts_with('-'))
+        {
+            let assignment = words.remove(0);
+            let (key, value) = assignment.split_once('=').unwrap();
+            line_env.push((key.to_string(), value.to_string()));
+        }
+        assert_eq!(
+            words[..2],
+            ["cargo", "run"],
+            "a README command that is not genfleet: {line}"
+        );
+        assert_eq!(words[2], "--", "{line}");
+        let args: Vec<String> = words[3..]
+            .iter()
+            .map(|w| w.replace("127.0.0.1:8000", &format!("127.0.0.1:{backend_port}")))
+            .collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let ready = match args[0] {
+            "mock-llm" => Some("mock-llm listening on"),
+            "worker" => Some("worker ready"),
+            "tool-demo" => Some("tool-demo serving"),
+            "manager" => Some("following signals.>"),
+            "console" => Some("console listening on"),
+            _ => None,
+        };
+        match ready {
+            Some(marker) => {
+                let mut command = Running::start_in(args[0], root, &args, &line_env);
+                command.wait_for(marker);
+                running.push(command);
+            }
+            None => {
+                let output = Command::new(env!("CARGO_BIN_EXE_genfleet"))
+                    .current_dir(root)
+                    .args(&args)
+                    .envs(line_env.iter().map(|(k, v)| (k, v)))
+                    .output()
+                    .unwrap();
+                let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+                let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+                assert!(
+                    output.status.success(),
+                    "{line}\n{stdout}\n{stderr}\nthe others said:\n{}",
+                    running
+                        .iter_mut()
+                        .map(|r| r.output())
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                );
+                ran.push((args[0].to_string(), stdout, stderr));
+            }
+        }
+    }
+    // The job went through the calculator, a decision the manager answered, and the
+    // continuation.
+    let (_, submitted, said) = ran
+        .iter()
+        .find(|(command, ..)| command == "submit")
+        .expect("the README submits a job");
+    assert!(
+        submitted.contains("7,006,652") && submitted.contains("Report filed"),
+        "{submitted}\n{said}"
+    );
+    assert!(said.contains("continuing as"), "{said}");
+    let (_, fleet, _) = ran
+        .iter()
+        .find(|(command, ..)| command == "fleet")
+        .expect("the README lists the fleet");
+    assert!(fleet.contains("default"), "{fleet}");
+    for command in running {
+        let status = command.signal_and_wait("TERM");
+        assert!(status.success(), "{status:?}");
+    }
+    drop(nats);
 }

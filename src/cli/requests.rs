@@ -41,6 +41,42 @@ pub struct SubmitArgs {
     /// following the continuation.
     #[arg(long)]
     pub no_chain: bool,
+    /// A tool the model may call, by name (repeat for more): the tool services register them
+    /// (`genfleet tool-demo` serves calculate and clock).
+    #[arg(long = "tool", value_name = "NAME")]
+    pub tools: Vec<String>,
+    /// The caller's system prompt (after the fleet's own).
+    #[arg(long, value_name = "TEXT")]
+    pub system: Option<String>,
+    /// Most tokens the model may write per turn.
+    #[arg(long, value_name = "N")]
+    pub max_tokens: Option<u32>,
+    /// Sampling temperature.
+    #[arg(long, value_name = "T")]
+    pub temperature: Option<f64>,
+    /// A name for the job, shown with its signals and decisions.
+    #[arg(long, value_name = "NAME")]
+    pub job_name: Option<String>,
+    /// Metadata carried to the result and signals (repeat for more; VALUE is JSON if it parses
+    /// as JSON, else text).
+    #[arg(long, value_name = "KEY=VALUE", value_parser = parse_metadata)]
+    pub metadata: Vec<(String, serde_json::Value)>,
+    /// The request's id [default: a fresh ULID].
+    #[arg(long, value_name = "ID")]
+    pub request_id: Option<String>,
+}
+
+/// `KEY=VALUE` of `--metadata`: the value as JSON when it parses (numbers, true, objects ...),
+/// else as text.
+fn parse_metadata(given: &str) -> Result<(String, serde_json::Value), String> {
+    let (key, value) = given
+        .split_once('=')
+        .ok_or_else(|| format!("{given:?} is not KEY=VALUE"))?;
+    if key.is_empty() {
+        return Err(format!("{given:?} has no key before '='"));
+    }
+    let value = serde_json::from_str(value).unwrap_or_else(|_| value.into());
+    Ok((key.to_string(), value))
 }
 
 #[derive(Debug, Args)]
@@ -90,7 +126,37 @@ pub struct ResultArgs {
     pub json: bool,
 }
 
+/// The request: the prompt or the file, with the flags laid over it (a flag wins over the
+/// file's field; tools and metadata add to the file's).
 fn read_request(args: &SubmitArgs) -> anyhow::Result<GenerationRequest> {
+    let mut request = read_base(args)?;
+    for tool in &args.tools {
+        if !request.tools.contains(tool) {
+            request.tools.push(tool.clone());
+        }
+    }
+    if let Some(system) = &args.system {
+        request.system = Some(system.clone());
+    }
+    if args.max_tokens.is_some() {
+        request.max_tokens = args.max_tokens;
+    }
+    if args.temperature.is_some() {
+        request.temperature = args.temperature;
+    }
+    if let Some(job_name) = &args.job_name {
+        request.job_name = Some(job_name.clone());
+    }
+    for (key, value) in &args.metadata {
+        request.metadata.insert(key.clone(), value.clone());
+    }
+    if let Some(id) = &args.request_id {
+        request.request_id = Some(id.clone());
+    }
+    Ok(request)
+}
+
+fn read_base(args: &SubmitArgs) -> anyhow::Result<GenerationRequest> {
     match (&args.prompt, &args.file) {
         (Some(prompt), None) => Ok(GenerationRequest::user(prompt.clone())),
         (None, Some(path)) => {

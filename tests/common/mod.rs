@@ -4,6 +4,7 @@
 
 pub mod fleet;
 pub mod nats;
+pub mod process;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
