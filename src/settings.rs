@@ -4,6 +4,8 @@
 //! Unknown keys are errors in every layer, so a misspelt override fails loudly instead of being
 //! ignored.
 
+mod words;
+
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -426,6 +428,32 @@ impl std::fmt::Debug for ConsoleSettings {
     }
 }
 
+/// The enumerated settings and their values (read from the enums themselves).
+const ENUMERATIONS: &words::Enumerations = &[
+    ("llm.tool_mode", words::values_of::<ToolMode>),
+    ("llm.system_messages", words::values_of::<SystemMessages>),
+    (
+        "llm.done_without_finish_reason",
+        words::values_of::<DoneWithoutFinish>,
+    ),
+];
+
+/// What the checks of [`Settings::validate`] want of the whole number `key` beyond not being
+/// negative, found by trying 0 there: `"a whole number of at least 1"`, or `None` when 0 is
+/// fine.
+fn minimum_of(merged: &serde_json::Value, key: &str) -> Option<String> {
+    let (section, name) = key.split_once('.')?;
+    let mut probe = merged.clone();
+    *probe.get_mut(section)?.get_mut(name)? = serde_json::Value::from(0);
+    let settings: Settings = serde_json::from_value(probe).ok()?;
+    let rule = settings.validate().err()?.0;
+    let rule = rule.strip_prefix(&format!("{key} must be "))?;
+    Some(format!(
+        "a whole number {}",
+        rule.replace("at least", "of at least")
+    ))
+}
+
 /// A configuration problem, rendered as one line that names the key.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration: {0}")]
@@ -467,10 +495,23 @@ impl Settings {
         if let Some(env) = env {
             builder = builder.add_source(env);
         }
-        let settings: Settings = builder
+        let config = builder
             .build()
-            .and_then(|c| c.try_deserialize())
             .map_err(|e| SettingsError(one_line(&e.to_string())))?;
+        // Each key against the kind of its default first, then the structs; both say what is
+        // wrong in the user's words (words.rs).
+        let merged: serde_json::Value = config
+            .clone()
+            .try_deserialize()
+            .map_err(|e| SettingsError(one_line(&e.to_string())))?;
+        let defaults: toml::Table =
+            toml::from_str(DEFAULT_TOML).expect("the built-in defaults are TOML");
+        words::check_kinds(&defaults, ENUMERATIONS, &merged).map_err(SettingsError)?;
+        let settings: Settings = config.try_deserialize().map_err(|e| {
+            SettingsError(words::said(&e, ENUMERATIONS, &|key| {
+                minimum_of(&merged, key)
+            }))
+        })?;
         settings.validate()?;
         Ok(settings)
     }
@@ -625,6 +666,146 @@ fn one_line(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Words of Rust's, never of a user's.
+    const RUST_WORDS: &[&str] = &[
+        "enum ",
+        "variant",
+        "invalid type",
+        "struct ",
+        "i64",
+        "u32",
+        "u64",
+        "usize",
+        "f64",
+        "integer `",
+        "Option",
+        "sequence",
+        "map",
+    ];
+
+    fn load_env(vars: &[(String, String)]) -> Result<Settings, SettingsError> {
+        let env = config::Environment::with_prefix("GENFLEET")
+            .separator("__")
+            .try_parsing(true)
+            .source(Some(vars.iter().cloned().collect()));
+        Settings::load_from(None, Some(env))
+    }
+
+    /// Refused, naming `key` and `allowed`, in the user's words.
+    fn refused_in_words(
+        given: &str,
+        result: Result<Settings, SettingsError>,
+        key: &str,
+        allowed: &str,
+    ) {
+        let message = match result {
+            Ok(_) => panic!("{given} was accepted"),
+            Err(error) => error.to_string(),
+        };
+        assert!(
+            message.contains(key),
+            "{given}: {message:?} does not name {key}"
+        );
+        assert!(
+            message.contains(allowed),
+            "{given}: {message:?} does not say {allowed:?}"
+        );
+        for word in RUST_WORDS {
+            assert!(
+                !message.contains(word),
+                "{given}: {message:?} says {word:?}"
+            );
+        }
+    }
+
+    /// Every setting of config/default.toml, given a wrong value in a file and in the
+    /// environment, is refused with a message that names it and what it must be.
+    #[test]
+    fn every_setting_given_a_wrong_value_is_refused_in_its_own_words() {
+        let defaults: toml::Table = toml::from_str(DEFAULT_TOML).unwrap();
+        let mut walked = 0;
+        for (section, table) in &defaults {
+            refused_in_words(
+                &format!("{section} = 3"),
+                load_toml(&format!("{section} = 3\n")),
+                &format!("`[{section}]`"),
+                "must be a table",
+            );
+            refused_in_words(
+                &format!("[{section}] no_such_key"),
+                load_toml(&format!("[{section}]\nno_such_key = 1\n")),
+                &format!("`{section}.no_such_key`"),
+                "is not a setting",
+            );
+            for (key, default) in table.as_table().unwrap() {
+                walked += 1;
+                let name = format!("{section}.{key}");
+                let quoted = format!("`{name}`");
+                let env_key = format!(
+                    "GENFLEET__{}__{}",
+                    section.to_uppercase(),
+                    key.to_uppercase()
+                );
+                let enumerated = ENUMERATIONS.iter().find(|(k, _)| *k == name);
+                let (wrong_in_file, wrong_in_env, allowed): (&[&str], &str, String) =
+                    match (default, enumerated) {
+                        (toml::Value::Integer(_), _) => (
+                            &["\"many\"", "2.5", "true", "[1]"],
+                            "many",
+                            "a whole number".into(),
+                        ),
+                        (toml::Value::Float(_), _) => (
+                            &["\"high\"", "true", "{ a = 1 }"],
+                            "high",
+                            "a number".into(),
+                        ),
+                        (toml::Value::Boolean(_), _) => {
+                            (&["\"maybe\"", "3"], "maybe", "true or false".into())
+                        }
+                        (toml::Value::String(_), Some((_, values))) => {
+                            (&["\"bogus\"", "3"], "bogus", words::either(&values()))
+                        }
+                        (toml::Value::String(_), None) => {
+                            (&["{ a = 1 }", "[1]"], "", "text".into())
+                        }
+                        (toml::Value::Array(_), _) => (&["3", "\"x\""], "", "a list".into()),
+                        (other, _) => panic!("{name}: a default of an unexpected kind: {other}"),
+                    };
+                for wrong in wrong_in_file {
+                    let given = format!("[{section}] {key} = {wrong}");
+                    let result = load_toml(&format!("[{section}]\n{key} = {wrong}\n"));
+                    refused_in_words(&given, result, &quoted, &allowed);
+                }
+                if !wrong_in_env.is_empty() {
+                    let given = format!("{env_key}={wrong_in_env}");
+                    let result = load_env(&[(env_key.clone(), wrong_in_env.to_string())]);
+                    refused_in_words(&given, result, &quoted, &allowed);
+                }
+                // A negative whole number is refused in words, or allowed.
+                if matches!(default, toml::Value::Integer(_))
+                    && let Err(error) = load_toml(&format!("[{section}]\n{key} = -1\n"))
+                {
+                    refused_in_words(&format!("{name} = -1"), Err(error), &name, "");
+                }
+            }
+        }
+        assert!(walked > 80, "only {walked} settings walked");
+        // The examples people meet first, word for word.
+        let said = |r: Result<Settings, SettingsError>| r.err().unwrap().to_string();
+        assert_eq!(
+            said(load_env(&[(
+                "GENFLEET__LLM__TOOL_MODE".into(),
+                "bogus".into()
+            )])),
+            "invalid configuration: `llm.tool_mode` must be `native` or `text`, not \"bogus\""
+        );
+        assert!(said(load_toml("worker = 3\n")).contains("`[worker]` must be a table of settings"));
+        assert_eq!(
+            said(load_toml("[worker]\nslots = -3\n")),
+            "invalid configuration: `worker.slots` must be a whole number of at least 1, not -3"
+        );
+    }
 
     fn load_toml(extra: &str) -> Result<Settings, SettingsError> {
         let dir = tempfile::tempdir().unwrap();
