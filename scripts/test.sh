@@ -3,7 +3,8 @@
 #   - nats-server (Debian/Ubuntu package) for the tests that run a real NATS server;
 #   - a Python virtualenv in .venv with the official `openai` client (driven against
 #     `genfleet mock-llm`) and nats-py with msgpack (a client of the wire protocol written from
-#     docs/protocol.md alone, driven against a worker);
+#     docs/protocol.md alone, driven against a worker), and the genfleet Python package
+#     (python/) installed into it;
 #   - for the console's browser test, Debian's chromium and playwright-core (npm, pinned in
 #     tests/console/package-lock.json) in tests/console/node_modules. GENFLEET_TEST_SKIP_BROWSER=1
 #     skips that test and these installs;
@@ -30,6 +31,10 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import openai, nats, msgp
   fi
   .venv/bin/pip install -q --disable-pip-version-check 'openai>=1.40,<3' 'nats-py>=2.6,<3' 'msgpack>=1,<2'
 fi
+# The Python package, installed as its users install it (the test itself runs the working
+# tree's copy).
+say "installing the genfleet Python package (pip install ./python) into .venv"
+.venv/bin/pip install -q --disable-pip-version-check ./python
 export GENFLEET_TEST_PYTHON="$PWD/.venv/bin/python"
 
 if [ "${GENFLEET_TEST_SKIP_BROWSER:-}" != 1 ]; then

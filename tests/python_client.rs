@@ -78,3 +78,124 @@ async fn the_python_client_written_from_the_docs_talks_to_the_fleet() {
     drop(mock);
     drop(nats);
 }
+
+/// A Python command of the package's (`python/`), run from the working tree's copy, so the
+/// test sees the package as it is now.
+fn package_python(python: &str, nats_url: &str) -> tokio::process::Command {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut command = tokio::process::Command::new(python);
+    command
+        .current_dir(root.join("python"))
+        .env("PYTHONPATH", root.join("python"))
+        .env("GENFLEET_NATS_URL", nats_url)
+        .kill_on_drop(true);
+    command
+}
+
+/// A long-running example, ready once it printed `ready`.
+async fn example_serving(
+    python: &str,
+    nats_url: &str,
+    script: &str,
+    ready: &str,
+) -> tokio::process::Child {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = package_python(python, nats_url)
+        .arg(script)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(std::time::Duration::from_secs(60), lines.next_line())
+        .await
+        .unwrap_or_else(|_| panic!("{script} never said it was ready"))
+        .unwrap();
+    assert_eq!(first.as_deref(), Some(ready), "{script}");
+    // Its later lines are not read; they must not fill the pipe and block it.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    child
+}
+
+/// The Python package (caller, tool service, manager) against a real worker, then its examples
+/// as they are written.
+#[tokio::test]
+async fn the_python_package_and_its_examples_work_against_the_fleet() {
+    let python = python();
+    let f = fleet().await;
+    let url = f.nats.url();
+    let output = package_python(&python, &url)
+        .arg("tests/check_package.py")
+        .arg(&url)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    println!("{stdout}");
+    assert!(
+        stdout.contains("a pool without workers is NoWorker"),
+        "{stdout}"
+    );
+
+    // The examples, as docs/python.md runs them.
+    let mut tools = example_serving(
+        &python,
+        &url,
+        "examples/word_count_tool.py",
+        "serving: word_count",
+    )
+    .await;
+    let mut manager = example_serving(
+        &python,
+        &url,
+        "examples/manager.py",
+        "following the fleet's signals",
+    )
+    .await;
+    let ask = |args: &'static [&'static str]| {
+        let mut command = package_python(&python, &url);
+        command.arg("examples/ask.py").args(args);
+        async move {
+            let mut tries = 0;
+            loop {
+                let output = command.output().await.unwrap();
+                let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+                let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+                // The workers see a new tool a moment after it is registered.
+                if !output.status.success() && stderr.contains("INVALID_REQUEST") && tries < 50 {
+                    tries += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+                assert!(output.status.success(), "{args:?}\n{stdout}\n{stderr}");
+                return stdout;
+            }
+        }
+    };
+    let counted = ask(&["py-count: how many words?", "--tool", "word_count"]).await;
+    assert!(
+        counted.contains("[tool call: word_count") && counted.contains("\"words\":4"),
+        "{counted}"
+    );
+    assert!(counted.contains("COMPLETED stop"), "{counted}");
+    println!("{counted}");
+    let decided = ask(&["py-decide: which way?"]).await;
+    println!("{decided}");
+    assert!(
+        decided.contains("the decision was answered: continuing as")
+            && decided.contains("Decision chosen: Left (left)")
+            && decided.contains("COMPLETED stop"),
+        "{decided}"
+    );
+    let _ = tools.kill().await;
+    let _ = manager.kill().await;
+    let Fleet { worker, mock, nats } = f;
+    drop(worker);
+    drop(mock);
+    drop(nats);
+}

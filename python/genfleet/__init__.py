@@ -1,0 +1,30 @@
+"""genfleet for Python: callers, tool services and managers of a genfleet fleet, over NATS.
+
+Thin over nats-py; the wire protocol (docs/protocol.md) is the contract:
+
+- :class:`Client` submits, enqueues, follows events, reads status and results, cancels and
+  answers decisions;
+- :func:`tool` and :class:`ToolService` register Python functions as tools the fleet's models
+  call;
+- :class:`Manager` follows the signals with a durable consumer and answers decisions.
+"""
+
+from .client import Client, check_id, new_id, request
+from .errors import GenfleetError, NoWorker
+from .manager import Manager
+from .tools import Tool, ToolError, ToolService, schema_from_hints, tool
+
+__all__ = [
+    "Client",
+    "GenfleetError",
+    "Manager",
+    "NoWorker",
+    "Tool",
+    "ToolError",
+    "ToolService",
+    "check_id",
+    "new_id",
+    "request",
+    "schema_from_hints",
+    "tool",
+]
