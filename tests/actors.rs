@@ -242,15 +242,18 @@ fn request(id: &str) -> GenerationRequest {
     request
 }
 
-async fn submit(addr: &Addr<Supervisor>, id: &str) -> Result<(), ErrorCode> {
-    addr.send(Submit {
-        request: request(id),
-        placement: Placement::default(),
-    })
-    .await
-    .unwrap()
-    .map(|_| ())
-    .map_err(|e| e.code)
+async fn submit(handle: &SupervisorHandle, id: &str) -> Result<(), ErrorCode> {
+    let request = handle.checker.check(request(id)).map_err(|e| e.code)?;
+    handle
+        .addr
+        .send(Submit {
+            request,
+            placement: Placement::default(),
+        })
+        .await
+        .unwrap()
+        .map(|_| ())
+        .map_err(|e| e.code)
 }
 
 async fn result(
@@ -295,15 +298,18 @@ async fn submit_with_no_free_slot_is_refused_at_once() {
     f.backend.script("a", Behaviour::Partial);
     f.backend.script("b", Behaviour::Partial);
     f.backend.script("c", Behaviour::Complete);
-    submit(addr, "a").await.unwrap();
-    submit(addr, "b").await.unwrap();
-    assert_eq!(submit(addr, "c").await, Err(ErrorCode::NoSlotAvailable));
+    submit(&f.handle, "a").await.unwrap();
+    submit(&f.handle, "b").await.unwrap();
+    assert_eq!(
+        submit(&f.handle, "c").await,
+        Err(ErrorCode::NoSlotAvailable)
+    );
     assert_eq!(f.handle.capacity.borrow().free(), 0);
     f.backend.open("a");
     finished(addr, "a").await;
     let mut capacity = f.handle.capacity.clone();
     capacity.wait_for(|c| c.free() == 1).await.unwrap();
-    submit(addr, "c").await.unwrap();
+    submit(&f.handle, "c").await.unwrap();
     f.backend.open_all();
     quiesce(&f.handle).await;
 }
@@ -314,14 +320,15 @@ async fn capacity_is_announced_as_it_goes_to_zero_and_back() {
     let mut capacity = f.handle.capacity.clone();
     assert_eq!(capacity.borrow_and_update().free(), 1);
     f.backend.script("a", Behaviour::Partial);
-    submit(&f.handle.addr, "a").await.unwrap();
+    submit(&f.handle, "a").await.unwrap();
     capacity.changed().await.unwrap();
     assert_eq!(
         *capacity.borrow_and_update(),
         Capacity {
             total: 1,
             busy: 1,
-            draining: false
+            draining: false,
+            waiting: 0,
         }
     );
     f.backend.open("a");
@@ -334,7 +341,7 @@ async fn results_are_released_once_and_status_follows_the_request() {
     let f = fixture(2);
     let addr = &f.handle.addr;
     f.backend.script("a", Behaviour::Partial);
-    submit(addr, "a").await.unwrap();
+    submit(&f.handle, "a").await.unwrap();
     let status = addr
         .send(Status {
             request_id: "a".into(),
@@ -343,7 +350,10 @@ async fn results_are_released_once_and_status_follows_the_request() {
         .unwrap()
         .unwrap();
     assert_eq!(
-        (status.state, status.worker_id.as_str()),
+        (
+            status.state,
+            status.worker_id.as_deref().unwrap_or_default()
+        ),
         (RequestState::Running, "w1")
     );
     let err = addr
@@ -356,7 +366,10 @@ async fn results_are_released_once_and_status_follows_the_request() {
         .unwrap_err();
     assert_eq!(err.code, ErrorCode::NotReady);
     assert_eq!(err.detail["state"], "RUNNING");
-    assert_eq!(submit(addr, "a").await, Err(ErrorCode::DuplicateRequestId));
+    assert_eq!(
+        submit(&f.handle, "a").await,
+        Err(ErrorCode::DuplicateRequestId)
+    );
     f.backend.open("a");
     let peeked = finished(addr, "a").await;
     assert_eq!(peeked.output, "partial rest");
@@ -386,28 +399,13 @@ async fn results_are_released_once_and_status_follows_the_request() {
 #[actix::test]
 async fn invalid_requests_are_refused_before_taking_a_slot() {
     let f = fixture(1);
-    let addr = &f.handle.addr;
     let mut bad = request("x");
     bad.tools = vec!["not_registered".into()];
-    let err = addr
-        .send(Submit {
-            request: bad,
-            placement: Placement::default(),
-        })
-        .await
-        .unwrap()
-        .unwrap_err();
+    let err = f.handle.checker.check(bad).unwrap_err();
     assert_eq!(err.code, ErrorCode::InvalidRequest);
     let mut bad = request("y");
     bad.messages.clear();
-    let err = addr
-        .send(Submit {
-            request: bad,
-            placement: Placement::default(),
-        })
-        .await
-        .unwrap()
-        .unwrap_err();
+    let err = f.handle.checker.check(bad).unwrap_err();
     assert_eq!(err.code, ErrorCode::InvalidRequest);
     assert_eq!(f.handle.capacity.borrow().free(), 1);
 }
@@ -422,7 +420,7 @@ async fn a_request_without_an_id_gets_a_ulid() {
         .handle
         .addr
         .send(Submit {
-            request: req,
+            request: f.handle.checker.check(req).unwrap(),
             placement: Placement::default(),
         })
         .await
@@ -440,7 +438,7 @@ async fn cancelling_a_running_request_stores_cancelled_with_partial_output_then_
     let f = fixture(1);
     let addr = &f.handle.addr;
     f.backend.script("a", Behaviour::Partial);
-    submit(addr, "a").await.unwrap();
+    submit(&f.handle, "a").await.unwrap();
     // Let the first word stream before cancelling.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let reply = addr
@@ -495,7 +493,7 @@ async fn every_ending_releases_the_slot_with_one_terminal_result() {
     for (i, (behaviour, reason)) in cases.into_iter().enumerate() {
         let id = format!("r{i}");
         f.backend.script(&id, behaviour);
-        submit(addr, &id)
+        submit(&f.handle, &id)
             .await
             .unwrap_or_else(|e| panic!("{behaviour:?}: {e:?}"));
         f.backend.open(&id);
@@ -514,7 +512,7 @@ async fn events_reach_the_subscriber_with_finished_last_and_seq_gapless() {
     let mut f = fixture(1);
     let addr = &f.handle.addr;
     f.backend.script("a", Behaviour::ToolOk);
-    submit(addr, "a").await.unwrap();
+    submit(&f.handle, "a").await.unwrap();
     f.backend.open("a");
     let mut events = Vec::new();
     while let Ok(Some(event)) = tokio::time::timeout(Duration::from_secs(5), f.events.recv()).await
@@ -545,10 +543,10 @@ async fn drain_lets_running_requests_finish_then_cancels_the_rest() {
     f.backend.script("stuck", Behaviour::Partial);
     f.backend.script("durable", Behaviour::Partial);
     f.backend.script("late", Behaviour::Complete);
-    submit(addr, "quick").await.unwrap();
-    submit(addr, "stuck").await.unwrap();
+    submit(&f.handle, "quick").await.unwrap();
+    submit(&f.handle, "stuck").await.unwrap();
     addr.send(Submit {
-        request: request("durable"),
+        request: f.handle.checker.check(request("durable")).unwrap(),
         placement: Placement {
             durable: true,
             ..Placement::default()
@@ -567,7 +565,10 @@ async fn drain_lets_running_requests_finish_then_cancels_the_rest() {
             0,
             "no free slot while draining"
         );
-        assert_eq!(submit(addr, "late").await, Err(ErrorCode::NoSlotAvailable));
+        assert_eq!(
+            submit(&f.handle, "late").await,
+            Err(ErrorCode::NoSlotAvailable)
+        );
         f.backend.open("quick");
     };
     let (report, ()) = tokio::join!(drain, opener);
@@ -597,7 +598,7 @@ async fn cancellation_reaches_an_http_stream_read_through_the_actors() {
     let handle = Supervisor::start(config(1), h.engine.clone(), None);
     let mut req = GenerationRequest::user("go");
     req.request_id = Some("http".into());
-    submit_request(&handle.addr, req).await;
+    submit_request(&handle, req).await;
     tokio::time::sleep(Duration::from_millis(350)).await;
     let r = cancel_and_read(&handle.addr, "http").await;
     assert!(
@@ -618,7 +619,7 @@ async fn cancellation_reaches_a_tool_call_through_the_actors() {
     let mut req = GenerationRequest::user("go");
     req.request_id = Some("tool".into());
     req.tools = vec!["hang".into()];
-    submit_request(&handle.addr, req).await;
+    submit_request(&handle, req).await;
     // Wait until the tool is being called.
     for _ in 0..200 {
         if !h.tools.calls().is_empty() {
@@ -635,14 +636,17 @@ async fn cancellation_reaches_a_tool_call_through_the_actors() {
     quiesce(&handle).await;
 }
 
-async fn submit_request(addr: &Addr<Supervisor>, request: GenerationRequest) {
-    addr.send(Submit {
-        request,
-        placement: Placement::default(),
-    })
-    .await
-    .unwrap()
-    .unwrap();
+async fn submit_request(handle: &SupervisorHandle, request: GenerationRequest) {
+    let request = handle.checker.check(request).unwrap();
+    handle
+        .addr
+        .send(Submit {
+            request,
+            placement: Placement::default(),
+        })
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 /// Cancels a running request, checks the reply came with CANCELLED, and reads the result.
@@ -698,7 +702,7 @@ fn run_interleaving(slots: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     let id = format!("q{next}");
                     next += 1;
                     f.backend.script(&id, behaviour);
-                    match submit(addr, &id).await {
+                    match submit(&f.handle, &id).await {
                         Ok(()) => accepted.push(id),
                         Err(ErrorCode::NoSlotAvailable) => {}
                         Err(other) => prop_assert!(false, "unexpected refusal {other:?}"),

@@ -777,11 +777,12 @@ async fn configured_tools_without_a_service_fail_with_tool_execution_error() {
 }
 
 #[tokio::test]
-async fn ended_requests_leave_nothing_in_the_index_of_running_requests() {
-    // Every worker's look for lost workers reads the whole index; what an ended request leaves
-    // there (a purge marker is a message too) it would read on every look for the results' TTL.
+async fn a_request_is_one_record_from_its_claim_to_its_result() {
+    // One key per request: the claim creates it (naming the worker), the end replaces it by the
+    // result, so an ended request leaves nothing else behind. The fleet's index of who runs what
+    // travels in the heartbeats. `slow` runs until it is cancelled (60 s of tokens).
     let f = fleet(
-        "[[rules]]\nwhen_last_user_contains = \"slow\"\nreply = \"a b c d e f g h i j\"\ndelay_ms = 100\n\n[[rules]]\nreply = \"done\"\n",
+        "[[rules]]\nwhen_last_user_contains = \"slow\"\nreply = \"a b c d e f g h i j k l m n o p q r s t\"\ndelay_ms = 3000\n\n[[rules]]\nreply = \"done\"\n",
         2,
         2,
     )
@@ -790,7 +791,8 @@ async fn ended_requests_leave_nothing_in_the_index_of_running_requests() {
         .submit("default", &req("i1", "quick"))
         .await
         .unwrap();
-    f.client
+    let accepted = f
+        .client
         .submit("default", &req("s1", "slow"))
         .await
         .unwrap();
@@ -807,21 +809,40 @@ async fn ended_requests_leave_nothing_in_the_index_of_running_requests() {
             .unwrap_err();
         assert_eq!(e.code(), Some(ErrorCode::DuplicateRequestId), "{e}");
     }
-    // While s1 runs, its worker's entry is there.
-    let running = common::fleet::index_subjects(f.client.nats()).await;
-    assert!(
-        running.iter().any(|s| s.ends_with(".s1 (1 messages)")),
-        "{running:?}"
-    );
+    // While s1 runs, its record names its worker, and that worker's heartbeat lists it.
+    let live = common::fleet::record(f.client.nats(), "s1").await.unwrap();
+    assert_eq!(live["live"]["worker_id"], accepted.worker_id, "{live}");
+    assert_eq!(live["live"]["state"], "RUNNING", "{live}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !common::fleet::heartbeats(f.client.nats())
+        .await
+        .get(&accepted.worker_id)
+        .is_some_and(|running| running.iter().any(|id| id == "s1"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no heartbeat listed s1"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     f.client.cancel("s1").await.unwrap();
     for id in ["i1", "s1", "d1"] {
         wait_terminal(&f.client, id).await;
+        let record = common::fleet::record(f.client.nats(), id).await.unwrap();
+        assert!(record.get("live").is_none(), "{id}: {record}");
+        assert_eq!(record["request_id"], id, "{record}");
     }
     common::fleet::wait_only_results_left(f.client.nats(), Duration::from_secs(10)).await;
-    assert_eq!(
-        common::fleet::index_subjects(f.client.nats()).await,
-        Vec::<String>::new()
-    );
+    // The heartbeats stop listing what ended.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let beats = common::fleet::heartbeats(f.client.nats()).await;
+        if beats.values().all(|running| running.is_empty()) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{beats:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test]

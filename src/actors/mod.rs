@@ -8,7 +8,9 @@ mod slot;
 mod supervisor;
 
 pub use supervisor::{
-    Accepted, Cancel, CancelReply, Capacity, Drain, DrainReport, GetResult, MAILBOX_CAPACITY,
-    Placement, Stats, StatsReply, Status, StatusReply, Submit, Supervisor, SupervisorConfig,
-    SupervisorHandle, request_limits,
+    Cancel, Canceller, CheckedRequest, Drain, DrainReport, GetResult, Held, HeldRequest,
+    MAILBOX_CAPACITY, Placement, Release, Released, RequestChecker, Stats, Status, Submit,
+    Supervisor, SupervisorConfig, SupervisorHandle, Ticket, TicketOf, request_limits,
 };
+// The wire replies the Supervisor's messages answer with.
+pub use crate::protocol::{Accepted, CancelReply, Capacity, StatsReply, StatusReply};

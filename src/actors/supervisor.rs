@@ -1,4 +1,10 @@
-//! The Supervisor: owns the worker's slots and every request record, and all cancellation.
+//! The Supervisor: owns the worker's slots, every request record and all cancellation.
+//!
+//! It is the worker's one owner of per-request state: a request is on record here from its
+//! submit (running, or waiting for a slot) until the layer above releases it after its end.
+//! What that layer keeps with a request (its claim on the request id, its queue message, what
+//! it asked) travels in the record as an opaque [`Ticket`] and comes back with the release, so
+//! no second table of requests exists beside this one.
 //!
 //! Architecture invariant: only the Supervisor changes the busy count. A slot is taken in the
 //! `Submit` handler and given back only in the `SlotReleased` handler, which the slot actor's
@@ -10,13 +16,13 @@
 //! actors use `do_send` for their two notices; there are at most two per slot in flight, so
 //! what they queue is bounded by `worker.slots`.
 
+use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -24,8 +30,8 @@ use super::slot::{SlotActor, SlotGuard};
 use crate::engine::{Engine, EventEmitter, EventSink, Finished, RequestContext};
 use crate::protocol::ids::new_id;
 use crate::protocol::{
-    ErrorCode, EventBody, GenerationRequest, GenerationResult, Reason, RequestLimits, RequestState,
-    WireError,
+    Accepted, CancelReply, Capacity, ErrorCode, EventBody, GenerationRequest, GenerationResult,
+    Reason, RequestLimits, RequestState, StatsReply, StatusReply, WireError,
 };
 use crate::settings::Settings;
 
@@ -66,27 +72,84 @@ pub fn request_limits(settings: &Settings) -> RequestLimits {
     }
 }
 
-/// The slots as the owner sees them. `free` is 0 while draining.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Capacity {
-    pub total: u32,
-    pub busy: u32,
-    pub draining: bool,
+/// What the layer above keeps with a request while the Supervisor holds it. The Supervisor
+/// never looks inside: it keeps it in the request's record and hands it back ([`Held`],
+/// [`Release`]).
+#[derive(Clone)]
+pub struct Ticket(pub Arc<dyn Any + Send + Sync>);
+
+impl Ticket {
+    pub fn new<T: Any + Send + Sync>(value: T) -> Ticket {
+        Ticket(Arc::new(value))
+    }
+
+    /// The value, if it is a `T`.
+    pub fn get<T: Any + Send + Sync>(&self) -> Option<&T> {
+        self.0.downcast_ref()
+    }
 }
 
-impl Capacity {
-    pub fn free(&self) -> u32 {
-        if self.draining {
-            0
-        } else {
-            self.total - self.busy
-        }
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Ticket")
+    }
+}
+
+/// Who cancelled a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Canceller {
+    /// A caller (or a manager) asked for it.
+    Caller,
+    /// The worker's drain ran out of time (a durable request is then handed back).
+    Drain,
+}
+
+/// A request checked for acceptance: its fields within the limits and every tool it names
+/// known. Only a [`RequestChecker`] makes one, so a request is checked once, before anything is
+/// written for it, and the Supervisor takes it as it is.
+#[derive(Debug, Clone)]
+pub struct CheckedRequest(GenerationRequest);
+
+impl CheckedRequest {
+    pub fn request(&self) -> &GenerationRequest {
+        &self.0
+    }
+
+    /// Its id (a checked request always has one).
+    pub fn request_id(&self) -> &str {
+        self.0.request_id.as_deref().unwrap_or_default()
+    }
+
+    pub fn into_request(self) -> GenerationRequest {
+        self.0
+    }
+}
+
+/// Checks requests as the Supervisor accepts them: the limits from the settings and the tools
+/// the engine knows now.
+#[derive(Clone)]
+pub struct RequestChecker {
+    limits: RequestLimits,
+    engine: Arc<Engine>,
+}
+
+impl RequestChecker {
+    pub fn new(limits: RequestLimits, engine: Arc<Engine>) -> RequestChecker {
+        RequestChecker { limits, engine }
+    }
+
+    /// Checks a request, giving it a fresh id when it has none.
+    pub fn check(&self, mut request: GenerationRequest) -> Result<CheckedRequest, WireError> {
+        request.request_id.get_or_insert_with(new_id);
+        request.validate(&self.limits)?;
+        self.engine.check_request(&request)?;
+        Ok(CheckedRequest(request))
     }
 }
 
 /// Where a request stands in its chain and in the fleet; the defaults describe a fresh
 /// interactive request accepted now.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct Placement {
     pub root_request_id: Option<String>,
     pub parent_request_id: Option<String>,
@@ -102,19 +165,20 @@ pub struct Placement {
     pub chain: crate::engine::ChainState,
     /// The caller's W3C trace context (`traceparent` header), if it sent one.
     pub traceparent: Option<String>,
+    /// With no free slot, wait for one (in order of arrival) instead of being refused. At most
+    /// `slots` requests wait; past that the submit is refused with NO_SLOT_AVAILABLE.
+    pub wait_for_slot: bool,
+    /// Kept with the request's record and handed back with it.
+    pub ticket: Option<Ticket>,
+    /// Told when a request that waited for a slot starts in one (dropped unsent when it never
+    /// does: cancelled or drained while it waited).
+    pub on_start: Option<oneshot::Sender<()>>,
 }
 
-/// Start a request now, in a free slot.
+/// Start a request now, in a free slot (or, with `placement.wait_for_slot`, in the next one).
 pub struct Submit {
-    pub request: GenerationRequest,
+    pub request: CheckedRequest,
     pub placement: Placement,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Accepted {
-    pub request_id: String,
-    pub worker_id: String,
-    pub state: RequestState,
 }
 
 impl Message for Submit {
@@ -125,15 +189,45 @@ pub struct Cancel {
     pub request_id: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CancelReply {
+/// The requests on record (running, waiting for a slot, or ended and not yet released), each
+/// with its ticket: what the layer above reports in its heartbeat and keeps alive.
+pub struct Held;
+
+#[derive(Debug, Clone)]
+pub struct HeldRequest {
     pub request_id: String,
-    /// The state once the result is stored (CANCELLED, or the state it reached first); RUNNING
-    /// when the wait for the result ran out.
+    /// QUEUED (waiting for a slot), RUNNING, or the terminal state of one not yet released.
     pub state: RequestState,
-    /// Set when the request was waiting on this decision: the cancel expired it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decision_id: Option<String>,
+    pub ticket: Option<Ticket>,
+}
+
+impl Message for Held {
+    type Result = Vec<HeldRequest>;
+}
+
+/// The ticket of a request on record.
+pub struct TicketOf {
+    pub request_id: String,
+}
+
+impl Message for TicketOf {
+    type Result = Option<Ticket>;
+}
+
+/// Takes an ended request off the record (the layer above stored its result): its ticket and
+/// who cancelled it come back.
+pub struct Release {
+    pub request_id: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct Released {
+    pub ticket: Option<Ticket>,
+    pub cancelled_by: Option<Canceller>,
+}
+
+impl Message for Release {
+    type Result = Option<Released>;
 }
 
 impl Message for Cancel {
@@ -142,13 +236,6 @@ impl Message for Cancel {
 
 pub struct Status {
     pub request_id: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StatusReply {
-    pub request_id: String,
-    pub state: RequestState,
-    pub worker_id: String,
 }
 
 impl Message for Status {
@@ -184,13 +271,6 @@ impl Message for Drain {
 /// Counts for the service API and tests.
 pub struct Stats;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StatsReply {
-    pub capacity: Capacity,
-    pub running: usize,
-    pub retained_results: usize,
-}
-
 impl Message for Stats {
     type Result = StatsReply;
 }
@@ -217,8 +297,15 @@ impl Message for SlotReleased {
 }
 
 enum Record {
+    Waiting(Box<Waiting>),
     Running(Box<Running>),
-    Finished(Box<GenerationResult>),
+    Finished(Box<Ended>),
+}
+
+/// A request accepted to wait for a slot.
+struct Waiting {
+    request: GenerationRequest,
+    placement: Placement,
 }
 
 struct Running {
@@ -226,9 +313,18 @@ struct Running {
     job_name: Option<String>,
     metadata: serde_json::Map<String, serde_json::Value>,
     cancel: CancellationToken,
+    cancelled_by: Option<Canceller>,
     waiters: Vec<oneshot::Sender<RequestState>>,
     durable: bool,
     sequence: Arc<AtomicU64>,
+    ticket: Option<Ticket>,
+}
+
+/// An ended request, until its result is read or released.
+struct Ended {
+    result: GenerationResult,
+    ticket: Option<Ticket>,
+    cancelled_by: Option<Canceller>,
 }
 
 pub struct Supervisor {
@@ -238,6 +334,8 @@ pub struct Supervisor {
     busy: u32,
     draining: bool,
     records: HashMap<String, Record>,
+    /// Requests waiting for a slot, oldest first.
+    waiting: VecDeque<String>,
     /// Finished records in the order they finished, for the retention bound.
     finished_order: VecDeque<String>,
     capacity: watch::Sender<Capacity>,
@@ -249,6 +347,8 @@ pub struct Supervisor {
 pub struct SupervisorHandle {
     pub addr: Addr<Supervisor>,
     pub capacity: watch::Receiver<Capacity>,
+    /// Checks requests before they are submitted.
+    pub checker: RequestChecker,
 }
 
 impl Supervisor {
@@ -263,7 +363,9 @@ impl Supervisor {
             total: config.slots,
             busy: 0,
             draining: false,
+            waiting: 0,
         });
+        let checker = RequestChecker::new(config.limits.clone(), engine.clone());
         let supervisor = Supervisor {
             config,
             engine,
@@ -271,12 +373,14 @@ impl Supervisor {
             busy: 0,
             draining: false,
             records: HashMap::new(),
+            waiting: VecDeque::new(),
             finished_order: VecDeque::new(),
             capacity,
         };
         SupervisorHandle {
             addr: supervisor.start(),
             capacity: receiver,
+            checker,
         }
     }
 
@@ -285,6 +389,7 @@ impl Supervisor {
             total: self.config.slots,
             busy: self.busy,
             draining: self.draining,
+            waiting: self.waiting.len() as u32,
         };
         self.capacity.send_if_modified(|c| {
             let changed = *c != now;
@@ -301,11 +406,19 @@ impl Supervisor {
         &mut self,
         result: GenerationResult,
         waiters: Vec<oneshot::Sender<RequestState>>,
+        ticket: Option<Ticket>,
+        cancelled_by: Option<Canceller>,
     ) {
         let state = result.state;
         let request_id = result.request_id.clone();
-        self.records
-            .insert(request_id.clone(), Record::Finished(Box::new(result)));
+        self.records.insert(
+            request_id.clone(),
+            Record::Finished(Box::new(Ended {
+                result,
+                ticket,
+                cancelled_by,
+            })),
+        );
         self.finished_order.push_back(request_id);
         for waiter in waiters {
             let _ = waiter.send(state);
@@ -323,56 +436,19 @@ impl Supervisor {
             }
         }
     }
-}
 
-impl Actor for Supervisor {
-    type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Context<Self>) {
-        ctx.set_mailbox_capacity(MAILBOX_CAPACITY);
-    }
-}
-
-impl Handler<Submit> for Supervisor {
-    type Result = Result<Accepted, WireError>;
-
-    fn handle(&mut self, msg: Submit, ctx: &mut Context<Self>) -> Self::Result {
-        let Submit { request, placement } = msg;
-        if self.draining {
-            return Err(Self::refuse(
-                ErrorCode::NoSlotAvailable,
-                "the worker is draining and accepts no new requests",
-            ));
-        }
-        request.validate(&self.config.limits)?;
-        self.engine.check_request(&request)?;
+    /// Starts a request in a free slot (the caller checked there is one).
+    fn start_in_slot(
+        &mut self,
+        request: GenerationRequest,
+        placement: Placement,
+        ctx: &mut Context<Self>,
+    ) -> String {
         let request_id = request.request_id.clone().unwrap_or_else(new_id);
-        if self.records.contains_key(&request_id) {
-            return Err(Self::refuse(
-                ErrorCode::DuplicateRequestId,
-                format!("request {request_id} is already known to this worker"),
-            ));
+        let context = context_of(&self.config, &request_id, &placement);
+        if let Some(on_start) = placement.on_start {
+            let _ = on_start.send(());
         }
-        if self.busy >= self.config.slots {
-            return Err(Self::refuse(
-                ErrorCode::NoSlotAvailable,
-                format!("all {} slots are busy", self.config.slots),
-            ));
-        }
-        let context = RequestContext {
-            root_request_id: placement
-                .root_request_id
-                .unwrap_or_else(|| request_id.clone()),
-            request_id: request_id.clone(),
-            parent_request_id: placement.parent_request_id,
-            chain_position: placement.chain_position.unwrap_or(1),
-            attempt: placement.attempt.unwrap_or(1),
-            worker_id: self.config.worker_id.clone(),
-            pool: self.config.pool.clone(),
-            accepted_at: placement.accepted_at.unwrap_or_else(Instant::now),
-            chain: placement.chain,
-            traceparent: placement.traceparent,
-        };
         let cancel = CancellationToken::new();
         let sequence = Arc::new(AtomicU64::new(0));
         self.busy += 1;
@@ -383,12 +459,13 @@ impl Handler<Submit> for Supervisor {
                 job_name: request.job_name.clone(),
                 metadata: request.metadata.clone(),
                 cancel: cancel.clone(),
+                cancelled_by: None,
                 waiters: Vec::new(),
                 durable: placement.durable,
                 sequence: sequence.clone(),
+                ticket: placement.ticket,
             })),
         );
-        self.publish_capacity();
         let guard = SlotGuard {
             request_id: request_id.clone(),
             supervisor: ctx.address(),
@@ -403,11 +480,133 @@ impl Handler<Submit> for Supervisor {
             task: None,
         }
         .start();
-        Ok(Accepted {
+        request_id
+    }
+
+    /// Starts the oldest waiting requests while slots are free.
+    fn start_waiting(&mut self, ctx: &mut Context<Self>) {
+        while !self.draining && self.busy < self.config.slots {
+            let Some(request_id) = self.waiting.pop_front() else {
+                break;
+            };
+            let Some(Record::Waiting(waiting)) = self.records.remove(&request_id) else {
+                continue;
+            };
+            let Waiting { request, placement } = *waiting;
+            self.start_in_slot(request, placement, ctx);
+        }
+    }
+
+    /// Ends a request that waited for a slot without running: CANCELLED, by `by`.
+    fn end_waiting(&mut self, request_id: &str, by: Canceller, detail: &str) -> bool {
+        if !matches!(self.records.get(request_id), Some(Record::Waiting(_))) {
+            return false;
+        }
+        let Some(Record::Waiting(waiting)) = self.records.remove(request_id) else {
+            return false;
+        };
+        self.waiting.retain(|id| id != request_id);
+        let Waiting { request, placement } = *waiting;
+        let context = context_of(&self.config, request_id, &placement);
+        let mut result = GenerationResult::empty(
             request_id,
+            Reason::Cancelled,
+            detail.to_string(),
+            &self.config.worker_id,
+        );
+        fill_from_context(&mut result, &context, &request);
+        let emitter = EventEmitter::continuing(
+            request_id.to_string(),
+            self.sink.clone(),
+            self.engine.config().coalescing,
+            Arc::new(AtomicU64::new(0)),
+        );
+        announce_finished(emitter, result.clone());
+        self.record_result(result, Vec::new(), placement.ticket, Some(by));
+        true
+    }
+}
+
+/// Where a request runs, from its placement.
+fn context_of(
+    config: &SupervisorConfig,
+    request_id: &str,
+    placement: &Placement,
+) -> RequestContext {
+    RequestContext {
+        root_request_id: placement
+            .root_request_id
+            .clone()
+            .unwrap_or_else(|| request_id.to_string()),
+        request_id: request_id.to_string(),
+        parent_request_id: placement.parent_request_id.clone(),
+        chain_position: placement.chain_position.unwrap_or(1),
+        attempt: placement.attempt.unwrap_or(1),
+        worker_id: config.worker_id.clone(),
+        pool: config.pool.clone(),
+        accepted_at: placement.accepted_at.unwrap_or_else(Instant::now),
+        chain: placement.chain.clone(),
+        traceparent: placement.traceparent.clone(),
+    }
+}
+
+impl Actor for Supervisor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.set_mailbox_capacity(MAILBOX_CAPACITY);
+    }
+}
+
+impl Handler<Submit> for Supervisor {
+    type Result = Result<Accepted, WireError>;
+
+    fn handle(&mut self, msg: Submit, ctx: &mut Context<Self>) -> Self::Result {
+        let Submit {
+            request,
+            mut placement,
+        } = msg;
+        if self.draining {
+            return Err(Self::refuse(
+                ErrorCode::NoSlotAvailable,
+                "the worker is draining and accepts no new requests",
+            ));
+        }
+        let request = request.into_request();
+        let request_id = request.request_id.clone().unwrap_or_else(new_id);
+        if self.records.contains_key(&request_id) {
+            return Err(Self::refuse(
+                ErrorCode::DuplicateRequestId,
+                format!("request {request_id} is already known to this worker"),
+            ));
+        }
+        let accepted = |state| Accepted {
+            request_id: request_id.clone(),
             worker_id: self.config.worker_id.clone(),
-            state: RequestState::Running,
-        })
+            state,
+        };
+        if self.busy < self.config.slots && self.waiting.is_empty() {
+            let accepted = accepted(RequestState::Running);
+            // Started at once: nobody waits to hear it.
+            placement.on_start = None;
+            self.start_in_slot(request, placement, ctx);
+            self.publish_capacity();
+            return Ok(accepted);
+        }
+        if placement.wait_for_slot && self.waiting.len() < self.config.slots as usize {
+            let accepted = accepted(RequestState::Queued);
+            self.waiting.push_back(request_id.clone());
+            self.records.insert(
+                request_id,
+                Record::Waiting(Box::new(Waiting { request, placement })),
+            );
+            self.publish_capacity();
+            return Ok(accepted);
+        }
+        Err(Self::refuse(
+            ErrorCode::NoSlotAvailable,
+            format!("all {} slots are busy", self.config.slots),
+        ))
     }
 }
 
@@ -420,6 +619,7 @@ impl Handler<SlotDone> for Supervisor {
             tracing::warn!(message = "a second end for one request was ignored", request_id = %msg.request_id);
             return;
         };
+        let running = *running;
         let result = match msg.outcome {
             Ok(finished) => finished.result,
             Err(detail) => lost_result(&running, &msg.context, detail),
@@ -431,14 +631,19 @@ impl Handler<SlotDone> for Supervisor {
             msg.sequence,
         );
         announce_finished(emitter, result.clone());
-        self.record_result(result, running.waiters);
+        self.record_result(
+            result,
+            running.waiters,
+            running.ticket,
+            running.cancelled_by,
+        );
     }
 }
 
 impl Handler<SlotReleased> for Supervisor {
     type Result = ();
 
-    fn handle(&mut self, msg: SlotReleased, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: SlotReleased, ctx: &mut Context<Self>) {
         self.busy = self.busy.checked_sub(1).unwrap_or_else(|| {
             tracing::error!(message = "a slot was released twice", request_id = %msg.request_id);
             0
@@ -447,6 +652,7 @@ impl Handler<SlotReleased> for Supervisor {
         if let Some(Record::Running(_)) = self.records.get(&msg.request_id)
             && let Some(Record::Running(running)) = self.records.remove(&msg.request_id)
         {
+            let running = *running;
             let detail = "the slot stopped before the generation ended".to_string();
             let result = lost_result(&running, &running.context, detail);
             let emitter = EventEmitter::continuing(
@@ -456,31 +662,49 @@ impl Handler<SlotReleased> for Supervisor {
                 running.sequence.clone(),
             );
             announce_finished(emitter, result.clone());
-            self.record_result(result, running.waiters);
+            self.record_result(
+                result,
+                running.waiters,
+                running.ticket,
+                running.cancelled_by,
+            );
         }
+        self.start_waiting(ctx);
         self.publish_capacity();
     }
 }
 
-impl Handler<Cancel> for Supervisor {
-    type Result = ResponseFuture<Result<CancelReply, WireError>>;
-
-    fn handle(&mut self, msg: Cancel, _: &mut Context<Self>) -> Self::Result {
-        let request_id = msg.request_id;
+impl Supervisor {
+    fn cancel(
+        &mut self,
+        request_id: String,
+        by: Canceller,
+    ) -> ResponseFuture<Result<CancelReply, WireError>> {
         let immediate =
-            |r: Result<CancelReply, WireError>| -> Self::Result { Box::pin(async move { r }) };
+            |r: Result<CancelReply, WireError>| -> ResponseFuture<Result<CancelReply, WireError>> {
+                Box::pin(async move { r })
+            };
+        if self.end_waiting(&request_id, by, "cancelled while waiting for a slot") {
+            self.publish_capacity();
+            return immediate(Ok(CancelReply {
+                request_id,
+                state: RequestState::Cancelled,
+                decision_id: None,
+            }));
+        }
         match self.records.get_mut(&request_id) {
-            None => immediate(Err(WireError::new(
+            None | Some(Record::Waiting(_)) => immediate(Err(WireError::new(
                 ErrorCode::NotFound,
                 format!("request {request_id} is not known to this worker"),
             ))),
-            Some(Record::Finished(result)) => immediate(Err(WireError::new(
+            Some(Record::Finished(ended)) => immediate(Err(WireError::new(
                 ErrorCode::AlreadyFinished,
                 format!("request {request_id} already ended"),
             )
-            .with_detail(serde_json::json!({"state": result.state})))),
+            .with_detail(serde_json::json!({"state": ended.result.state})))),
             Some(Record::Running(running)) => {
                 running.cancel.cancel();
+                running.cancelled_by.get_or_insert(by);
                 let (tx, rx) = oneshot::channel();
                 running.waiters.push(tx);
                 let wait = self.config.cancel_wait;
@@ -500,6 +724,14 @@ impl Handler<Cancel> for Supervisor {
     }
 }
 
+impl Handler<Cancel> for Supervisor {
+    type Result = ResponseFuture<Result<CancelReply, WireError>>;
+
+    fn handle(&mut self, msg: Cancel, _: &mut Context<Self>) -> Self::Result {
+        self.cancel(msg.request_id, Canceller::Caller)
+    }
+}
+
 impl Handler<Status> for Supervisor {
     type Result = Result<StatusReply, WireError>;
 
@@ -511,13 +743,13 @@ impl Handler<Status> for Supervisor {
                     format!("request {} is not known to this worker", msg.request_id),
                 ));
             }
+            Some(Record::Waiting(_)) => RequestState::Queued,
             Some(Record::Running(_)) => RequestState::Running,
-            Some(Record::Finished(result)) => result.state,
+            Some(Record::Finished(ended)) => ended.result.state,
         };
         Ok(StatusReply {
-            request_id: msg.request_id,
-            state,
-            worker_id: self.config.worker_id.clone(),
+            worker_id: Some(self.config.worker_id.clone()),
+            ..StatusReply::new(&msg.request_id, state)
         })
     }
 }
@@ -531,20 +763,80 @@ impl Handler<GetResult> for Supervisor {
                 ErrorCode::NotFound,
                 format!("no result for request {}", msg.request_id),
             )),
-            Some(Record::Running(_)) => Err(WireError::new(
-                ErrorCode::NotReady,
-                format!("request {} is still running", msg.request_id),
-            )
-            .with_detail(serde_json::json!({"state": RequestState::Running}))),
-            Some(Record::Finished(result)) if !msg.release => Ok((**result).clone()),
+            Some(Record::Running(_)) | Some(Record::Waiting(_)) => {
+                let state = match self.records.get(&msg.request_id) {
+                    Some(Record::Waiting(_)) => RequestState::Queued,
+                    _ => RequestState::Running,
+                };
+                Err(WireError::new(
+                    ErrorCode::NotReady,
+                    format!("request {} is {}", msg.request_id, state.as_str()),
+                )
+                .with_detail(serde_json::json!({"state": state})))
+            }
+            Some(Record::Finished(ended)) if !msg.release => Ok(ended.result.clone()),
             Some(Record::Finished(_)) => {
-                let Some(Record::Finished(result)) = self.records.remove(&msg.request_id) else {
+                let Some(Record::Finished(ended)) = self.records.remove(&msg.request_id) else {
                     unreachable!("matched as finished above");
                 };
                 self.finished_order.retain(|id| id != &msg.request_id);
-                Ok(*result)
+                Ok(ended.result)
             }
         }
+    }
+}
+
+impl Handler<Held> for Supervisor {
+    type Result = MessageResult<Held>;
+
+    fn handle(&mut self, _: Held, _: &mut Context<Self>) -> Self::Result {
+        let held = self
+            .records
+            .iter()
+            .map(|(request_id, record)| {
+                let (state, ticket) = match record {
+                    Record::Waiting(waiting) => (RequestState::Queued, &waiting.placement.ticket),
+                    Record::Running(running) => (RequestState::Running, &running.ticket),
+                    Record::Finished(ended) => (ended.result.state, &ended.ticket),
+                };
+                HeldRequest {
+                    request_id: request_id.clone(),
+                    state,
+                    ticket: ticket.clone(),
+                }
+            })
+            .collect();
+        MessageResult(held)
+    }
+}
+
+impl Handler<TicketOf> for Supervisor {
+    type Result = Option<Ticket>;
+
+    fn handle(&mut self, msg: TicketOf, _: &mut Context<Self>) -> Self::Result {
+        match self.records.get(&msg.request_id)? {
+            Record::Waiting(waiting) => waiting.placement.ticket.clone(),
+            Record::Running(running) => running.ticket.clone(),
+            Record::Finished(ended) => ended.ticket.clone(),
+        }
+    }
+}
+
+impl Handler<Release> for Supervisor {
+    type Result = Option<Released>;
+
+    fn handle(&mut self, msg: Release, _: &mut Context<Self>) -> Self::Result {
+        if !matches!(self.records.get(&msg.request_id), Some(Record::Finished(_))) {
+            return None;
+        }
+        let Some(Record::Finished(ended)) = self.records.remove(&msg.request_id) else {
+            return None;
+        };
+        self.finished_order.retain(|id| id != &msg.request_id);
+        Some(Released {
+            ticket: ended.ticket,
+            cancelled_by: ended.cancelled_by,
+        })
     }
 }
 
@@ -560,7 +852,7 @@ impl Handler<Stats> for Supervisor {
         MessageResult(StatsReply {
             capacity: *self.capacity.borrow(),
             running,
-            retained_results: self.records.len() - running,
+            retained_results: self.records.len() - running - self.waiting.len(),
         })
     }
 }
@@ -570,6 +862,17 @@ impl Handler<Drain> for Supervisor {
 
     fn handle(&mut self, msg: Drain, _: &mut Context<Self>) -> Self::Result {
         self.draining = true;
+        // What waits for a slot will not get one here: it ends now, handed back by the drain.
+        let mut handed_back = Vec::new();
+        for request_id in self.waiting.clone() {
+            if self.end_waiting(
+                &request_id,
+                Canceller::Drain,
+                "the worker drained before it started",
+            ) {
+                handed_back.push((request_id, true));
+            }
+        }
         self.publish_capacity();
         let mut capacity = self.capacity.subscribe();
         let cancel_wait = self.config.cancel_wait;
@@ -579,11 +882,14 @@ impl Handler<Drain> for Supervisor {
                 .is_ok()
         };
         Box::pin(idle.into_actor(self).then(move |all_done, act, _| {
-            let mut report = DrainReport::default();
+            let mut report = DrainReport {
+                cancelled: handed_back,
+            };
             if !all_done {
-                for (id, record) in &act.records {
+                for (id, record) in &mut act.records {
                     if let Record::Running(running) = record {
                         running.cancel.cancel();
+                        running.cancelled_by.get_or_insert(Canceller::Drain);
                         report.cancelled.push((id.clone(), running.durable));
                     }
                 }
@@ -621,12 +927,40 @@ fn lost_result(running: &Running, context: &RequestContext, detail: String) -> G
         detail,
         &context.worker_id,
     );
+    place(
+        &mut result,
+        context,
+        running.job_name.clone(),
+        running.metadata.clone(),
+    );
+    result
+}
+
+/// Fills a result made here (not by a generation) from its request and place.
+fn fill_from_context(
+    result: &mut GenerationResult,
+    context: &RequestContext,
+    request: &GenerationRequest,
+) {
+    place(
+        result,
+        context,
+        request.job_name.clone(),
+        request.metadata.clone(),
+    );
+}
+
+fn place(
+    result: &mut GenerationResult,
+    context: &RequestContext,
+    job_name: Option<String>,
+    metadata: serde_json::Map<String, serde_json::Value>,
+) {
     result.root_request_id = context.root_request_id.clone();
     result.parent_request_id = context.parent_request_id.clone();
-    result.job_name = running.job_name.clone();
+    result.job_name = job_name;
     result.attempt = context.attempt;
     result.chain_position = context.chain_position;
-    result.metadata = running.metadata.clone();
+    result.metadata = metadata;
     result.timings_ms.total = context.accepted_at.elapsed().as_millis() as u64;
-    result
 }

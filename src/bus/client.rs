@@ -11,8 +11,8 @@ use super::connect::{self, ConnectPurpose};
 use super::decisions::{DecisionAnswer, DecisionReply};
 use super::reply::encode_reply;
 use super::subjects::Subjects;
-use super::worker::StatusReply;
 use crate::actors::{Accepted, CancelReply};
+use crate::protocol::StatusReply;
 use crate::protocol::codec::CONTENT_TYPE_HEADER;
 use crate::protocol::{
     Encoding, ErrorCode, ErrorReply, Event, EventBody, GenerationRequest, GenerationResult,

@@ -1,27 +1,53 @@
-//! Heartbeats and lost workers. Each worker puts its heartbeat in KV bucket `GENFLEET_WORKERS`
-//! (whose entries expire after `worker.lost_after_ms`); its running requests are indexed under
-//! `idx.<worker_id>.<request_id>` in the results bucket. Every live worker looks for indexed
-//! requests whose worker stopped beating: an interactive one is ended as FAILED `worker_lost`
-//! (create-if-absent, so of several live workers one result wins); a durable one is left to the
-//! queue's redelivery.
+//! Heartbeats and lost workers.
+//!
+//! Each worker puts its heartbeat in KV bucket `GENFLEET_WORKERS` (key: its id) every
+//! `worker.heartbeat_ms`; the bucket drops an entry `worker.lost_after_ms` after its last write,
+//! so an entry that is gone is a worker that stopped beating, as the server judges it (no two
+//! workers' clocks are compared). The heartbeat lists the interactive requests running on the
+//! worker: that list is the fleet's index of who runs what, carried where it costs nothing per
+//! request.
+//!
+//! Every live worker follows the heartbeats. When a peer's heartbeat has not come for
+//! `worker.lost_after_ms` and its entry is gone, the interactive requests it last listed are
+//! ended FAILED `worker_lost`, each by a compare-and-set on its record, so of all the live
+//! workers that act one result wins. Durable requests are left to the queue, which redelivers
+//! them. A request that started after its worker's last heartbeat is in no list: whoever asks
+//! about it (status, result, cancel) finds its worker gone and ends it the same way
+//! ([`end_if_lost`]).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::kv;
 use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
 
 use super::BusError;
-use super::queue::unrun_result;
-use super::store::{ensure_bucket, live_key};
-use super::worker::Shared;
-use crate::protocol::{Reason, RequestState};
+use super::shared::{Shared, held_requests};
+use super::store::{LiveRecord, RequestRecord, StoreError, Stored, ensure_bucket};
+use crate::protocol::{GenerationResult, Reason, RequestState};
 
 pub const WORKERS_BUCKET: &str = "GENFLEET_WORKERS";
 
-pub fn index_key(worker_id: &str, request_id: &str) -> String {
-    format!("idx.{worker_id}.{request_id}")
+/// Request ids followed across all peers' heartbeats; past it, a list is cut (its requests are
+/// still found lost by whoever asks about them).
+const MAX_FOLLOWED_REQUESTS: usize = 65_536;
+/// Peers followed at most (a fleet larger than this is followed in part).
+const MAX_PEERS: usize = 10_000;
+
+/// A worker's heartbeat record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub worker_id: String,
+    pub pool: String,
+    pub slots: u32,
+    pub busy: u32,
+    pub draining: bool,
+    pub ts: String,
+    /// The interactive requests running on the worker when it beat.
+    #[serde(default)]
+    pub running: Vec<String>,
 }
 
 pub async fn open(
@@ -34,19 +60,28 @@ pub async fn open(
 
 pub(super) async fn beat(shared: &Shared) -> Result<(), BusError> {
     let capacity = *shared.capacity.borrow();
-    let body = serde_json::json!({
-        "worker_id": shared.worker_id,
-        "pool": shared.settings.worker.pool,
-        "slots": capacity.total,
-        "busy": capacity.busy,
-        "draining": capacity.draining,
-        "ts": crate::protocol::ids::now_rfc3339(),
-    });
+    let running = held_requests(shared)
+        .await
+        .into_iter()
+        .filter(|(held, hold)| held.state == RequestState::Running && !hold.is_durable())
+        .map(|(held, _)| held.request_id)
+        .collect();
+    let heartbeat = Heartbeat {
+        worker_id: shared.worker_id.clone(),
+        pool: shared.settings.worker.pool.clone(),
+        slots: capacity.total,
+        busy: capacity.busy,
+        draining: capacity.draining,
+        ts: crate::protocol::ids::now_rfc3339(),
+        running,
+    };
     shared
         .workers
         .put(
             &shared.worker_id,
-            serde_json::to_vec(&body).expect("json").into(),
+            serde_json::to_vec(&heartbeat)
+                .expect("heartbeats serialize")
+                .into(),
         )
         .await
         .map(|_| ())
@@ -71,6 +106,16 @@ pub(super) async fn first_beat(shared: &Shared) -> Result<(), BusError> {
     }
 }
 
+/// Takes this worker's heartbeat away as it stops, so its peers do not wait out
+/// `worker.lost_after_ms` to see it gone (it ran everything it held to its end).
+pub(super) async fn last_beat(shared: &Shared) {
+    let _ = tokio::time::timeout(
+        Duration::from_secs(2),
+        shared.workers.delete(&shared.worker_id),
+    )
+    .await;
+}
+
 /// Beats, and ends the interactive requests of workers that stopped beating. The two run side
 /// by side: a slow look for lost workers (a JetStream under load) must never hold up this
 /// worker's own heartbeat, or its heartbeat would expire and live workers would take it for
@@ -93,35 +138,116 @@ pub(super) async fn run(shared: Arc<Shared>) {
             }
         }
     };
-    let reaping = async {
-        let mut suspects = HashSet::new();
+    tokio::join!(beating, follow_peers(&shared, every));
+}
+
+/// A peer as its heartbeats tell it.
+struct Peer {
+    running: Vec<String>,
+    /// When its last heartbeat reached this worker.
+    seen: Instant,
+}
+
+/// Follows the peers' heartbeats and ends the requests of those that stop beating.
+async fn follow_peers(shared: &Shared, every: Duration) {
+    let lost_after = Duration::from_millis(shared.settings.worker.lost_after_ms);
+    let mut peers: HashMap<String, Peer> = HashMap::new();
+    loop {
+        let mut watch = match shared.workers.watch_all().await {
+            Ok(watch) => watch,
+            Err(error) => {
+                tracing::debug!(message = "cannot follow the heartbeats; trying again", %error);
+                tokio::time::sleep(every).await;
+                continue;
+            }
+        };
+        let mut look = tokio::time::interval(every);
+        look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::time::sleep(every).await;
-            if let Err(error) = reap(&shared, &mut suspects).await {
-                tracing::debug!(message = "looking for lost workers failed", %error);
+            tokio::select! {
+                entry = watch.next() => match entry {
+                    Some(Ok(entry)) => note(shared, &mut peers, entry),
+                    Some(Err(error)) => {
+                        tracing::debug!(message = "following the heartbeats failed", %error);
+                        break;
+                    }
+                    None => break,
+                },
+                _ = look.tick() => {
+                    if let Err(error) = reap(shared, &mut peers, lost_after).await {
+                        tracing::debug!(message = "looking for lost workers failed", %error);
+                    }
+                }
             }
         }
-    };
-    tokio::join!(beating, reaping);
-}
-
-/// The workers beating now. A listing cut short by an error is an error: a worker missing
-/// from it must not be taken for lost.
-async fn alive(shared: &Shared) -> Result<HashSet<String>, BusError> {
-    let mut keys = shared
-        .workers
-        .keys()
-        .await
-        .map_err(|e| BusError::Store(e.to_string()))?;
-    let mut alive = HashSet::new();
-    while let Some(key) = keys.next().await {
-        alive.insert(key.map_err(|e| BusError::Store(e.to_string()))?);
     }
-    Ok(alive)
 }
 
-/// Whether `worker`'s heartbeat is there, asked directly (a second look before acting).
-async fn beating(shared: &Shared, worker: &str) -> Result<bool, BusError> {
+fn note(shared: &Shared, peers: &mut HashMap<String, Peer>, entry: kv::Entry) {
+    if entry.key == shared.worker_id {
+        return;
+    }
+    if entry.operation != kv::Operation::Put {
+        // It stopped and said so: everything it held ended.
+        peers.remove(&entry.key);
+        return;
+    }
+    let Ok(heartbeat) = serde_json::from_slice::<Heartbeat>(&entry.value) else {
+        return;
+    };
+    if !peers.contains_key(&entry.key) && peers.len() >= MAX_PEERS {
+        return;
+    }
+    let followed: usize = peers
+        .iter()
+        .filter(|(id, _)| **id != entry.key)
+        .map(|(_, peer)| peer.running.len())
+        .sum();
+    let mut running = heartbeat.running;
+    running.truncate(MAX_FOLLOWED_REQUESTS.saturating_sub(followed));
+    peers.insert(
+        entry.key,
+        Peer {
+            running,
+            seen: Instant::now(),
+        },
+    );
+}
+
+/// Ends the requests of the peers whose heartbeat has not come for `lost_after` and whose entry
+/// is gone from the bucket.
+async fn reap(
+    shared: &Shared,
+    peers: &mut HashMap<String, Peer>,
+    lost_after: Duration,
+) -> Result<(), BusError> {
+    let silent: Vec<String> = peers
+        .iter()
+        .filter(|(_, peer)| peer.seen.elapsed() >= lost_after)
+        .map(|(id, _)| id.clone())
+        .collect();
+    for worker in silent {
+        if beating(shared, &worker).await? {
+            // Late here, but the server still has a heartbeat younger than `lost_after`.
+            if let Some(peer) = peers.get_mut(&worker) {
+                peer.seen = Instant::now();
+            }
+            continue;
+        }
+        let Some(peer) = peers.remove(&worker) else {
+            continue;
+        };
+        for request_id in peer.running {
+            if let Err(error) = end_lost(shared, &request_id, &worker).await {
+                tracing::debug!(message = "cannot end a lost worker's request", %error, request_id = %request_id);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether `worker`'s heartbeat is in the bucket (younger than `worker.lost_after_ms`).
+pub(super) async fn beating(shared: &Shared, worker: &str) -> Result<bool, BusError> {
     shared
         .workers
         .get(worker)
@@ -130,69 +256,58 @@ async fn beating(shared: &Shared, worker: &str) -> Result<bool, BusError> {
         .map_err(|e| BusError::Store(e.to_string()))
 }
 
-/// Ends the requests of workers missing from the heartbeats in two looks in a row (`suspects`
-/// holds those missing at the last look), so one late heartbeat never costs a live worker its
-/// requests.
-async fn reap(shared: &Shared, suspects: &mut HashSet<String>) -> Result<(), BusError> {
-    let alive = alive(shared).await?;
-    let mut index = shared
-        .stores
-        .results
-        .watch_with_history("idx.>")
-        .await
-        .map_err(|e| BusError::Store(e.to_string()))?;
-    let mut orphans = Vec::new();
-    while let Ok(Some(Ok(entry))) =
-        tokio::time::timeout(Duration::from_millis(300), index.next()).await
-    {
-        let caught_up = entry.delta == 0;
-        if entry.operation == kv::Operation::Put {
-            let mut parts = entry.key.splitn(3, '.');
-            let (_, worker, request) = (parts.next(), parts.next(), parts.next());
-            if let (Some(worker), Some(request)) = (worker, request)
-                && !alive.contains(worker)
-            {
-                orphans.push((worker.to_string(), request.to_string()));
-            }
-        }
-        if caught_up {
-            break;
-        }
+/// Ends an interactive request of a lost worker as FAILED `worker_lost`, if its record still
+/// says that worker runs it. The result stored, if this call stored it.
+async fn end_lost(
+    shared: &Shared,
+    request_id: &str,
+    worker: &str,
+) -> Result<Option<GenerationResult>, StoreError> {
+    let Some((RequestRecord::Live { live }, revision)) = shared.stores.record(request_id).await?
+    else {
+        return Ok(None);
+    };
+    end_live(shared, &live, revision, worker).await
+}
+
+async fn end_live(
+    shared: &Shared,
+    live: &LiveRecord,
+    revision: u64,
+    worker: &str,
+) -> Result<Option<GenerationResult>, StoreError> {
+    if live.worker_id != worker || live.durable {
+        return Ok(None);
     }
-    let missing: HashSet<String> = orphans.iter().map(|(worker, _)| worker.clone()).collect();
-    let confirmed: HashSet<String> = missing.intersection(suspects).cloned().collect();
-    *suspects = missing;
-    for (worker, request_id) in orphans {
-        if !confirmed.contains(&worker) || beating(shared, &worker).await? {
-            continue;
-        }
-        let record = shared.stores.live(&request_id).await?;
-        let purge_index = || shared.stores.drop_index(&worker, &request_id);
-        match record {
-            Some(record)
-                if record.worker_id == worker
-                    && record.state == RequestState::Running
-                    && !record.durable =>
-            {
-                let mut result = unrun_result(
-                    &request_id,
-                    Reason::WorkerLost,
-                    format!("worker {worker} stopped while running the request"),
-                    &worker,
-                );
-                result.attempt = record.attempt;
-                if shared.stores.store_result(&result).await? == super::store::Stored::Stored {
-                    shared.recorded(&result);
-                }
-                let _ = shared.stores.results.purge(live_key(&request_id)).await;
-                tracing::warn!(message = "ended the request of a lost worker", request_id = %request_id, lost_worker = %worker);
-                purge_index().await;
-            }
-            // Durable: the queue redelivers it; the index goes when that run ends elsewhere.
-            Some(record) if record.worker_id == worker && record.durable => purge_index().await,
-            // Ended, or taken over by another worker.
-            _ => purge_index().await,
-        }
+    let mut result = GenerationResult::empty(
+        &live.request_id,
+        Reason::WorkerLost,
+        format!("worker {worker} stopped while running the request"),
+        worker,
+    );
+    result.attempt = live.attempt;
+    if shared.stores.store_result(&result, Some(revision)).await? != Stored::Stored {
+        return Ok(None);
     }
-    Ok(())
+    super::finish::recorded(shared, &result);
+    tracing::warn!(message = "ended the request of a lost worker", request_id = %live.request_id, lost_worker = %worker);
+    Ok(Some(result))
+}
+
+/// A live record read by whoever asks about a request: when it names another worker whose
+/// heartbeat is gone and the request is interactive, the request is ended FAILED
+/// `worker_lost` here, and its result returned.
+pub(super) async fn end_if_lost(
+    shared: &Shared,
+    live: &LiveRecord,
+    revision: u64,
+) -> Result<Option<GenerationResult>, StoreError> {
+    if live.durable || live.worker_id == shared.worker_id {
+        return Ok(None);
+    }
+    match beating(shared, &live.worker_id).await {
+        Ok(false) => end_live(shared, live, revision, &live.worker_id.clone()).await,
+        // Beating, or unknown: it is not taken for lost on a failed read.
+        _ => Ok(None),
+    }
 }

@@ -12,14 +12,18 @@ use futures_util::StreamExt;
 use tokio::sync::watch;
 
 use super::BusError;
+use super::admission::{self, Claim};
 use super::decisions::{CHAIN_HEADER, CHAIN_STATE_HEADER, PARENT_HEADER, ROOT_HEADER};
+use super::finish::recorded;
 use super::reply::header;
-use super::store::{LiveRecord, Stored};
+use super::shared::{Shared, hold_of};
+use super::store::{DurableClaim, LiveRecord, StoreError, Stored};
 use super::subjects::Subjects;
-use super::worker::{Asked, Shared};
-use crate::actors::{Capacity, Placement, Submit};
+use crate::actors::{Capacity, Placement};
 use crate::protocol::ids::is_valid_request_id;
-use crate::protocol::{ErrorCode, GenerationRequest, GenerationResult, Reason, RequestState};
+use crate::protocol::{
+    ChainState, ErrorCode, GenerationRequest, GenerationResult, Reason, RequestState, WireError,
+};
 
 /// The durable consumer of a pool.
 pub fn consumer_name(pool: &str) -> String {
@@ -76,8 +80,8 @@ pub(super) async fn measure_lag(shared: Arc<Shared>) {
 
 /// Pulls as many messages as there are free slots, for as long as the worker runs.
 ///
-/// The messages of a pull are started side by side (each start is a look-up of the stored
-/// result and the write of the live record), and the next pull does not wait for them: it asks
+/// The messages of a pull are started side by side (each start is the claim of the request's
+/// record, one write), and the next pull does not wait for them: it asks
 /// only for the slots neither taken nor being taken, so a worker never holds more messages than
 /// it has slots.
 pub(super) async fn serve_queue(
@@ -136,28 +140,13 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
         let _ = message.ack_with(AckKind::Term).await;
         return;
     }
-    // A request that already ended (or whose result was read) never runs again.
-    match shared.stores.stored(&request_id).await {
-        Ok(Some(_)) => {
-            let _ = message.ack().await;
-            return;
-        }
-        Ok(None) => {}
-        Err(error) => {
-            tracing::warn!(message = "cannot read the request's record; handing the message back", %error);
-            let _ = message
-                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                .await;
-            return;
-        }
-    }
     // The same size limit as submit: a server allowing larger messages must not let a larger
     // request in through the queue.
     let request: GenerationRequest =
         match super::reply::decode(&message.message, shared.settings.limits.max_request_bytes) {
             Ok(request) => request,
             Err(error) => {
-                return refuse(shared, message, &request_id, attempt, error.message).await;
+                return refuse(shared, message, &request_id, attempt, error.message, None).await;
             }
         };
     if request.request_id.as_deref() != Some(request_id.as_str()) {
@@ -165,247 +154,113 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
             "the body's request_id ({}) must equal the subject's ({request_id})",
             request.request_id.as_deref().unwrap_or("absent")
         );
-        return refuse(shared, message, &request_id, attempt, detail).await;
+        return refuse(shared, message, &request_id, attempt, detail, None).await;
     }
-    // Refused before anything is written for it (the supervisor checks again, with the tools).
-    if let Err(error) = request.validate(&crate::actors::request_limits(&shared.settings)) {
-        return refuse(shared, message, &request_id, attempt, error.message).await;
-    }
-    let accepted_at = Instant::now()
-        .checked_sub(queued_for)
-        .unwrap_or_else(Instant::now);
-    let parent_request_id =
-        header(&message.message, PARENT_HEADER).filter(|id| is_valid_request_id(id));
-    let root_request_id = header(&message.message, ROOT_HEADER)
-        .filter(|id| is_valid_request_id(id))
-        .unwrap_or_else(|| request_id.clone());
-    let chain_position = header(&message.message, CHAIN_HEADER)
-        .and_then(|p| p.parse::<u32>().ok())
-        .filter(|p| *p >= 1)
-        .unwrap_or(1);
-    let chain = header(&message.message, CHAIN_STATE_HEADER)
-        .and_then(|state| crate::engine::ChainState::from_header(&state))
-        .unwrap_or_default();
-    // QUEUED while no slot is free for it (an interactive submit took the slot after the pull).
+    // Checked before anything is written for it.
+    let request = match admission::check(shared, request) {
+        Ok(request) => request,
+        Err(error) => {
+            return refuse(shared, message, &request_id, attempt, error.message, None).await;
+        }
+    };
+    // QUEUED when no slot is free for it (an interactive submit took the slot after the pull):
+    // it waits here for the next one.
     let state = if shared.capacity.borrow().free() == 0 {
         RequestState::Queued
     } else {
         RequestState::Running
     };
-    let record = LiveRecord {
+    let live = LiveRecord {
         request_id: request_id.clone(),
         state,
         worker_id: shared.worker_id.clone(),
         attempt,
         durable: true,
     };
-    // On record, here and in the store, before the generation can start: one that ends at once
-    // must find its message to settle and its record to take away.
-    // Entered among those not yet started before it is visible as running, so a cancel that
-    // finds it here always finds its mark to set too.
-    {
-        let mut running = shared.lock_running();
-        if running.contains_key(&request_id) {
-            // Already running here (a redelivery after a missed keep-alive); the running copy
-            // acks.
+    // A request that already ended (or whose result was read) never runs again.
+    let revision = match shared.stores.claim_durable(&live).await {
+        Ok(DurableClaim::Claimed(revision)) => revision,
+        Ok(DurableClaim::Ended) => {
+            let _ = message.ack().await;
             return;
         }
-        shared
-            .lock_waiting()
-            .insert(request_id.clone(), Default::default());
-        running.insert(request_id.clone(), record.clone());
-    }
-    shared
-        .lock_durable()
-        .insert(request_id.clone(), message.clone());
-    if let Err(error) = shared.stores.put_live(&record).await {
-        tracing::warn!(message = "could not record a running request", %error, request_id = %request_id);
-    }
-    // On record before the generation can raise a decision about it.
-    let had = shared.lock_asked().insert(
-        request_id.clone(),
-        Asked {
-            request: request.clone(),
-            root_request_id: root_request_id.clone(),
-            chain_position,
-            chain: chain.clone(),
-        },
-    );
-    let mut capacity = shared.capacity.clone();
-    loop {
-        if shared
-            .lock_waiting()
-            .get(&request_id)
-            .is_some_and(|waiting| waiting.cancelled)
-        {
-            leave_waiting(shared, &request_id);
-            return cancel_in_hand(shared, message, &record, had).await;
-        }
-        let submitted = shared
-            .supervisor
-            .send(Submit {
-                request: request.clone(),
-                placement: Placement {
-                    root_request_id: Some(root_request_id.clone()),
-                    parent_request_id: parent_request_id.clone(),
-                    chain_position: Some(chain_position),
-                    attempt: Some(attempt),
-                    accepted_at: Some(accepted_at),
-                    durable: true,
-                    chain: chain.clone(),
-                    traceparent: super::tools::traceparent_of(&message.message),
-                },
-            })
-            .await;
-        match submitted {
-            Ok(Ok(_)) => {
-                set_state(shared, &request_id, RequestState::Running).await;
-                if leave_waiting(shared, &request_id) {
-                    // Cancelled while it waited, and started before it saw that: cancelled
-                    // now, as any running request.
-                    let _ = shared
-                        .supervisor
-                        .send(crate::actors::Cancel {
-                            request_id: request_id.clone(),
-                        })
-                        .await;
-                }
+        Ok(DurableClaim::OnRecordHere(revision)) => {
+            if hold_of(shared, &request_id).await.is_some() {
+                // Running here (a redelivery after a missed keep-alive): the running copy
+                // acknowledges.
                 return;
             }
-            Ok(Err(error)) if error.code == ErrorCode::NoSlotAvailable => {
-                // An interactive submit took the slot meanwhile: wait for one (unless draining).
-                if capacity.borrow().draining {
-                    if leave_waiting(shared, &request_id) {
-                        return cancel_in_hand(shared, message, &record, had).await;
-                    }
-                    forget(shared, &record, had, true).await;
-                    let _ = message.ack_with(AckKind::Nak(None)).await;
+            // Handed back by this worker earlier and delivered here again.
+            match shared.stores.set_live(&live, revision).await {
+                Ok(Some(revision)) => revision,
+                Ok(None) => {
+                    let _ = message.ack().await;
                     return;
                 }
-                let wake = shared
-                    .lock_waiting()
-                    .entry(request_id.clone())
-                    .or_default()
-                    .wake
-                    .clone();
-                set_state(shared, &request_id, RequestState::Queued).await;
-                let _ = message.ack_with(AckKind::Progress).await;
-                tokio::select! {
-                    _ = tokio::time::timeout(
-                        Duration::from_secs(1),
-                        capacity.wait_for(|c| c.free() > 0),
-                    ) => {}
-                    () = wake.notified() => {}
-                }
-            }
-            Ok(Err(error)) if error.code == ErrorCode::DuplicateRequestId => {
-                // The id runs here under another path; its records are its own.
-                leave_waiting(shared, &request_id);
-                forget(shared, &record, had, false).await;
-                return;
-            }
-            Ok(Err(error)) => {
-                leave_waiting(shared, &request_id);
-                forget(shared, &record, had, true).await;
-                return refuse(shared, message, &request_id, attempt, error.message).await;
-            }
-            Err(_) => {
-                leave_waiting(shared, &request_id);
-                forget(shared, &record, had, true).await;
-                let _ = message.ack_with(AckKind::Nak(None)).await;
-                return;
+                Err(error) => return hand_back(message, &request_id, error).await,
             }
         }
-    }
-}
-
-/// Sets the state of a durable request in hand, here and in its stored record (written only
-/// when it changes).
-async fn set_state(shared: &Arc<Shared>, request_id: &str, state: RequestState) {
-    let record = shared
-        .lock_running()
-        .get_mut(request_id)
-        .filter(|record| record.state != state)
-        .map(|record| {
-            record.state = state;
-            record.clone()
-        });
-    let Some(record) = record else {
-        return;
+        Err(error) => return hand_back(message, &request_id, error).await,
     };
-    if let Err(error) = shared.stores.put_live(&record).await {
-        tracing::warn!(message = "could not update a request's record", %error, request_id = %request_id);
-    }
-    if !shared.lock_running().contains_key(request_id) {
-        // It finished meanwhile: what was just written goes once its result is stored.
-        tokio::spawn(super::worker::take_back_refreshed(shared.clone(), record));
-    }
-}
-
-/// Takes a request off the list of those waiting for a slot; true if a caller cancelled it.
-fn leave_waiting(shared: &Shared, request_id: &str) -> bool {
-    shared
-        .lock_waiting()
-        .remove(request_id)
-        .is_some_and(|waiting| waiting.cancelled)
-}
-
-/// Ends a durable request in hand that a caller cancelled before it found a slot: it never
-/// runs, its result is CANCELLED and its message is acknowledged.
-async fn cancel_in_hand(
-    shared: &Shared,
-    message: jetstream::Message,
-    record: &LiveRecord,
-    had: Option<Asked>,
-) {
-    let request_id = &record.request_id;
-    shared.lock_cancelled().remove(request_id);
-    forget(shared, record, had, false).await;
-    let mut result = unrun_result(
-        request_id,
-        Reason::Cancelled,
-        "cancelled while waiting for a slot".into(),
-        &shared.worker_id,
-    );
-    result.attempt = record.attempt;
-    match shared.stores.store_result(&result).await {
-        Ok(stored) => {
-            if stored == Stored::Stored {
-                shared.recorded(&result);
-            }
-            if let Err(error) = message.double_ack().await {
-                tracing::warn!(message = "could not settle a queue message", %error, request_id = %request_id);
-            }
+    let accepted_at = Instant::now()
+        .checked_sub(queued_for)
+        .unwrap_or_else(Instant::now);
+    let root_request_id =
+        header(&message.message, ROOT_HEADER).filter(|id| is_valid_request_id(id));
+    let chain_position = header(&message.message, CHAIN_HEADER)
+        .and_then(|p| p.parse::<u32>().ok())
+        .filter(|p| *p >= 1)
+        .unwrap_or(1);
+    let placement = Placement {
+        root_request_id,
+        parent_request_id: header(&message.message, PARENT_HEADER)
+            .filter(|id| is_valid_request_id(id)),
+        chain_position: Some(chain_position),
+        attempt: Some(attempt),
+        accepted_at: Some(accepted_at),
+        durable: true,
+        chain: header(&message.message, CHAIN_STATE_HEADER)
+            .and_then(|state| ChainState::from_header(&state))
+            .unwrap_or_default(),
+        traceparent: super::tools::traceparent_of(&message.message),
+        // An interactive submit may have taken the slot this message was pulled for: it
+        // waits for the next one, its delivery kept alive meanwhile.
+        wait_for_slot: true,
+        ..Placement::default()
+    };
+    let claim = Claim { live, revision };
+    let kept = message.clone();
+    match admission::admit(shared, request, placement, claim, Some(message)).await {
+        Ok(_) => {}
+        Err(error) if error.code == ErrorCode::NoSlotAvailable => {
+            // Draining, or more waiting than slots: another worker (or this one later) runs
+            // it. The record names this worker until the next one takes it over.
+            let _ = kept.ack_with(AckKind::Nak(None)).await;
+        }
+        Err(error) if error.code == ErrorCode::Internal => {
+            let _ = kept.ack_with(AckKind::Nak(None)).await;
         }
         Err(error) => {
-            // Handed back rather than lost: it runs elsewhere.
-            tracing::warn!(message = "could not store a cancelled request's result", %error, request_id = %request_id);
-            shared.stores.unclaim(record).await;
-            let _ = message.ack_with(AckKind::Nak(None)).await;
+            refuse(
+                shared,
+                kept,
+                &request_id,
+                attempt,
+                error.message,
+                Some(revision),
+            )
+            .await
         }
     }
-    let _ = shared.stored.send(request_id.clone());
-    tracing::info!(message = "cancelled a durable request before it started", request_id = %request_id);
 }
 
-/// Takes back what was put on record for a message that did not start here: the local
-/// entries, what was recorded as asked before, and (`unrecord`) the stored live record.
-async fn forget(shared: &Shared, record: &LiveRecord, had: Option<Asked>, unrecord: bool) {
-    let request_id = &record.request_id;
-    shared.lock_running().remove(request_id);
-    shared.lock_durable().remove(request_id);
-    restore_asked(shared, request_id, had);
-    if unrecord {
-        shared.stores.unclaim(record).await;
-    }
-}
-
-/// Puts back what was recorded as asked under `request_id` before a refused attempt.
-fn restore_asked(shared: &Shared, request_id: &str, previous: Option<Asked>) {
-    match previous {
-        Some(previous) => shared.lock_asked().insert(request_id.to_string(), previous),
-        None => shared.lock_asked().remove(request_id),
-    };
+/// A message whose record could not be read or written goes back to the queue, to be tried
+/// again in a moment.
+async fn hand_back(message: jetstream::Message, request_id: &str, error: StoreError) {
+    tracing::warn!(message = "cannot claim the request's record; handing the message back", %error, request_id = %request_id);
+    let _ = message
+        .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+        .await;
 }
 
 /// How long ago a JetStream timestamp (ns since the epoch) was.
@@ -425,57 +280,36 @@ async fn refuse(
     request_id: &str,
     attempt: u32,
     detail: String,
+    claimed: Option<u64>,
 ) {
     tracing::warn!(message = "refused a durable request", request_id = %request_id, %detail);
-    let mut result = unrun_result(
+    let mut result = GenerationResult::empty(
         request_id,
         Reason::InvalidRequest,
         detail,
         &shared.worker_id,
     );
     result.attempt = attempt;
-    if let Ok(Stored::Stored) = shared.stores.store_result(&result).await {
-        shared.recorded(&result);
+    if let Ok(Stored::Stored) = shared.stores.store_result(&result, claimed).await {
+        recorded(shared, &result);
     }
     let _ = message.ack_with(AckKind::Term).await;
 }
 
-/// The result of a request that never ran (refused, cancelled while queued, deliveries
-/// exhausted).
-pub(super) fn unrun_result(
-    request_id: &str,
-    reason: Reason,
-    detail: String,
-    worker_id: &str,
-) -> GenerationResult {
-    GenerationResult::empty(request_id, reason, detail, worker_id)
+/// The queue could not be looked into or changed.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("cannot look into the queue: {0}")]
+    Look(String),
+    #[error("cannot remove the queued request: {0}")]
+    Remove(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
-/// Keeps running durable requests' deliveries alive well inside the ack wait.
-pub(super) async fn keep_alive(shared: Arc<Shared>) {
-    let every = Duration::from_millis(shared.settings.jetstream.queue_ack_wait_ms / 3);
-    loop {
-        tokio::time::sleep(every).await;
-        let messages: Vec<jetstream::Message> = shared.lock_durable().values().cloned().collect();
-        for message in messages {
-            let _ = message.ack_with(AckKind::Progress).await;
-        }
-    }
-}
-
-/// Ends a durable message once its result is stored (or hands it back when a drain cancelled
-/// it).
-pub(super) async fn settle(shared: &Shared, request_id: &str, handed_back: bool) {
-    let message = shared.lock_durable().remove(request_id);
-    if let Some(message) = message {
-        let kind = if handed_back {
-            AckKind::Nak(None)
-        } else {
-            AckKind::Ack
-        };
-        if let Err(error) = message.double_ack_with(kind).await {
-            tracing::warn!(message = "could not settle a queue message", %error, request_id = %request_id);
-        }
+impl From<QueueError> for WireError {
+    fn from(error: QueueError) -> WireError {
+        WireError::new(ErrorCode::Internal, error.to_string())
     }
 }
 
@@ -483,13 +317,13 @@ pub(super) async fn settle(shared: &Shared, request_id: &str, handed_back: bool)
 pub(super) async fn find_queued(
     shared: &Shared,
     request_id: &str,
-) -> Result<Option<u64>, BusError> {
+) -> Result<Option<u64>, QueueError> {
     let mut subjects = shared
         .stores
         .queue
         .info_with_subjects(shared.subjects.queued(request_id))
         .await
-        .map_err(|e| BusError::Store(format!("cannot look into the queue: {e}")))?;
+        .map_err(|e| QueueError::Look(e.to_string()))?;
     let Some(Ok((subject, _))) = subjects.next().await else {
         return Ok(None);
     };
@@ -509,78 +343,80 @@ pub(super) async fn cancel_queued(
     shared: &Shared,
     request_id: &str,
     sequence: u64,
-) -> Result<bool, BusError> {
+) -> Result<bool, QueueError> {
     let removed = shared
         .stores
         .queue
         .delete_message(sequence)
         .await
-        .map_err(|e| BusError::Store(format!("cannot remove the queued request: {e}")))?;
+        .map_err(|e| QueueError::Remove(e.to_string()))?;
     if removed {
-        let result = unrun_result(
+        let result = GenerationResult::empty(
             request_id,
             Reason::Cancelled,
             "cancelled while queued".into(),
             &shared.worker_id,
         );
-        if shared.stores.store_result(&result).await? == Stored::Stored {
-            shared.recorded(&result);
+        if shared.stores.store_result(&result, None).await? == Stored::Stored {
+            recorded(shared, &result);
         }
     }
     Ok(removed)
 }
 
-/// Listens for the consumer's max-deliveries advisories: the request is given up as FAILED
-/// `worker_lost` and its message removed.
-pub(super) async fn watch_exhausted(shared: Arc<Shared>) -> Result<(), BusError> {
-    let subject = format!(
-        "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.{}",
-        shared.settings.jetstream.queue_stream,
-        consumer_name(&shared.settings.worker.pool)
+/// Subscribes to the pool consumer's max-deliveries advisories (see [`serve_exhausted`]).
+pub(super) async fn exhausted_advisories(
+    shared: &Shared,
+) -> Result<async_nats::Subscriber, BusError> {
+    let subject = shared.subjects.max_deliveries_advisory(
+        &shared.settings.jetstream.queue_stream,
+        &consumer_name(&shared.settings.worker.pool),
     );
-    let mut sub = shared
+    shared
         .client
-        .queue_subscribe(subject, "genfleet-exhausted".into())
+        .queue_subscribe(subject, shared.subjects.exhausted_group().into())
         .await
-        .map_err(|e| BusError::Setup(e.to_string()))?;
-    tokio::spawn(async move {
-        while let Some(message) = sub.next().await {
-            let Ok(advisory) = serde_json::from_slice::<serde_json::Value>(&message.payload) else {
-                continue;
-            };
-            let Some(sequence) = advisory.get("stream_seq").and_then(|s| s.as_u64()) else {
-                continue;
-            };
-            let deliveries = advisory
-                .get("deliveries")
-                .and_then(|d| d.as_u64())
-                .unwrap_or(0);
-            let Ok(stored) = shared.stores.queue.get_raw_message(sequence).await else {
-                continue;
-            };
-            let request_id = Subjects::request_id_of(&stored.subject).to_string();
-            if is_valid_request_id(&request_id) {
-                let mut result = unrun_result(
-                    &request_id,
-                    Reason::WorkerLost,
-                    format!(
-                        "deliveries exhausted: {deliveries} workers took the request and none finished it"
-                    ),
-                    &shared.worker_id,
-                );
-                result.attempt = u32::try_from(deliveries).unwrap_or(u32::MAX);
-                match shared.stores.store_result(&result).await {
-                    Ok(Stored::Stored) => shared.recorded(&result),
-                    Ok(_) => {}
-                    Err(error) => {
-                        tracing::warn!(message = "could not store a worker_lost result", %error, request_id = %request_id);
-                        continue;
-                    }
+        .map_err(|e| BusError::Setup(format!("cannot follow the queue's advisories: {e}")))
+}
+
+/// Gives up the requests whose deliveries ran out: FAILED `worker_lost` (replacing the record
+/// of the last worker that took one) and the message removed.
+pub(super) async fn serve_exhausted(shared: Arc<Shared>, mut sub: async_nats::Subscriber) {
+    while let Some(message) = sub.next().await {
+        let Ok(advisory) = serde_json::from_slice::<serde_json::Value>(&message.payload) else {
+            continue;
+        };
+        let Some(sequence) = advisory.get("stream_seq").and_then(|s| s.as_u64()) else {
+            continue;
+        };
+        let deliveries = advisory
+            .get("deliveries")
+            .and_then(|d| d.as_u64())
+            .unwrap_or(0);
+        let Ok(stored) = shared.stores.queue.get_raw_message(sequence).await else {
+            continue;
+        };
+        let request_id = Subjects::request_id_of(&stored.subject).to_string();
+        if is_valid_request_id(&request_id) {
+            let mut result = GenerationResult::empty(
+                &request_id,
+                Reason::WorkerLost,
+                format!(
+                    "deliveries exhausted: {deliveries} workers took the request and none finished it"
+                ),
+                &shared.worker_id,
+            );
+            result.attempt = u32::try_from(deliveries).unwrap_or(u32::MAX);
+            match shared.stores.store_result(&result, None).await {
+                Ok(Stored::Stored) => recorded(&shared, &result),
+                Ok(Stored::AlreadyStored) => {}
+                Err(error) => {
+                    tracing::warn!(message = "could not store a worker_lost result", %error, request_id = %request_id);
+                    continue;
                 }
-                tracing::warn!(message = "a durable request ran out of deliveries", request_id = %request_id, deliveries);
             }
-            let _ = shared.stores.queue.delete_message(sequence).await;
+            tracing::warn!(message = "a durable request ran out of deliveries", request_id = %request_id, deliveries);
         }
-    });
-    Ok(())
+        let _ = shared.stores.queue.delete_message(sequence).await;
+    }
 }

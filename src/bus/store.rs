@@ -1,5 +1,19 @@
 //! JetStream streams and key-value buckets: created on start when absent, never changed or
-//! deleted (a worker must not touch user data), with settings that work on nats-server 2.9.
+//! deleted (a worker must not touch user data), with settings that work on nats-server 2.9;
+//! and a request's record in the results bucket.
+//!
+//! One key per request, `res.<request_id>`, holds everything the fleet knows of it, so the
+//! request path costs two JetStream writes and no read:
+//!
+//! 1. the claim creates it (create-if-absent) holding the live record: which worker runs it,
+//!    which attempt. An id in use anywhere in the fleet (running, or with a result or its
+//!    tombstone) is refused by the create itself, with nothing to look up.
+//! 2. the end replaces the live record by the terminal result, compare-and-set on the revision
+//!    the claim returned. Nothing is left to purge.
+//!
+//! Reading the result replaces it by a small tombstone with the request's summary
+//! (compare-and-set again: of concurrent readers one gets it), which stays until the bucket's
+//! TTL so that a redelivered queue message does not run the request again.
 //!
 //! Buckets are created through their stream (`KV_<bucket>`) rather than `create_key_value`,
 //! whose account query fails to parse a 2.9 server's reply; `get_key_value` then opens them.
@@ -10,9 +24,9 @@ use async_nats::jetstream::{self, kv, stream};
 use serde::{Deserialize, Serialize};
 
 use super::BusError;
-use crate::protocol::ids::now_rfc3339;
-use crate::protocol::{FinishedSummary, GenerationResult, RequestState};
-use crate::settings::{JetStreamSettings, SubjectSettings};
+use super::subjects::Subjects;
+use crate::protocol::{ErrorCode, FinishedSummary, GenerationResult, RequestState, WireError};
+use crate::settings::JetStreamSettings;
 
 /// The streams and buckets a worker uses.
 #[derive(Clone)]
@@ -28,7 +42,7 @@ impl Stores {
     pub async fn ensure(
         jetstream: jetstream::Context,
         settings: &JetStreamSettings,
-        subjects: &SubjectSettings,
+        subjects: &Subjects,
     ) -> Result<Stores, BusError> {
         let ttl = Duration::from_millis(settings.results_ttl_ms);
         let results = ensure_bucket(
@@ -44,7 +58,7 @@ impl Stores {
             stream::Config {
                 name: settings.signals_stream.clone(),
                 description: Some("genfleet signals for managers".into()),
-                subjects: vec![format!("{}.>", subjects.signals_prefix)],
+                subjects: vec![subjects.all_signals()],
                 retention: stream::RetentionPolicy::Limits,
                 max_age: Duration::from_millis(settings.signals_max_age_ms),
                 num_replicas: settings.replicas,
@@ -57,7 +71,7 @@ impl Stores {
             stream::Config {
                 name: settings.queue_stream.clone(),
                 description: Some("genfleet durable requests".into()),
-                subjects: vec![format!("{}.queue.>", subjects.gen_prefix)],
+                subjects: vec![subjects.all_queues()],
                 retention: stream::RetentionPolicy::WorkQueue,
                 duplicate_window: Duration::from_millis(settings.queue_duplicate_window_ms),
                 num_replicas: settings.replicas,
@@ -93,10 +107,9 @@ impl Stores {
         }
     }
 
-    /// Keeps the summary of a result just stored, in the background: it is for people, and the
-    /// request's path does not wait for it.
-    pub fn keep_finished(&self, result: &GenerationResult) {
-        let summary = FinishedSummary::of(result, Some(now_rfc3339()));
+    /// Keeps the summary of a result its caller just read, in the background: it is for
+    /// people, and no request waits for it.
+    pub fn keep_finished(&self, summary: FinishedSummary) {
         let body = serde_json::to_vec(&summary).expect("summaries serialize");
         let bucket = self.finished.clone();
         tokio::spawn(async move {
@@ -157,36 +170,25 @@ pub(super) async fn ensure_stream(
     config: stream::Config,
 ) -> Result<(), BusError> {
     let name = config.name.clone();
-    if let Ok(stream) = js.get_stream(&name).await
-        && has_leader(stream.cached_info())
-    {
-        return Ok(());
-    }
-    match js.create_stream(config).await {
-        Ok(_) => tracing::info!(message = "created stream", stream = %name),
-        // Another worker created it meanwhile (or is creating it): wait for it below.
-        Err(error) => {
-            tracing::debug!(message = "stream not created here", stream = %name, %error)
-        }
-    }
-    wait_ready(js, &name).await
-}
-
-fn has_leader(info: &stream::Info) -> bool {
-    info.cluster
-        .as_ref()
-        .is_none_or(|cluster| cluster.name.is_none() || cluster.leader.is_some())
-}
-
-/// Waits (bounded) until the stream answers with a leader.
-async fn wait_ready(js: &jetstream::Context, name: &str) -> Result<(), BusError> {
     let deadline = tokio::time::Instant::now() + STREAM_READY_WAIT;
     let mut pause = Duration::from_millis(50);
     loop {
-        let error = match js.get_stream(name).await {
+        let error = match js.get_stream(&name).await {
             Ok(stream) if has_leader(stream.cached_info()) => return Ok(()),
             Ok(_) => "it has no leader yet".to_string(),
-            Err(error) => error.to_string(),
+            // Absent, or the cluster could not say: create it. A create that fails (another
+            // worker is creating it, or the cluster's meta leader is being elected) is tried
+            // again until the stream is there.
+            Err(_) => match js.create_stream(config.clone()).await {
+                Ok(_) => {
+                    tracing::info!(message = "created stream", stream = %name);
+                    continue;
+                }
+                Err(error) => {
+                    tracing::debug!(message = "stream not created here", stream = %name, %error);
+                    error.to_string()
+                }
+            },
         };
         if tokio::time::Instant::now() + pause > deadline {
             return Err(BusError::Setup(format!(
@@ -197,6 +199,12 @@ async fn wait_ready(js: &jetstream::Context, name: &str) -> Result<(), BusError>
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_secs(1));
     }
+}
+
+fn has_leader(info: &stream::Info) -> bool {
+    info.cluster
+        .as_ref()
+        .is_none_or(|cluster| cluster.name.is_none() || cluster.leader.is_some())
 }
 
 /// Opens a bucket, creating its stream first when it does not exist.
@@ -232,10 +240,11 @@ pub async fn ensure_bucket(
         .map_err(|e| BusError::Setup(format!("cannot open bucket {bucket}: {e}")))
 }
 
-/// A request's live record (`req.<id>`): where it runs, refreshed while it runs.
+/// A request's live record: where it runs, and which attempt.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LiveRecord {
     pub request_id: String,
+    /// RUNNING, or QUEUED while a durable request in a worker's hands waits for a slot.
     pub state: RequestState,
     pub worker_id: String,
     pub attempt: u32,
@@ -243,21 +252,101 @@ pub struct LiveRecord {
     pub durable: bool,
 }
 
-/// What `res.<id>` holds: the result until it is read, then a small tombstone that keeps
-/// redeliveries from running the request again until the bucket's TTL drops it.
+/// What `res.<id>` holds: the live record while the request runs, then its result until it is
+/// read, then a small tombstone that keeps redeliveries from running the request again until
+/// the bucket's TTL drops it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
-pub enum StoredResult {
-    Released { released: bool, state: RequestState },
+pub enum RequestRecord {
+    Released {
+        released: bool,
+        state: RequestState,
+        /// The request's summary, for `status` after the read.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        finished: Option<Box<FinishedSummary>>,
+    },
+    Live {
+        live: LiveRecord,
+    },
     Result(Box<GenerationResult>),
 }
 
-pub fn live_key(request_id: &str) -> String {
-    format!("req.{request_id}")
+impl RequestRecord {
+    /// The state the record tells.
+    pub fn state(&self) -> RequestState {
+        match self {
+            RequestRecord::Released { state, .. } => *state,
+            RequestRecord::Live { live } => live.state,
+            RequestRecord::Result(result) => result.state,
+        }
+    }
+
+    fn encode(&self) -> bytes::Bytes {
+        serde_json::to_vec(self).expect("records serialize").into()
+    }
 }
 
-pub fn result_key(request_id: &str) -> String {
+/// A record as read: with its revision and the server's time of the write.
+#[derive(Debug, Clone)]
+pub struct Versioned {
+    pub record: RequestRecord,
+    pub revision: u64,
+    pub written: std::time::SystemTime,
+}
+
+pub fn record_key(request_id: &str) -> String {
     format!("res.{request_id}")
+}
+
+/// A request's record could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot read the record of request {request_id}: {source}")]
+    Read {
+        request_id: String,
+        source: kv::EntryError,
+    },
+    #[error("cannot write the record of request {request_id}: {reason}")]
+    Write { request_id: String, reason: String },
+    #[error("the record of request {request_id} kept changing under {tries} writes")]
+    Contended { request_id: String, tries: u32 },
+}
+
+impl From<StoreError> for WireError {
+    fn from(error: StoreError) -> WireError {
+        WireError::new(ErrorCode::Internal, error.to_string())
+    }
+}
+
+/// A request id could not be claimed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    #[error("request id {0} is already in use (running, queued or with a stored result)")]
+    InUse(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<ClaimError> for WireError {
+    fn from(error: ClaimError) -> WireError {
+        match error {
+            ClaimError::InUse(_) => {
+                WireError::new(ErrorCode::DuplicateRequestId, error.to_string())
+            }
+            ClaimError::Store(error) => error.into(),
+        }
+    }
+}
+
+/// How a durable request's claim went.
+#[derive(Debug, PartialEq, Eq)]
+pub enum DurableClaim {
+    /// On record as running here, at this revision.
+    Claimed(u64),
+    /// It already ended (result or tombstone): it must not run again.
+    Ended,
+    /// Its live record names this worker: a redelivery of a request that may be running here.
+    OnRecordHere(u64),
 }
 
 /// How storing a result went.
@@ -268,175 +357,266 @@ pub enum Stored {
     AlreadyStored,
 }
 
+/// Compare-and-set writes tried before a record that keeps changing is given up.
+const CONTENDED_TRIES: u32 = 8;
+
 impl Stores {
-    /// Stores a terminal result create-if-absent: of two runners of one request, the first
-    /// result stored wins.
-    pub async fn store_result(&self, result: &GenerationResult) -> Result<Stored, BusError> {
-        let body = serde_json::to_vec(&StoredResult::Result(Box::new(result.clone())))
-            .expect("results serialize");
+    /// Claims a request id fleet-wide for a new interactive request: one create-if-absent of
+    /// its record. Returns the revision to end it with.
+    pub async fn claim(&self, live: &LiveRecord) -> Result<u64, ClaimError> {
+        let record = RequestRecord::Live { live: live.clone() };
         match self
             .results
-            .create(result_key(&result.request_id), body.into())
+            .create(record_key(&live.request_id), record.encode())
             .await
         {
-            Ok(_) => {
-                // Two independent writes: one round trip instead of two.
-                let _ = tokio::join!(
-                    self.results.purge(live_key(&result.request_id)),
-                    self.drop_index(&result.worker_id, &result.request_id)
-                );
-                Ok(Stored::Stored)
-            }
+            Ok(revision) => Ok(revision),
             Err(error) if error.kind() == kv::CreateErrorKind::AlreadyExists => {
-                // This runner's records go too; the stored result stands.
-                self.drop_index(&result.worker_id, &result.request_id).await;
-                if self
-                    .live(&result.request_id)
-                    .await?
-                    .is_some_and(|r| r.worker_id == result.worker_id)
-                {
-                    let _ = self.results.purge(live_key(&result.request_id)).await;
-                }
-                Ok(Stored::AlreadyStored)
+                Err(ClaimError::InUse(live.request_id.clone()))
             }
-            Err(error) => Err(BusError::Store(format!("cannot store the result: {error}"))),
+            Err(error) => Err(write_error(&live.request_id, error).into()),
         }
     }
 
-    pub async fn put_live(&self, record: &LiveRecord) -> Result<(), BusError> {
-        let body = serde_json::to_vec(record).expect("records serialize");
-        let index = super::heartbeat::index_key(&record.worker_id, &record.request_id);
-        // Two independent writes: one round trip instead of two.
-        let (indexed, written) = tokio::join!(
-            self.results.put(index, bytes::Bytes::new()),
-            self.results.put(live_key(&record.request_id), body.into())
-        );
-        indexed.map_err(|e| BusError::Store(format!("cannot index the request record: {e}")))?;
-        written
-            .map(|_| ())
-            .map_err(|e| BusError::Store(format!("cannot write the request record: {e}")))
+    /// Claims a durable request taken from the queue. A first delivery costs one create; a
+    /// redelivery finds the record of the run before it, and takes it over (compare-and-set) or,
+    /// when the request already ended, leaves it.
+    pub async fn claim_durable(&self, live: &LiveRecord) -> Result<DurableClaim, StoreError> {
+        let id = &live.request_id;
+        let record = RequestRecord::Live { live: live.clone() };
+        let mut write = Write::Create;
+        for _ in 0..CONTENDED_TRIES {
+            let written = match write {
+                Write::Create => self
+                    .results
+                    .create(record_key(id), record.encode())
+                    .await
+                    .map_err(Conflict::from),
+                Write::Update(revision) => self
+                    .results
+                    .update(record_key(id), record.encode(), revision)
+                    .await
+                    .map_err(Conflict::from),
+            };
+            match written {
+                Ok(revision) => return Ok(DurableClaim::Claimed(revision)),
+                Err(Conflict::Other(reason)) => {
+                    return Err(StoreError::Write {
+                        request_id: id.clone(),
+                        reason,
+                    });
+                }
+                Err(Conflict::Changed) => {}
+            }
+            write = match self.record(id).await? {
+                None => Write::Create,
+                Some((RequestRecord::Live { live: held }, revision)) => {
+                    if held.worker_id == live.worker_id {
+                        return Ok(DurableClaim::OnRecordHere(revision));
+                    }
+                    Write::Update(revision)
+                }
+                Some(_) => return Ok(DurableClaim::Ended),
+            };
+        }
+        Err(StoreError::Contended {
+            request_id: id.clone(),
+            tries: CONTENDED_TRIES,
+        })
     }
 
-    /// Claims a request id fleet-wide for a new interactive request: the live record is created
-    /// only if no other is there, and refused if the id already has a result (or tombstone).
-    /// Returns false for an id in use.
-    pub async fn claim(&self, record: &LiveRecord) -> Result<bool, BusError> {
-        let body = serde_json::to_vec(record).expect("records serialize");
-        match self
+    /// Rewrites a running request's live record (its state changed, or to keep it within the
+    /// bucket's TTL). `None` when the request ended meanwhile (its result stands).
+    pub async fn set_live(
+        &self,
+        live: &LiveRecord,
+        revision: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        let id = &live.request_id;
+        let record = RequestRecord::Live { live: live.clone() };
+        let mut revision = revision;
+        for _ in 0..CONTENDED_TRIES {
+            match self
+                .results
+                .update(record_key(id), record.encode(), revision)
+                .await
+                .map_err(Conflict::from)
+            {
+                Ok(revision) => return Ok(Some(revision)),
+                Err(Conflict::Other(reason)) => {
+                    return Err(StoreError::Write {
+                        request_id: id.clone(),
+                        reason,
+                    });
+                }
+                Err(Conflict::Changed) => {}
+            }
+            match self.record(id).await? {
+                Some((RequestRecord::Live { live: held }, now))
+                    if held.worker_id == live.worker_id =>
+                {
+                    revision = now
+                }
+                _ => return Ok(None),
+            }
+        }
+        Err(StoreError::Contended {
+            request_id: id.clone(),
+            tries: CONTENDED_TRIES,
+        })
+    }
+
+    /// Gives a claim back (the request was refused after all), if the record is still the
+    /// claim's.
+    pub async fn unclaim(&self, request_id: &str, revision: u64) {
+        if let Err(error) = self
             .results
-            .create(live_key(&record.request_id), body.into())
+            .delete_expect_revision(record_key(request_id), Some(revision))
             .await
         {
-            Ok(_) => {}
-            Err(error) if error.kind() == kv::CreateErrorKind::AlreadyExists => return Ok(false),
-            Err(error) => {
-                return Err(BusError::Store(format!(
-                    "cannot record the request: {error}"
-                )));
+            tracing::debug!(message = "a claim was not given back", %error, request_id = %request_id);
+        }
+    }
+
+    /// Stores a terminal result: in place of the live record at `claimed` (the revision of the
+    /// claim, or of its last rewrite), or, for a request with no claim here (one that never
+    /// ran, or a lost worker's), create-if-absent. A live record written meanwhile (another
+    /// runner took a redelivery over) is replaced: the first result stored wins, and a result
+    /// already stored stands.
+    pub async fn store_result(
+        &self,
+        result: &GenerationResult,
+        claimed: Option<u64>,
+    ) -> Result<Stored, StoreError> {
+        let id = &result.request_id;
+        let body = RequestRecord::Result(Box::new(result.clone())).encode();
+        let mut write = claimed.map_or(Write::Create, Write::Update);
+        for _ in 0..CONTENDED_TRIES {
+            let written = match write {
+                Write::Create => self
+                    .results
+                    .create(record_key(id), body.clone())
+                    .await
+                    .map_err(Conflict::from),
+                Write::Update(revision) => self
+                    .results
+                    .update(record_key(id), body.clone(), revision)
+                    .await
+                    .map_err(Conflict::from),
+            };
+            match written {
+                Ok(_) => return Ok(Stored::Stored),
+                Err(Conflict::Other(reason)) => {
+                    return Err(StoreError::Write {
+                        request_id: id.clone(),
+                        reason,
+                    });
+                }
+                Err(Conflict::Changed) => {}
             }
+            write = match self.record(id).await? {
+                None => Write::Create,
+                Some((RequestRecord::Live { .. }, revision)) => Write::Update(revision),
+                Some(_) => return Ok(Stored::AlreadyStored),
+            };
         }
-        // The index is written while the result is looked for (one round trip instead of
-        // two); a refused claim takes both back.
-        let index = super::heartbeat::index_key(&record.worker_id, &record.request_id);
-        let (stored, indexed) = tokio::join!(
-            self.stored(&record.request_id),
-            self.results.put(index, bytes::Bytes::new())
-        );
-        match stored {
-            Ok(None) => {}
-            Ok(Some(_)) => {
-                self.unclaim(record).await;
-                return Ok(false);
-            }
-            Err(error) => {
-                self.unclaim(record).await;
-                return Err(error);
-            }
-        }
-        indexed.map_err(|e| BusError::Store(format!("cannot index the request record: {e}")))?;
-        Ok(true)
+        Err(StoreError::Contended {
+            request_id: id.clone(),
+            tries: CONTENDED_TRIES,
+        })
     }
 
-    /// Gives a claim back (the request was refused after all).
-    pub async fn unclaim(&self, record: &LiveRecord) {
-        self.take_back(record, true).await;
+    /// A request's record with its revision.
+    pub async fn record(
+        &self,
+        request_id: &str,
+    ) -> Result<Option<(RequestRecord, u64)>, StoreError> {
+        Ok(self
+            .versioned(request_id)
+            .await?
+            .map(|versioned| (versioned.record, versioned.revision)))
     }
 
-    /// Removes the worker's index entry of a request and, with `live`, its live record.
-    pub async fn take_back(&self, record: &LiveRecord, live: bool) {
-        let index = self.drop_index(&record.worker_id, &record.request_id);
-        if live {
-            let _ = tokio::join!(self.results.purge(live_key(&record.request_id)), index);
-        } else {
-            index.await;
-        }
-    }
-
-    /// Removes a worker's index entry of a request, leaving nothing behind. A KV purge would
-    /// leave a marker per request until the bucket's TTL, and every worker's look for lost
-    /// workers reads the whole index: its cost would grow with every request run in the last
-    /// `results_ttl_ms` instead of with those running. Best effort: an entry left behind is
-    /// found and removed by that look once its worker is gone.
-    pub async fn drop_index(&self, worker_id: &str, request_id: &str) {
-        let subject = format!(
-            "{}{}",
-            self.results.prefix,
-            super::heartbeat::index_key(worker_id, request_id)
-        );
-        if let Err(error) = self.results.stream.purge().filter(subject).await {
-            tracing::debug!(message = "cannot remove an index entry", %request_id, %error);
-        }
-    }
-
-    pub async fn live(&self, request_id: &str) -> Result<Option<LiveRecord>, BusError> {
+    /// A request's record with its revision and when it was written.
+    pub async fn versioned(&self, request_id: &str) -> Result<Option<Versioned>, StoreError> {
         let entry = self
             .results
-            .get(live_key(request_id))
+            .entry(record_key(request_id))
             .await
-            .map_err(|e| BusError::Store(e.to_string()))?;
-        Ok(entry.and_then(|bytes| serde_json::from_slice(&bytes).ok()))
-    }
-
-    /// The stored result (or its tombstone) with its revision.
-    pub async fn stored(&self, request_id: &str) -> Result<Option<(StoredResult, u64)>, BusError> {
-        let entry = self
-            .results
-            .entry(result_key(request_id))
-            .await
-            .map_err(|e| BusError::Store(e.to_string()))?;
+            .map_err(|source| StoreError::Read {
+                request_id: request_id.to_string(),
+                source,
+            })?;
         Ok(entry.and_then(|entry| {
             if entry.operation != kv::Operation::Put {
                 return None;
             }
-            serde_json::from_slice(&entry.value)
-                .ok()
-                .map(|v| (v, entry.revision))
+            let record = serde_json::from_slice(&entry.value).ok()?;
+            Some(Versioned {
+                record,
+                revision: entry.revision,
+                written: std::time::SystemTime::from(entry.created),
+            })
         }))
     }
 
     /// Replaces the result with its tombstone if it is still at `revision`; of concurrent
-    /// readers exactly one succeeds.
+    /// readers exactly one succeeds. The tombstone keeps the request's summary.
     pub async fn release(
         &self,
-        request_id: &str,
-        state: RequestState,
+        result: &GenerationResult,
+        summary: &FinishedSummary,
         revision: u64,
-    ) -> Result<bool, BusError> {
-        let body = serde_json::to_vec(&StoredResult::Released {
+    ) -> Result<bool, StoreError> {
+        let tombstone = RequestRecord::Released {
             released: true,
-            state,
-        })
-        .expect("tombstones serialize");
+            state: result.state,
+            finished: Some(Box::new(summary.clone())),
+        };
         match self
             .results
-            .update(result_key(request_id), body.into(), revision)
+            .update(record_key(&result.request_id), tombstone.encode(), revision)
             .await
         {
             Ok(_) => Ok(true),
             Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(false),
-            Err(error) => Err(BusError::Store(format!(
-                "cannot release the result: {error}"
-            ))),
+            Err(error) => Err(write_error(&result.request_id, error)),
         }
+    }
+}
+
+enum Write {
+    Create,
+    Update(u64),
+}
+
+/// A compare-and-set write that failed: the record changed, or the store failed.
+enum Conflict {
+    Changed,
+    Other(String),
+}
+
+impl From<kv::CreateError> for Conflict {
+    fn from(error: kv::CreateError) -> Conflict {
+        match error.kind() {
+            kv::CreateErrorKind::AlreadyExists => Conflict::Changed,
+            _ => Conflict::Other(error.to_string()),
+        }
+    }
+}
+
+impl From<kv::UpdateError> for Conflict {
+    fn from(error: kv::UpdateError) -> Conflict {
+        match error.kind() {
+            kv::UpdateErrorKind::WrongLastRevision => Conflict::Changed,
+            _ => Conflict::Other(error.to_string()),
+        }
+    }
+}
+
+fn write_error(request_id: &str, error: impl std::fmt::Display) -> StoreError {
+    StoreError::Write {
+        request_id: request_id.to_string(),
+        reason: error.to_string(),
     }
 }

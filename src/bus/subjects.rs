@@ -62,6 +62,11 @@ impl Subjects {
         format!("{}.cancel.{request_id}", self.gen_prefix)
     }
 
+    /// Every pool's queue: what the queue stream captures.
+    pub fn all_queues(&self) -> String {
+        format!("{}.queue.>", self.gen_prefix)
+    }
+
     /// `gen.status.*`, `gen.result.*`, `gen.cancel.*`: answered by any worker.
     pub fn any(&self, verb: &str) -> String {
         format!("{}.{verb}.*", self.gen_prefix)
@@ -75,6 +80,31 @@ impl Subjects {
     /// A worker's own subject for the cancels other workers forward to it.
     pub fn worker_cancel(&self, worker_id: &str) -> String {
         format!("{}.worker.{worker_id}.cancel", self.gen_prefix)
+    }
+
+    /// A worker's `capacity` endpoint of the service API.
+    pub fn worker_capacity(&self, worker_id: &str) -> String {
+        format!("{}.worker.{worker_id}.capacity", self.gen_prefix)
+    }
+
+    /// The queue group of a worker's `capacity` endpoint (its own: every worker answers).
+    pub fn capacity_group(&self, worker_id: &str) -> String {
+        format!("genfleet-capacity-{worker_id}")
+    }
+
+    /// The queue group in which one worker takes each manager's answer.
+    pub fn decisions_group(&self) -> &'static str {
+        "genfleet-decisions"
+    }
+
+    /// The advisory a pool's queue consumer sends when a message's deliveries run out.
+    pub fn max_deliveries_advisory(&self, stream: &str, consumer: &str) -> String {
+        format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{consumer}")
+    }
+
+    /// The queue group in which one worker gives up each request out of deliveries.
+    pub fn exhausted_group(&self) -> &'static str {
+        "genfleet-exhausted"
     }
 
     pub fn signal(&self, kind: SignalType, code: &str) -> String {

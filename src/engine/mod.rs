@@ -5,7 +5,7 @@
 //! backends and no broker, and the actor layer above it stays thin.
 
 pub mod bios;
-pub mod chain;
+pub use crate::protocol::chain;
 pub mod control;
 pub mod events;
 mod generation;

@@ -111,9 +111,13 @@ impl Manager {
             Ok(stream) => stream,
             Err(_) => {
                 // No worker ran yet: create what a worker would, as it would.
-                Stores::ensure(jetstream.clone(), &settings.jetstream, &settings.subjects)
-                    .await
-                    .map_err(|e| ManagerError::Setup(e.to_string()))?;
+                Stores::ensure(
+                    jetstream.clone(),
+                    &settings.jetstream,
+                    &crate::bus::subjects::Subjects::new(&settings.subjects),
+                )
+                .await
+                .map_err(|e| ManagerError::Setup(e.to_string()))?;
                 jetstream.get_stream(stream_name).await.map_err(|e| {
                     ManagerError::Setup(format!("cannot open stream {stream_name}: {e}"))
                 })?

@@ -31,7 +31,12 @@ pub fn new_id() -> String {
 
 /// The current time as RFC 3339 with milliseconds, the format of every `ts` on the wire.
 pub fn now_rfc3339() -> String {
-    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+    rfc3339(std::time::SystemTime::now())
+}
+
+/// A time as RFC 3339 with milliseconds.
+pub fn rfc3339(time: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_millis(time).to_string()
 }
 
 #[cfg(test)]

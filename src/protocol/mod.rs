@@ -1,20 +1,24 @@
 //! Wire types and codecs: what crosses the bus, with no I/O. Every layer shares these.
 
+pub mod chain;
 pub mod codec;
 pub mod error;
 pub mod event;
 pub mod finished;
 pub mod ids;
 pub mod message;
+pub mod replies;
 pub mod request;
 pub mod result;
 pub mod signal;
 
+pub use chain::ChainState;
 pub use codec::Encoding;
 pub use error::{ErrorBody, ErrorCode, ErrorReply, WireError};
 pub use event::{Event, EventBody};
 pub use finished::FinishedSummary;
 pub use message::{Content, FunctionCall, Message, Role, ToolCall};
+pub use replies::{Accepted, CancelReply, Capacity, StatsReply, StatusReply};
 pub use request::{Checkpoint, GenerationRequest, RequestLimits, ValidationCheck};
 pub use result::{
     CheckResult, GenerationResult, Reason, RequestState, Timings, Usage, ValidationReport,

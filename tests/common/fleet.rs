@@ -210,34 +210,57 @@ pub async fn result_keys(nats: &async_nats::Client) -> BTreeMap<String, Vec<Stri
     panic!("the keys of the results bucket cannot be listed");
 }
 
-/// Every subject of a worker index entry still in the results stream, purge markers included:
-/// an ended request leaves none, so the look for lost workers reads only what runs.
-pub async fn index_subjects(nats: &async_nats::Client) -> Vec<String> {
+/// The record of a request (`res.<id>`) as JSON, if there is one.
+pub async fn record(nats: &async_nats::Client, request_id: &str) -> Option<serde_json::Value> {
     let js = async_nats::jetstream::new(nats.clone());
     for _ in 0..50 {
-        let Ok(stream) = js.get_stream("KV_GENFLEET_RESULTS").await else {
+        let Ok(kv) = js.get_key_value("GENFLEET_RESULTS").await else {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
-        let Ok(mut subjects) = stream
-            .info_with_subjects("$KV.GENFLEET_RESULTS.idx.>")
-            .await
-        else {
+        match kv.get(format!("res.{request_id}")).await {
+            Ok(value) => return value.and_then(|v| serde_json::from_slice(&v).ok()),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    panic!("the results bucket cannot be read");
+}
+
+/// The requests each worker's heartbeat lists as running, by worker id.
+pub async fn heartbeats(nats: &async_nats::Client) -> BTreeMap<String, Vec<String>> {
+    let js = async_nats::jetstream::new(nats.clone());
+    for _ in 0..50 {
+        let Ok(kv) = js.get_key_value("GENFLEET_WORKERS").await else {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
-        let mut found = Vec::new();
-        while let Some(Ok((subject, count))) = subjects.next().await {
-            found.push(format!("{subject} ({count} messages)"));
+        let Ok(mut keys) = kv.keys().await else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        let mut found = BTreeMap::new();
+        while let Some(Ok(worker)) = keys.next().await {
+            if let Ok(Some(value)) = kv.get(&worker).await
+                && let Ok(beat) = serde_json::from_slice::<serde_json::Value>(&value)
+            {
+                let running = beat["running"]
+                    .as_array()
+                    .map(|ids| {
+                        ids.iter()
+                            .filter_map(|id| id.as_str().map(String::from))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                found.insert(worker, running);
+            }
         }
         return found;
     }
-    panic!("the subjects of the results stream cannot be listed");
+    panic!("the heartbeats cannot be listed");
 }
 
-/// Waits (bounded) until the results bucket holds only results and tombstones (and the marks
-/// of answered decisions): no record of a running request, no worker index entry or its
-/// marker.
+/// Waits (bounded) until the results bucket holds only ended requests: results and tombstones
+/// (and the marks of answered decisions), no record of a running request, nothing else.
 pub async fn wait_only_results_left(nats: &async_nats::Client, within: Duration) {
     let deadline = Instant::now() + within;
     loop {
@@ -247,7 +270,14 @@ pub async fn wait_only_results_left(nats: &async_nats::Client, within: Duration)
             .filter(|(kind, _)| !matches!(kind.as_str(), "res" | "cont"))
             .flat_map(|(_, keys)| keys.iter().cloned())
             .collect();
-        stray.extend(index_subjects(nats).await);
+        for key in keys.get("res").into_iter().flatten() {
+            let id = key.trim_start_matches("res.");
+            if let Some(record) = record(nats, id).await
+                && record.get("live").is_some()
+            {
+                stray.push(format!("{key} (live: {record})"));
+            }
+        }
         if stray.is_empty() {
             return;
         }

@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use crate::bus::decisions::DecisionReply;
-use crate::bus::worker::StatusReply;
+use crate::protocol::StatusReply;
 use crate::protocol::{DecisionOutcome, GenerationResult, Reason, RequestState, Timings, Usage};
 
 /// `genfleet status`: the state, and for a finished request how it ended, from its summary.

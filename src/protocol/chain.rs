@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::protocol::{Message, Role};
+use super::{Message, Role};
 
 /// Failed attempts kept in the history (the oldest go first).
 pub const MAX_ATTEMPTS_KEPT: usize = 8;

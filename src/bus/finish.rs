@@ -1,0 +1,271 @@
+//! Events out, and the end of a request: its result stored, its queue message settled, then
+//! its `finished` event published.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::AckKind;
+use tokio::sync::mpsc;
+
+use super::decide::record_decision;
+use super::shared::{Hold, Shared};
+use super::store::Stored;
+use crate::actors::{Canceller, Release};
+use crate::protocol::{
+    Event, EventBody, GenerationResult, RequestState, Severity, Signal, SignalSource, SignalType,
+};
+
+/// Requests whose results are being stored at once (see [`publish_events`]).
+pub(super) const FINISHING_AT_ONCE: u32 = 64;
+/// How long a finished request's result is tried to be stored before it is given up (a
+/// durable one then goes back to the queue).
+const STORE_RESULT_FOR: Duration = Duration::from_secs(60);
+/// Room left in a NATS message for what goes around a result: the event's or the stored
+/// record's fields, headers, a reply's error envelope.
+const RESULT_ENVELOPE_BYTES: usize = 4096;
+/// Characters of a failure's detail its signal carries.
+const FAILURE_DETAIL_CHARS: usize = 1000;
+
+/// Publishes events in order; a `finished` event goes out only after its result is stored, and
+/// signals also go to their own subjects (captured by the signals stream).
+///
+/// `finished` is the last event a request sends through here, so finishing it (storing the
+/// result, settling its queue message, then publishing) runs as a task of its own: the store
+/// round trip of one request does not hold up the events of all the others. At most
+/// [`FINISHING_AT_ONCE`] run at once; past that this loop waits, and so do the generations.
+pub(super) async fn publish_events(shared: Arc<Shared>, mut events: mpsc::Receiver<Event>) {
+    while let Some(event) = events.recv().await {
+        match &event.body {
+            EventBody::Finished { .. } => {
+                let Ok(permit) = shared.finishing.clone().acquire_owned().await else {
+                    return;
+                };
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    finish(&shared, event).await;
+                    drop(permit);
+                });
+                continue;
+            }
+            EventBody::Signal { signal } => {
+                shared.metrics.observe_signal(signal.kind, &signal.code);
+                if let Some(decision) = &signal.decision {
+                    record_decision(&shared, signal, decision, event.seq).await;
+                }
+                publish_signal(&shared, signal).await
+            }
+            _ => {}
+        }
+        publish_event(&shared, &event).await;
+    }
+}
+
+/// Takes an ended request from the Supervisor, stores its result, settles its queue message,
+/// then publishes its `finished` event.
+async fn finish(shared: &Shared, mut event: Event) {
+    let EventBody::Finished { result } = &mut event.body else {
+        return;
+    };
+    // One NATS message must hold the result: in the bucket, in a `gen.result` reply and in the
+    // `finished` event, each with a little envelope around it.
+    let max_bytes = shared
+        .client
+        .max_payload()
+        .saturating_sub(RESULT_ENVELOPE_BYTES);
+    if result.fit_within(max_bytes) {
+        tracing::warn!(message = "the result was larger than the server's max_payload; its messages were trimmed", request_id = %result.request_id, max_bytes);
+    }
+    let result = &*result;
+    let id = &result.request_id;
+    let released = shared
+        .supervisor
+        .send(Release {
+            request_id: id.clone(),
+        })
+        .await
+        .ok()
+        .flatten();
+    let (hold, cancelled_by) = match released {
+        Some(released) => (
+            released.ticket.as_ref().and_then(Hold::of),
+            released.cancelled_by,
+        ),
+        None => (None, None),
+    };
+    let message = hold.as_ref().and_then(|hold| hold.message.as_ref());
+    if let Some(message) = message
+        && cancelled_by == Some(Canceller::Drain)
+    {
+        // A drain cancelled it: hand it back for another worker, store nothing. Its record
+        // names this worker until the next one takes it over.
+        settle(message, id, AckKind::Nak(None)).await;
+        tracing::info!(message = "handed a durable request back to the queue", request_id = %id);
+        return;
+    }
+    let stored = store_result(shared, result, hold.as_ref().map(|hold| hold.revision())).await;
+    let _ = shared.stored.send(id.clone());
+    match stored {
+        Some(Stored::Stored) => recorded(shared, result),
+        _ => shared.metrics.observe_result(result),
+    }
+    if let Some(message) = message {
+        // A durable request whose result could not be stored goes back to the queue to run
+        // again, rather than be acknowledged and lost.
+        let kind = if stored.is_none() {
+            AckKind::Nak(None)
+        } else {
+            AckKind::Ack
+        };
+        settle(message, id, kind).await;
+    }
+    if let Some(hold) = &hold {
+        record_outcome(shared, &hold.asked.chain, result).await;
+    }
+    publish_event(shared, &event).await;
+}
+
+/// Acknowledges (or hands back) a durable request's queue message, waiting for the server.
+pub(super) async fn settle(
+    message: &async_nats::jetstream::Message,
+    request_id: &str,
+    kind: AckKind,
+) {
+    if let Err(error) = message.double_ack_with(kind).await {
+        tracing::warn!(message = "could not settle a queue message", %error, request_id = %request_id);
+    }
+}
+
+pub(super) async fn publish_event(shared: &Shared, event: &Event) {
+    let subject = shared.subjects.events(&event.request_id);
+    let body = serde_json::to_vec(event).expect("events serialize");
+    if let Err(error) = shared.client.publish(subject, body.into()).await {
+        tracing::warn!(message = "could not publish an event", %error, request_id = %event.request_id);
+    }
+}
+
+/// Stores a result, trying again for up to [`STORE_RESULT_FOR`] (NATS reconnecting, a bucket
+/// electing a leader). `None` when it gave up.
+async fn store_result(
+    shared: &Shared,
+    result: &GenerationResult,
+    claimed: Option<u64>,
+) -> Option<Stored> {
+    let mut delay = Duration::from_millis(50);
+    let started = tokio::time::Instant::now();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match shared.stores.store_result(result, claimed).await {
+            Ok(Stored::Stored) => return Some(Stored::Stored),
+            Ok(Stored::AlreadyStored) => {
+                tracing::warn!(message = "another runner stored this request's result first; this one is discarded", request_id = %result.request_id);
+                return Some(Stored::AlreadyStored);
+            }
+            Err(error) if started.elapsed() + delay < STORE_RESULT_FOR => {
+                tracing::warn!(message = "storing a result failed; retrying", %error, attempt, request_id = %result.request_id);
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+            Err(error) => {
+                tracing::error!(message = "gave up storing a result", %error, attempt, request_id = %result.request_id);
+                return None;
+            }
+        }
+    }
+}
+
+/// What follows a result stored here first (by whichever path): its metrics and, when it
+/// failed, `signals.outcome.FAILED` for managers.
+pub(super) fn recorded(shared: &Shared, result: &GenerationResult) {
+    shared.metrics.observe_result(result);
+    if result.state == RequestState::Failed {
+        let signal = failure_signal(result, &shared.settings.worker.pool);
+        let subject = shared.subjects.signal(signal.kind, &signal.code);
+        let body = serde_json::to_vec(&signal).expect("signals serialize");
+        let jetstream = shared.stores.jetstream.clone();
+        tokio::spawn(async move {
+            let published = match jetstream.publish(subject, body.into()).await {
+                Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+                Err(error) => Err(error.to_string()),
+            };
+            if let Err(error) = published {
+                tracing::warn!(message = "a failure signal was not stored in its stream", %error, request_id = %signal.request_id);
+            }
+        });
+    }
+}
+
+/// A continuation's ending is its decision's outcome in the history.
+async fn record_outcome(
+    shared: &Shared,
+    chain: &crate::protocol::ChainState,
+    result: &GenerationResult,
+) {
+    let (Some(decision_id), Some(code)) = (&chain.decision_id, &chain.decision_code) else {
+        return;
+    };
+    if let Err(error) = shared
+        .decisions
+        .history()
+        .set_outcome(code, decision_id, result)
+        .await
+    {
+        tracing::warn!(message = "the decision's outcome was not written to the history", %error, decision_id = %decision_id);
+    }
+}
+
+/// `signals.outcome.FAILED`: a request ended FAILED, with its reason, detail and place in its
+/// job, for managers and the console.
+fn failure_signal(result: &GenerationResult, pool: &str) -> Signal {
+    use crate::protocol::finished::opening;
+    let detail = result
+        .detail
+        .as_deref()
+        .map(|d| opening(d, FAILURE_DETAIL_CHARS));
+    let mut meta = serde_json::Map::new();
+    meta.insert("reason".into(), result.reason.as_str().into());
+    meta.insert("detail".into(), detail.clone().into());
+    meta.insert("attempt".into(), result.attempt.into());
+    meta.insert("chain_position".into(), result.chain_position.into());
+    meta.insert(
+        "parent_request_id".into(),
+        result.parent_request_id.clone().into(),
+    );
+    let summary = match &detail {
+        Some(detail) => format!(
+            "request failed: {}: {}",
+            result.reason.as_str(),
+            opening(detail, 200)
+        ),
+        None => format!("request failed: {}", result.reason.as_str()),
+    };
+    Signal {
+        signal_id: crate::protocol::ids::new_id(),
+        kind: SignalType::Outcome,
+        code: "FAILED".into(),
+        source: SignalSource::Worker,
+        severity: Severity::High,
+        summary,
+        meta,
+        request_id: result.request_id.clone(),
+        root_request_id: result.root_request_id.clone(),
+        job_name: result.job_name.clone(),
+        worker_id: result.worker_id.clone(),
+        pool: pool.to_string(),
+        ts: crate::protocol::ids::now_rfc3339(),
+        decision: None,
+    }
+}
+
+async fn publish_signal(shared: &Shared, signal: &Signal) {
+    let subject = shared.subjects.signal(signal.kind, &signal.code);
+    let body = serde_json::to_vec(signal).expect("signals serialize");
+    let jetstream = &shared.stores.jetstream;
+    let published = match jetstream.publish(subject, body.into()).await {
+        Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+        Err(error) => Err(error.to_string()),
+    };
+    if let Err(error) = published {
+        tracing::warn!(message = "a signal was not stored in its stream", %error, request_id = %signal.request_id);
+    }
+}

@@ -1,0 +1,146 @@
+//! What the worker's tasks share, and what the bus keeps with each request.
+//!
+//! The Supervisor is the worker's one owner of per-request state. The bus keeps no table of
+//! requests beside it: what the bus needs of a request while it is held (what it asked, its
+//! claim on the request's record, its queue message) is a [`Hold`] that travels in the
+//! Supervisor's record as its ticket, is read back with `Held` and `TicketOf`, and comes back
+//! whole with `Release` when the request ends. A request cannot be on record in one table and
+//! missing from the other.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use actix::Addr;
+use async_nats::jetstream;
+use tokio::sync::{Semaphore, broadcast, watch};
+
+use super::decisions::Decisions;
+use super::store::{LiveRecord, Stores};
+use super::subjects::Subjects;
+use crate::actors::{Capacity, Held, HeldRequest, RequestChecker, Supervisor, Ticket, TicketOf};
+use crate::observe::Metrics;
+use crate::protocol::{ChainState, GenerationRequest};
+use crate::settings::Settings;
+
+/// Shared by the worker's tasks.
+pub(super) struct Shared {
+    pub(super) settings: Settings,
+    pub(super) worker_id: String,
+    pub(super) client: async_nats::Client,
+    pub(super) subjects: Subjects,
+    pub(super) stores: Stores,
+    pub(super) supervisor: Addr<Supervisor>,
+    pub(super) checker: RequestChecker,
+    pub(super) capacity: watch::Receiver<Capacity>,
+    /// Heartbeats (`GENFLEET_WORKERS`).
+    pub(super) workers: jetstream::kv::Store,
+    pub(super) decisions: Decisions,
+    /// Handlers of incoming requests running at once.
+    pub(super) in_flight: Arc<Semaphore>,
+    /// Requests being finished (result stored, then `finished` published) at once.
+    pub(super) finishing: Arc<Semaphore>,
+    /// The id of each request whose result was just stored (or given up), for cancels that
+    /// answer only once the result is there.
+    pub(super) stored: broadcast::Sender<String>,
+    pub(super) metrics: Arc<Metrics>,
+}
+
+/// Requests handled at once per worker; past it, messages wait in the client's bounded
+/// subscription buffers.
+pub(super) const MAX_IN_FLIGHT: usize = 256;
+
+/// Runs a handler of an incoming message as its own task, at most [`MAX_IN_FLIGHT`] at once.
+pub(super) async fn spawn_handler(
+    shared: &Arc<Shared>,
+    handler: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let Ok(permit) = shared.in_flight.clone().acquire_owned().await else {
+        return;
+    };
+    tokio::spawn(async move {
+        handler.await;
+        drop(permit);
+    });
+}
+
+/// A request as it was asked, and its place in its chain: a decision it raises restates it in
+/// the continuation.
+#[derive(Clone)]
+pub(super) struct Asked {
+    pub(super) request: GenerationRequest,
+    pub(super) root_request_id: String,
+    pub(super) chain_position: u32,
+    /// What it carries from earlier in its chain.
+    pub(super) chain: ChainState,
+}
+
+/// What the bus keeps with a request the Supervisor holds (its ticket).
+pub(super) struct Hold {
+    pub(super) asked: Asked,
+    /// The live record as claimed (its state is the Supervisor's to tell).
+    pub(super) live: LiveRecord,
+    /// The revision of the request's record last written here: the result replaces it.
+    revision: AtomicU64,
+    /// A durable request's queue message, acknowledged once its result is stored.
+    pub(super) message: Option<jetstream::Message>,
+}
+
+impl Hold {
+    pub(super) fn new(
+        asked: Asked,
+        live: LiveRecord,
+        revision: u64,
+        message: Option<jetstream::Message>,
+    ) -> Hold {
+        Hold {
+            asked,
+            live,
+            revision: AtomicU64::new(revision),
+            message,
+        }
+    }
+
+    pub(super) fn is_durable(&self) -> bool {
+        self.message.is_some()
+    }
+
+    pub(super) fn revision(&self) -> u64 {
+        self.revision.load(Ordering::Acquire)
+    }
+
+    /// Notes a rewrite of the record. Only ever forward: a slow writer's older revision never
+    /// replaces a newer one (a stale revision would only cost a compare-and-set retry).
+    pub(super) fn wrote(&self, revision: u64) {
+        self.revision.fetch_max(revision, Ordering::AcqRel);
+    }
+
+    /// The hold a ticket carries (every ticket the bus hands the Supervisor is one).
+    pub(super) fn of(ticket: &Ticket) -> Option<Arc<Hold>> {
+        ticket.0.clone().downcast::<Hold>().ok()
+    }
+}
+
+/// The requests the Supervisor holds, each with the bus's hold.
+pub(super) async fn held_requests(shared: &Shared) -> Vec<(HeldRequest, Arc<Hold>)> {
+    let Ok(held) = shared.supervisor.send(Held).await else {
+        return Vec::new();
+    };
+    held.into_iter()
+        .filter_map(|request| {
+            let hold = request.ticket.as_ref().and_then(Hold::of)?;
+            Some((request, hold))
+        })
+        .collect()
+}
+
+/// The hold of one request the Supervisor holds.
+pub(super) async fn hold_of(shared: &Shared, request_id: &str) -> Option<Arc<Hold>> {
+    let ticket = shared
+        .supervisor
+        .send(TicketOf {
+            request_id: request_id.to_string(),
+        })
+        .await
+        .ok()??;
+    Hold::of(&ticket)
+}

@@ -1,0 +1,253 @@
+//! The worker's wiring: its connection, stores, engine and Supervisor, then its long-running
+//! tasks, each started here under its name. Building the worker is kept apart from running it
+//! (the verbs live in their own modules), so this file is the one place that shows everything
+//! a worker runs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::decisions::Decisions;
+use super::finish::FINISHING_AT_ONCE;
+use super::lookup::Lookup;
+use super::shared::{MAX_IN_FLIGHT, Shared};
+use super::store::Stores;
+use super::subjects::Subjects;
+use super::tools::BusToolRunner;
+use super::{BusError, connect, decide, finish, heartbeat, lookup, queue, service, submit, upkeep};
+use crate::actors::{Supervisor, SupervisorConfig, SupervisorHandle};
+use crate::engine::{DefaultBios, Engine, EngineConfig};
+use crate::llm::OpenAiBackend;
+use crate::observe::{MeteredBackend, Metrics, Readiness};
+use crate::settings::Settings;
+
+/// Events waiting to be published before generations wait for the publisher.
+const EVENT_BUFFER: usize = 4096;
+/// Notices of stored results kept for cancels waiting on them; a cancel that falls behind looks
+/// in the store instead.
+const STORED_NOTICES: usize = 1024;
+
+/// The worker's long-running tasks, by name.
+pub(super) struct Tasks(Vec<(&'static str, tokio::task::JoinHandle<()>)>);
+
+impl Tasks {
+    fn new() -> Tasks {
+        Tasks(Vec::new())
+    }
+
+    /// Starts a task. One that ends while the worker runs is a bug or a lost subscription: it
+    /// says so, by name.
+    fn spawn(&mut self, name: &'static str, task: impl Future<Output = ()> + Send + 'static) {
+        let handle = tokio::spawn(async move {
+            task.await;
+            tracing::warn!(message = "a worker task ended", task = name);
+        });
+        self.0.push((name, handle));
+    }
+
+    pub(super) fn abort_all(self) {
+        for (_, task) in self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// A worker that serves.
+pub(super) struct Started {
+    pub(super) shared: Arc<Shared>,
+    pub(super) handle: SupervisorHandle,
+    pub(super) tasks: Tasks,
+    /// Where its HTTP server (metrics, health) listens, when `http.listen` is set.
+    pub(super) http_addr: Option<std::net::SocketAddr>,
+}
+
+pub(super) async fn start(settings: Settings, worker_id: String) -> Result<Started, BusError> {
+    // The HTTP server comes first, so /healthz answers while the worker waits for NATS.
+    let metrics = Arc::new(Metrics::new());
+    metrics.slots_total.set(i64::from(settings.worker.slots));
+    let readiness = Arc::new(Readiness::default());
+    let mut tasks = Tasks::new();
+    let http_addr = match settings.http.listen.as_str() {
+        "" => None,
+        listen => {
+            let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+                BusError::Setup(format!("cannot listen on {listen} (http.listen): {e}"))
+            })?;
+            let addr = listener.local_addr().ok();
+            tasks.spawn(
+                "http",
+                crate::observe::serve(listener, metrics.clone(), readiness.clone()),
+            );
+            addr
+        }
+    };
+    match serve(settings, worker_id, metrics, readiness, &mut tasks).await {
+        Ok((shared, handle)) => Ok(Started {
+            shared,
+            handle,
+            tasks,
+            http_addr,
+        }),
+        Err(error) => {
+            tasks.abort_all();
+            Err(error)
+        }
+    }
+}
+
+async fn serve(
+    settings: Settings,
+    worker_id: String,
+    metrics: Arc<Metrics>,
+    readiness: Arc<Readiness>,
+    tasks: &mut Tasks,
+) -> Result<(Arc<Shared>, SupervisorHandle), BusError> {
+    let client = connect::connect(&settings.nats, connect::ConnectPurpose::Worker)
+        .await
+        .map_err(|e| BusError::Setup(e.to_string()))?;
+    let subjects = Subjects::new(&settings.subjects);
+    let jetstream = async_nats::jetstream::new(client.clone());
+    let stores = Stores::ensure(jetstream, &settings.jetstream, &subjects).await?;
+    let decisions = Decisions::open(
+        &stores.jetstream,
+        &settings,
+        stores.results.clone(),
+        metrics.clone(),
+    )
+    .await?;
+    let workers = heartbeat::open(
+        &stores.jetstream,
+        Duration::from_millis(settings.worker.lost_after_ms),
+        settings.jetstream.replicas,
+    )
+    .await?;
+    let backend = OpenAiBackend::new(&settings.llm).map_err(|e| BusError::Setup(e.to_string()))?;
+    let runner = BusToolRunner::new(client.clone(), subjects.clone()).with_metrics(metrics.clone());
+    let engine = Engine::new(
+        EngineConfig::from_settings(&settings),
+        Arc::new(MeteredBackend::new(
+            Arc::new(backend.clone()),
+            metrics.clone(),
+        )),
+        Arc::new(runner),
+        Arc::new(DefaultBios),
+    )
+    .with_history(Arc::new(decisions.history().clone()));
+    let engine = Arc::new(engine);
+    let follow_tools =
+        super::catalog::follow_tools(&stores.jetstream, &settings, engine.clone()).await?;
+    tasks.0.push(("tool catalog", follow_tools));
+    let (events_tx, events_rx) = mpsc::channel(EVENT_BUFFER);
+    let handle = Supervisor::start(
+        SupervisorConfig::from_settings(&settings, worker_id.clone()),
+        engine,
+        Some(events_tx),
+    );
+    let shared = Arc::new(Shared {
+        worker_id: worker_id.clone(),
+        client: client.clone(),
+        subjects: subjects.clone(),
+        stores,
+        supervisor: handle.addr.clone(),
+        checker: handle.checker.clone(),
+        capacity: handle.capacity.clone(),
+        workers,
+        decisions,
+        in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
+        finishing: Arc::new(tokio::sync::Semaphore::new(FINISHING_AT_ONCE as usize)),
+        stored: tokio::sync::broadcast::channel(STORED_NOTICES).0,
+        metrics: metrics.clone(),
+        settings,
+    });
+    let pool = &shared.settings.worker.pool;
+    // On record as alive before taking any request, so no live worker takes it for lost.
+    heartbeat::first_beat(&shared).await?;
+    tasks.spawn("heartbeat", heartbeat::run(shared.clone()));
+    tasks.spawn("events", finish::publish_events(shared.clone(), events_rx));
+    // Subscribed (and the server told) before the worker says it is ready, so the first
+    // submit after start finds it.
+    let submits = client
+        .queue_subscribe(subjects.submit(pool), subjects.submit_group(pool))
+        .await
+        .map_err(|e| BusError::Setup(format!("cannot subscribe to submits: {e}")))?;
+    tasks.spawn(
+        "submits",
+        submit::serve_submits(shared.clone(), handle.capacity.clone(), Some(submits)),
+    );
+    let consumer = queue::pool_consumer(&shared).await?;
+    tasks.spawn(
+        "queue",
+        queue::serve_queue(shared.clone(), consumer, handle.capacity.clone()),
+    );
+    let exhausted = queue::exhausted_advisories(&shared).await?;
+    tasks.spawn(
+        "exhausted deliveries",
+        queue::serve_exhausted(shared.clone(), exhausted),
+    );
+    for verb in Lookup::ALL {
+        let subject = subjects.any(verb.verb());
+        let sub = client
+            .queue_subscribe(subject.clone(), subjects.any_group().to_string())
+            .await
+            .map_err(|e| BusError::Setup(format!("cannot subscribe to {subject}: {e}")))?;
+        tasks.spawn(verb.verb(), lookup::serve(shared.clone(), verb, sub));
+    }
+    let forwarded = client
+        .subscribe(subjects.worker_cancel(&worker_id))
+        .await
+        .map_err(|e| BusError::Setup(format!("cannot subscribe to forwarded cancels: {e}")))?;
+    tasks.spawn(
+        "forwarded cancels",
+        lookup::serve_forwarded_cancels(shared.clone(), forwarded),
+    );
+    let answers = client
+        .queue_subscribe(
+            subjects.decision("*"),
+            subjects.decisions_group().to_string(),
+        )
+        .await
+        .map_err(|e| BusError::Setup(format!("cannot subscribe to decisions: {e}")))?;
+    tasks.spawn(
+        "decision answers",
+        decide::serve_answers(shared.clone(), answers),
+    );
+    let sweeper = shared.clone();
+    tasks.spawn("decision expiry", async move {
+        sweeper
+            .decisions
+            .sweep(sweeper.client.clone(), sweeper.worker_id.clone())
+            .await
+    });
+    tasks.spawn("record refresh", upkeep::refresh_records(shared.clone()));
+    tasks.spawn(
+        "delivery keep-alive",
+        upkeep::keep_deliveries(shared.clone()),
+    );
+    tasks.spawn(
+        "backend probe",
+        service::probe_backend(shared.clone(), backend, readiness.backend_up.clone()),
+    );
+    tasks.spawn(
+        "slot gauges",
+        service::slot_gauges(metrics.clone(), handle.capacity.clone()),
+    );
+    tasks.spawn("queue lag", queue::measure_lag(shared.clone()));
+    readiness.started(client.clone(), handle.capacity.clone());
+    let (service, endpoint) = service::register(&shared, handle.capacity.clone()).await?;
+    tasks.spawn(
+        "service API",
+        service::serve_capacity(shared.clone(), service, endpoint),
+    );
+    client
+        .flush()
+        .await
+        .map_err(|e| BusError::Setup(format!("cannot reach NATS: {e}")))?;
+    tracing::info!(
+        message = "worker ready",
+        worker_id = %worker_id,
+        pool = %shared.settings.worker.pool,
+        slots = shared.settings.worker.slots
+    );
+    Ok((shared, handle))
+}
