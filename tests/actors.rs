@@ -11,8 +11,8 @@ use actix::Addr;
 use futures_util::StreamExt;
 use futures_util::stream;
 use genfleet::actors::{
-    Cancel, Capacity, Drain, GetResult, Placement, Stats, Status, Submit, Supervisor,
-    SupervisorConfig, SupervisorHandle,
+    Cancel, Canceller, Capacity, Drain, GetResult, Held, Placement, Release, Stats, Status, Submit,
+    Supervisor, SupervisorConfig, SupervisorHandle, Ticket,
 };
 use genfleet::engine::{DefaultBios, Engine, EngineConfig};
 use genfleet::llm::{
@@ -793,4 +793,158 @@ proptest! {
     ) {
         run_interleaving(slots, ops)?;
     }
+}
+
+/// Submits `id` to wait for a slot if none is free, with a ticket; returns the acceptance and
+/// the notice of its start.
+async fn submit_waiting(
+    handle: &SupervisorHandle,
+    id: &str,
+) -> (
+    Result<genfleet::protocol::Accepted, ErrorCode>,
+    tokio::sync::oneshot::Receiver<()>,
+) {
+    let (on_start, started) = tokio::sync::oneshot::channel();
+    let accepted = handle
+        .addr
+        .send(Submit {
+            request: handle.checker.check(request(id)).unwrap(),
+            placement: Placement {
+                durable: true,
+                wait_for_slot: true,
+                ticket: Some(Ticket(Arc::new(format!("ticket of {id}")))),
+                on_start: Some(on_start),
+                ..Placement::default()
+            },
+        })
+        .await
+        .unwrap()
+        .map_err(|e| e.code);
+    (accepted, started)
+}
+
+fn ticket_text(ticket: &Option<Ticket>) -> String {
+    ticket
+        .as_ref()
+        .and_then(|t| t.0.clone().downcast::<String>().ok())
+        .map(|t| (*t).clone())
+        .unwrap_or_default()
+}
+
+#[actix::test]
+async fn a_request_waiting_for_a_slot_starts_when_one_frees_and_keeps_its_ticket_to_the_end() {
+    let f = fixture(1);
+    f.backend.script("busy", Behaviour::Partial);
+    f.backend.script("next", Behaviour::Complete);
+    submit(&f.handle, "busy").await.unwrap();
+    let (accepted, mut started) = submit_waiting(&f.handle, "next").await;
+    assert_eq!(accepted.unwrap().state, RequestState::Queued);
+    // It holds the next free slot: nothing else may take it, and at most `slots` wait.
+    let capacity = *f.handle.capacity.borrow();
+    assert_eq!(
+        (capacity.busy, capacity.waiting, capacity.free()),
+        (1, 1, 0)
+    );
+    assert_eq!(
+        submit(&f.handle, "other").await,
+        Err(ErrorCode::NoSlotAvailable)
+    );
+    let (refused, _) = submit_waiting(&f.handle, "third").await;
+    assert_eq!(refused.unwrap_err(), ErrorCode::NoSlotAvailable);
+    let held = f.handle.addr.send(Held).await.unwrap();
+    let next = held.iter().find(|h| h.request_id == "next").unwrap();
+    assert_eq!(next.state, RequestState::Queued);
+    assert_eq!(ticket_text(&next.ticket), "ticket of next");
+    assert!(started.try_recv().is_err(), "it has not started yet");
+    f.backend.open("busy");
+    tokio::time::timeout(Duration::from_secs(10), started)
+        .await
+        .expect("it starts when the slot frees")
+        .expect("the start is told");
+    f.backend.open("next");
+    let r = finished(&f.handle.addr, "next").await;
+    assert_eq!(r.state, RequestState::Completed);
+    let released = f
+        .handle
+        .addr
+        .send(Release {
+            request_id: "next".into(),
+        })
+        .await
+        .unwrap()
+        .expect("an ended request is released with its ticket");
+    assert_eq!(ticket_text(&released.ticket), "ticket of next");
+    assert_eq!(released.cancelled_by, None);
+    // Released: nothing of it is left on record.
+    assert_eq!(
+        result(&f.handle.addr, "next", false).await,
+        Err(ErrorCode::NotFound)
+    );
+    quiesce(&f.handle).await;
+}
+
+#[actix::test]
+async fn a_waiting_request_cancelled_never_runs_and_a_drain_hands_back_the_others() {
+    let f = fixture(1);
+    f.backend.script("busy", Behaviour::Partial);
+    submit(&f.handle, "busy").await.unwrap();
+    let (accepted, started) = submit_waiting(&f.handle, "cancelled").await;
+    assert_eq!(accepted.unwrap().state, RequestState::Queued);
+    let reply = f
+        .handle
+        .addr
+        .send(Cancel {
+            request_id: "cancelled".into(),
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(reply.state, RequestState::Cancelled);
+    assert!(started.await.is_err(), "a cancelled wait never starts");
+    let r = result(&f.handle.addr, "cancelled", false).await.unwrap();
+    assert_eq!(
+        (r.reason, r.detail.as_deref()),
+        (
+            Reason::Cancelled,
+            Some("cancelled while waiting for a slot")
+        )
+    );
+    let released = f
+        .handle
+        .addr
+        .send(Release {
+            request_id: "cancelled".into(),
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(released.cancelled_by, Some(Canceller::Caller));
+    assert_eq!(ticket_text(&released.ticket), "ticket of cancelled");
+    // The slot went to nobody: the waiting request left it.
+    assert_eq!(f.handle.capacity.borrow().waiting, 0);
+
+    let (accepted, started) = submit_waiting(&f.handle, "handed-back").await;
+    assert_eq!(accepted.unwrap().state, RequestState::Queued);
+    let drain = f.handle.addr.send(Drain {
+        deadline: Duration::from_millis(200),
+    });
+    let report = drain.await.unwrap();
+    assert!(
+        report
+            .cancelled
+            .contains(&("handed-back".to_string(), true)),
+        "{report:?}"
+    );
+    assert!(started.await.is_err(), "a drained wait never starts");
+    let released = f
+        .handle
+        .addr
+        .send(Release {
+            request_id: "handed-back".into(),
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(released.cancelled_by, Some(Canceller::Drain));
+    quiesce(&f.handle).await;
 }

@@ -412,6 +412,130 @@ async fn an_interactive_request_of_a_killed_worker_is_ended_as_worker_lost_by_a_
     assert!(r.detail.unwrap().contains("doomed"));
 }
 
+/// The worker's heartbeat listed the request when it died: a live worker that followed the
+/// heartbeats ends it by itself, with nobody asking about it.
+#[tokio::test]
+async fn a_request_the_lost_worker_listed_in_its_heartbeat_is_ended_with_nobody_asking() {
+    let nats = NatsServer::start().await;
+    let mock = MockServer::start(
+        Script::from_toml_str("[[rules]]\nreply = \"a b c d e f g h i j\"\ndelay_ms = 2000\n")
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let mut s = settings(&nats, &mock);
+    s.worker.heartbeat_ms = 200;
+    s.worker.lost_after_ms = 1000;
+    let fast = [
+        ("GENFLEET__WORKER__HEARTBEAT_MS", "200"),
+        ("GENFLEET__WORKER__LOST_AFTER_MS", "1000"),
+    ];
+    let mut doomed = worker_process_with(&s, "doomed", &fast);
+    let client = Client::connect(&s).await.unwrap();
+    let mut accepted = None;
+    for _ in 0..100 {
+        if let Ok(a) = client.submit("default", &req("listed")).await {
+            accepted = Some(a);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(accepted.unwrap().worker_id, "doomed");
+    // A live worker that follows the heartbeats (its own slot is free: it took nothing).
+    let _live = spawn_worker(s.clone()).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !common::fleet::heartbeats(client.nats())
+        .await
+        .get("doomed")
+        .is_some_and(|running| running.iter().any(|id| id == "listed"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no heartbeat listed the request"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    doomed.0.kill().unwrap();
+    doomed.0.wait().unwrap();
+    // Read from the bucket, not through a worker: only the heartbeat's follower can end it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let record = loop {
+        let record = common::fleet::record(client.nats(), "listed")
+            .await
+            .unwrap();
+        if record.get("live").is_none() {
+            break record;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still running: {record}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        (record["state"].as_str(), record["reason"].as_str()),
+        (Some("FAILED"), Some("worker_lost")),
+        "{record}"
+    );
+}
+
+/// The request is in no heartbeat a live worker saw (its worker's entry was gone before any
+/// live worker started): whoever asks about it ends it, and the first answer says so.
+#[tokio::test]
+async fn a_request_no_heartbeat_shows_is_ended_by_the_first_status_that_finds_its_worker_gone() {
+    let nats = NatsServer::start().await;
+    let mock = MockServer::start(
+        Script::from_toml_str("[[rules]]\nreply = \"a b c d e f g h i j\"\ndelay_ms = 2000\n")
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let s = settings(&nats, &mock);
+    let mut doomed = worker_process_with(
+        &s,
+        "doomed",
+        &[
+            ("GENFLEET__WORKER__HEARTBEAT_MS", "200"),
+            ("GENFLEET__WORKER__LOST_AFTER_MS", "1000"),
+        ],
+    );
+    let client = Client::connect(&s).await.unwrap();
+    let mut accepted = None;
+    for _ in 0..100 {
+        if let Ok(a) = client.submit("default", &req("unlisted")).await {
+            accepted = Some(a);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(accepted.unwrap().worker_id, "doomed");
+    doomed.0.kill().unwrap();
+    doomed.0.wait().unwrap();
+    // Its heartbeat ages out of the bucket before any other worker exists.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while common::fleet::heartbeats(client.nats())
+        .await
+        .contains_key("doomed")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the heartbeat never aged out"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _live = spawn_worker(s.clone()).await;
+    let status = client.status("unlisted").await.unwrap();
+    assert_eq!(status.state, RequestState::Failed, "{status:?}");
+    let finished = status.finished.expect("a finished request's summary");
+    assert_eq!(finished.reason, Reason::WorkerLost, "{finished:?}");
+    assert!(finished.detail.unwrap().contains("doomed"));
+    let r = client.result("unlisted", true).await.unwrap();
+    assert_eq!(
+        (r.state, r.reason),
+        (RequestState::Failed, Reason::WorkerLost)
+    );
+}
+
 #[tokio::test]
 async fn a_request_out_of_deliveries_is_stored_as_worker_lost_and_removed() {
     let nats = NatsServer::start().await;
