@@ -127,7 +127,6 @@ pub struct Decisions {
     results: kv::Store,
     history: History,
     subjects: Subjects,
-    gen_prefix: String,
     answer_default_on_expiry: bool,
     max_pending_tracked: usize,
     metrics: Arc<Metrics>,
@@ -164,7 +163,6 @@ impl Decisions {
             results,
             history: History::open(js, settings).await?,
             subjects: Subjects::new(&settings.subjects),
-            gen_prefix: settings.subjects.gen_prefix.clone(),
             answer_default_on_expiry: settings.decisions.answer_default_on_expiry,
             max_pending_tracked: 100_000,
             metrics,
@@ -491,7 +489,7 @@ impl Decisions {
             (record.chain_position + 1).to_string().as_str(),
         );
         headers.insert(CHAIN_STATE_HEADER, chain.to_header().as_str());
-        let subject = format!("{}.queue.{}.{id}", self.gen_prefix, record.pool);
+        let subject = self.subjects.queue(&record.pool, &id);
         let js = async_nats::jetstream::new(client.clone());
         js.publish_with_headers(
             subject,

@@ -36,6 +36,24 @@ const MAX_FOLLOWED_REQUESTS: usize = 65_536;
 /// Peers followed at most (a fleet larger than this is followed in part).
 const MAX_PEERS: usize = 10_000;
 
+/// A heartbeat could not be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum HeartbeatError {
+    #[error("cannot write the heartbeat: {0}")]
+    Write(#[source] kv::PutError),
+    #[error("cannot read the heartbeat of worker {worker}: {source}")]
+    Read {
+        worker: String,
+        source: kv::EntryError,
+    },
+}
+
+impl From<HeartbeatError> for BusError {
+    fn from(error: HeartbeatError) -> BusError {
+        BusError::Setup(error.to_string())
+    }
+}
+
 /// A worker's heartbeat record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Heartbeat {
@@ -58,7 +76,7 @@ pub async fn open(
     ensure_bucket(js, WORKERS_BUCKET, 1, lost_after, replicas).await
 }
 
-pub(super) async fn beat(shared: &Shared) -> Result<(), BusError> {
+pub(super) async fn beat(shared: &Shared) -> Result<(), HeartbeatError> {
     let capacity = *shared.capacity.borrow();
     let running = held_requests(shared)
         .await
@@ -85,7 +103,7 @@ pub(super) async fn beat(shared: &Shared) -> Result<(), BusError> {
         )
         .await
         .map(|_| ())
-        .map_err(|e| BusError::Store(format!("cannot write the heartbeat: {e}")))
+        .map_err(HeartbeatError::Write)
 }
 
 /// The first heartbeat, tried again for a while: on a JetStream cluster, a bucket created a
@@ -101,7 +119,7 @@ pub(super) async fn first_beat(shared: &Shared) -> Result<(), BusError> {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(1));
             }
-            Err(error) => return Err(error),
+            Err(error) => return Err(error.into()),
         }
     }
 }
@@ -220,7 +238,7 @@ async fn reap(
     shared: &Shared,
     peers: &mut HashMap<String, Peer>,
     lost_after: Duration,
-) -> Result<(), BusError> {
+) -> Result<(), HeartbeatError> {
     let silent: Vec<String> = peers
         .iter()
         .filter(|(_, peer)| peer.seen.elapsed() >= lost_after)
@@ -247,13 +265,16 @@ async fn reap(
 }
 
 /// Whether `worker`'s heartbeat is in the bucket (younger than `worker.lost_after_ms`).
-pub(super) async fn beating(shared: &Shared, worker: &str) -> Result<bool, BusError> {
+pub(super) async fn beating(shared: &Shared, worker: &str) -> Result<bool, HeartbeatError> {
     shared
         .workers
         .get(worker)
         .await
         .map(|entry| entry.is_some())
-        .map_err(|e| BusError::Store(e.to_string()))
+        .map_err(|source| HeartbeatError::Read {
+            worker: worker.to_string(),
+            source,
+        })
 }
 
 /// Ends an interactive request of a lost worker as FAILED `worker_lost`, if its record still
