@@ -489,7 +489,7 @@ impl Decisions {
             (record.chain_position + 1).to_string().as_str(),
         );
         headers.insert(CHAIN_STATE_HEADER, chain.to_header().as_str());
-        let subject = self.subjects.queue(&record.pool, &id);
+        let subject = self.subjects.queue(&record.pool, id);
         let js = async_nats::jetstream::new(client.clone());
         js.publish_with_headers(
             subject,

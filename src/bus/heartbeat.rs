@@ -171,7 +171,8 @@ async fn follow_peers(shared: &Shared, every: Duration) {
     let lost_after = Duration::from_millis(shared.settings.worker.lost_after_ms);
     let mut peers: HashMap<String, Peer> = HashMap::new();
     loop {
-        let mut watch = match shared.workers.watch_all().await {
+        // Each worker's last heartbeat first, then every new one.
+        let mut watch = match shared.workers.watch_with_history(">").await {
             Ok(watch) => watch,
             Err(error) => {
                 tracing::debug!(message = "cannot follow the heartbeats; trying again", %error);
