@@ -1,6 +1,8 @@
 //! The tool loop of one request: call the model, parse its calls, record control calls as
 //! signals, correct invalid calls, run tools within the budget, and end in exactly one result.
 
+mod ending;
+
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Arc;
@@ -25,33 +27,13 @@ use super::{Engine, Finished, RequestContext, SystemShape};
 use crate::llm::{ChatRequest, FinishReason, LlmError, StreamEvent, ToolSpec};
 use crate::protocol::{
     Content, DecisionBlock, DecisionKind, DecisionOption, EventBody, FunctionCall,
-    GenerationRequest, GenerationResult, Message, Reason, Role, Severity, Signal, SignalSource,
-    SignalType, Timings, ToolCall, Usage, ValidationReport,
+    GenerationRequest, Message, Reason, Role, Severity, Signal, SignalSource, SignalType, ToolCall,
+    Usage, ValidationReport,
 };
 use crate::settings::ToolMode;
 use crate::tools::{Tool, ToolInvocation, ToolReply};
 
-/// Why the generation stops, with the detail the result carries.
-struct Stop {
-    reason: Reason,
-    detail: Option<String>,
-}
-
-impl Stop {
-    fn new(reason: Reason, detail: impl Into<String>) -> Stop {
-        Stop {
-            reason,
-            detail: Some(detail.into()),
-        }
-    }
-
-    fn plain(reason: Reason) -> Stop {
-        Stop {
-            reason,
-            detail: None,
-        }
-    }
-}
+use ending::Stop;
 
 /// One call the model made, native or written as text.
 struct ModelCall {
@@ -1282,46 +1264,6 @@ impl<'e> Generation<'e> {
                     signal: Box::new(signal),
                 })
                 .await;
-        }
-    }
-
-    async fn finish(mut self, stop: Stop) -> Finished {
-        self.events.flush().await;
-        let total = self.ctx.accepted_at.elapsed();
-        let queued = self
-            .started_at
-            .saturating_duration_since(self.ctx.accepted_at);
-        let signals_dropped = self.signals.dropped();
-        let result = GenerationResult {
-            request_id: self.ctx.request_id,
-            root_request_id: self.ctx.root_request_id,
-            parent_request_id: self.ctx.parent_request_id,
-            job_name: self.request.job_name,
-            state: stop.reason.state(),
-            reason: stop.reason,
-            detail: stop.detail,
-            output: self.output,
-            reasoning: self.reasoning,
-            messages: self.conversation,
-            signals: self.signals.into_signals(),
-            signals_dropped,
-            tool_iterations_used: self.iterations_used,
-            usage: self.usage,
-            worker_id: self.ctx.worker_id,
-            attempt: self.ctx.attempt,
-            chain_position: self.ctx.chain_position,
-            truncated: self.truncated,
-            metadata: self.request.metadata,
-            timings_ms: Timings {
-                queued: queued.as_millis() as u64,
-                first_token: self.first_token.map(|d| d.as_millis() as u64),
-                total: total.as_millis() as u64,
-            },
-            validation: self.validation,
-        };
-        Finished {
-            result,
-            events: self.events,
         }
     }
 }
