@@ -2,6 +2,8 @@
 //! signals, correct invalid calls, run tools within the budget, and end in exactly one result.
 
 mod ending;
+mod prompt;
+mod turn;
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -9,22 +11,20 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
 use futures_util::future::join_all;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::bios::BiosContext;
 use super::chain::{self, PastAttempt};
 use super::control::{self, REQUEST_DECISION, SignalOrigin};
 use super::events::EventEmitter;
 use super::history::{self, SuggestionQuery};
 use super::loop_detect::{LoopDetector, LoopVerdict};
 use super::signals::SignalBook;
-use super::text_calls::{self, InvalidCallKind, ParseMode, ParsedItem, TextCallParser};
+use super::text_calls::{self, InvalidCallKind, ParsedItem};
 use super::validation;
-use super::{Engine, Finished, RequestContext, SystemShape};
-use crate::llm::{ChatRequest, FinishReason, LlmError, StreamEvent, ToolSpec};
+use super::{Engine, Finished, RequestContext};
+use crate::llm::{ChatRequest, FinishReason, LlmError};
 use crate::protocol::{
     Content, DecisionBlock, DecisionKind, DecisionOption, EventBody, FunctionCall,
     GenerationRequest, Message, Reason, Role, Severity, Signal, SignalSource, SignalType, ToolCall,
@@ -34,6 +34,7 @@ use crate::settings::ToolMode;
 use crate::tools::{Tool, ToolInvocation, ToolReply};
 
 use ending::Stop;
+use turn::{Turn, TurnError};
 
 /// One call the model made, native or written as text.
 struct ModelCall {
@@ -50,37 +51,6 @@ struct Problem {
     call_id: Option<String>,
     tool: Option<String>,
     what: String,
-}
-
-/// What one backend call produced.
-struct Turn {
-    raw: String,
-    visible: String,
-    /// Whitespace seen before the turn's first visible words, not yet shown.
-    lead: String,
-    native: BTreeMap<usize, NativeCall>,
-    parsed: Vec<ParsedItem>,
-    finish: FinishReason,
-}
-
-#[derive(Default)]
-struct NativeCall {
-    id: Option<String>,
-    name: String,
-    arguments: String,
-}
-
-enum TurnError {
-    Stop(Stop),
-    ToolsRefused(String),
-    /// The chat template refused the system messages laid out in this shape.
-    SystemRefused(SystemShape, String),
-}
-
-impl From<Stop> for TurnError {
-    fn from(stop: Stop) -> Self {
-        TurnError::Stop(stop)
-    }
 }
 
 pub(super) struct Generation<'e> {
@@ -637,18 +607,6 @@ impl<'e> Generation<'e> {
         }
     }
 
-    fn stop_on_decision(&self) -> bool {
-        self.request
-            .stop_on_decision_request
-            .unwrap_or(self.engine.config.stop_on_decision_request)
-    }
-
-    fn max_tokens(&self) -> Option<u32> {
-        self.request
-            .max_tokens
-            .or(Some(self.engine.config.default_max_tokens).filter(|n| *n > 0))
-    }
-
     fn origin(&self) -> SignalOrigin<'_> {
         SignalOrigin {
             request_id: &self.ctx.request_id,
@@ -658,67 +616,6 @@ impl<'e> Generation<'e> {
             pool: &self.ctx.pool,
         }
     }
-
-    /// The messages the model is sent: BIOS, caller system, conversation, with the system
-    /// messages laid out in `shape`.
-    fn prompt(&self, shape: SystemShape) -> Vec<Message> {
-        let config = &self.engine.config;
-        let tools: Vec<&Tool> = self.tools.iter().map(|t| t.as_ref()).collect();
-        let controls: Vec<&Tool> = control::control_tools()
-            .iter()
-            .map(|t| t.as_ref())
-            .collect();
-        let bios = self.engine.bios.bios(&BiosContext {
-            tools: &tools,
-            control_tools: &controls,
-            tool_mode: self.mode,
-            iterations_remaining: self.iterations_left,
-            stop_on_decision_request: self.stop_on_decision(),
-            max_model_signals: config.signal_limits.max_model_signals,
-            max_model_signal_bytes: config.signal_limits.max_model_signal_bytes,
-        });
-        let mut messages = Vec::with_capacity(self.conversation.len() + 2);
-        messages.push(Message::system(bios));
-        if let Some(system) = &self.request.system {
-            messages.push(Message::system(system.clone()));
-        }
-        messages.extend(self.conversation.iter().cloned());
-        shape.apply(messages)
-    }
-
-    fn native_tools(&self) -> Vec<ToolSpec> {
-        if self.mode == ToolMode::Text {
-            return Vec::new();
-        }
-        self.tools
-            .iter()
-            .chain(control::control_tools())
-            .map(|tool| ToolSpec {
-                name: tool.definition.name.clone(),
-                description: tool.definition.brief.clone(),
-                parameters: tool.definition.schema.clone(),
-            })
-            .collect()
-    }
-
-    /// The backend call of the turn about to be taken.
-    fn chat_request(&self, shape: SystemShape) -> ChatRequest {
-        let mut options = self.request.options.clone();
-        if self.mode == ToolMode::Text {
-            // tool_choice means nothing without native tools, and some servers reject it.
-            options.remove("tool_choice");
-        }
-        ChatRequest {
-            model: self.request.model.clone(),
-            messages: self.prompt(shape),
-            tools: self.native_tools(),
-            max_tokens: self.max_tokens(),
-            temperature: self.request.temperature,
-            options,
-            traceparent: self.ctx.traceparent.clone(),
-        }
-    }
-
     /// The first backend call this request would make, exactly as it would be sent (what
     /// `genfleet bench` sends straight to a backend to compare with the worker's path).
     pub(super) fn first_call(mut self) -> Result<ChatRequest, String> {
@@ -726,174 +623,6 @@ impl<'e> Generation<'e> {
             return Err(stop.detail.unwrap_or_default());
         }
         Ok(self.chat_request(self.engine.system_shape()))
-    }
-
-    /// Streams one model call. Cancellation and the deadline are checked at every await.
-    async fn model_turn(&mut self) -> Result<Turn, TurnError> {
-        let shape = self.engine.system_shape();
-        let chat = self.chat_request(shape);
-        let mut stream = self.engine.backend.chat_stream(chat);
-        let parse_mode = match self.mode {
-            ToolMode::Native => ParseMode::Native,
-            ToolMode::Text => ParseMode::Text,
-        };
-        let mut parser = TextCallParser::new(parse_mode);
-        let mut turn = Turn {
-            raw: String::new(),
-            visible: String::new(),
-            lead: String::new(),
-            native: BTreeMap::new(),
-            parsed: Vec::new(),
-            finish: FinishReason::Stop,
-        };
-        let mut finish = None;
-        let mut any_token = false;
-        let mut visible = String::new();
-        loop {
-            let flush_at = self.events.flush_deadline();
-            let item = tokio::select! {
-                biased;
-                _ = self.cancel.cancelled() => {
-                    return Err(self.interrupted(&turn, Stop::plain(Reason::Cancelled)).into());
-                }
-                _ = sleep_until(self.deadline) => {
-                    let stop = Stop::new(Reason::Timeout, "the request's deadline passed");
-                    return Err(self.interrupted(&turn, stop).into());
-                }
-                _ = sleep_until(flush_at) => {
-                    self.events.flush().await;
-                    continue;
-                }
-                item = stream.next() => item,
-            };
-            let event = match item {
-                None if finish.is_some() => break,
-                None => {
-                    let stop = Stop::new(
-                        Reason::BackendError,
-                        "the backend stream ended without a finish reason",
-                    );
-                    return Err(self.interrupted(&turn, stop).into());
-                }
-                Some(Err(LlmError::ToolsRejected(body)))
-                    if !any_token && self.mode == ToolMode::Native =>
-                {
-                    return Err(TurnError::ToolsRefused(body));
-                }
-                Some(Err(LlmError::SystemRejected(body))) if !any_token => {
-                    return Err(TurnError::SystemRefused(shape, body));
-                }
-                Some(Err(error)) => {
-                    let stop = Stop::new(Reason::BackendError, error.to_string());
-                    return Err(self.interrupted(&turn, stop).into());
-                }
-                Some(Ok(event)) => event,
-            };
-            if !any_token && !matches!(event, StreamEvent::Usage(_) | StreamEvent::Finish(_)) {
-                any_token = true;
-                self.first_token
-                    .get_or_insert_with(|| self.started_at.elapsed());
-            }
-            match event {
-                StreamEvent::Text(text) => {
-                    push_capped(
-                        &mut turn.raw,
-                        &text,
-                        self.engine.config.max_output_bytes,
-                        &mut self.truncated,
-                    );
-                    visible.clear();
-                    parser.push(&text, &mut visible);
-                    if let Err(stop) = self.show(&visible, &mut turn).await {
-                        return Err(self.interrupted(&turn, stop).into());
-                    }
-                }
-                StreamEvent::Reasoning(text) => {
-                    push_capped(
-                        &mut self.reasoning,
-                        &text,
-                        self.engine.config.max_output_bytes,
-                        &mut self.truncated,
-                    );
-                    self.events.emit(EventBody::Reasoning { text }).await;
-                }
-                StreamEvent::ToolCall(delta) => {
-                    let call = turn.native.entry(delta.index).or_default();
-                    if let Some(id) = delta.id {
-                        call.id = Some(id);
-                    }
-                    if let Some(name) = delta.name {
-                        call.name.push_str(&name);
-                    }
-                    push_capped(
-                        &mut call.arguments,
-                        &delta.arguments,
-                        self.engine.config.max_output_bytes,
-                        &mut self.truncated,
-                    );
-                }
-                StreamEvent::Usage(usage) => self.usage.add(usage),
-                StreamEvent::Finish(reason) => finish = Some(reason),
-            }
-        }
-        visible.clear();
-        turn.parsed = parser.finish(&mut visible);
-        if let Err(stop) = self.show(&visible, &mut turn).await {
-            return Err(self.interrupted(&turn, stop).into());
-        }
-        if let Some(verdict) = self.loops.end_turn() {
-            let stop = self.loop_detected(verdict).await;
-            return Err(self.interrupted(&turn, stop).into());
-        }
-        self.events.flush().await;
-        turn.finish = finish.unwrap_or(FinishReason::Stop);
-        Ok(turn)
-    }
-
-    /// Adds visible text to the output and the event stream, and watches it for loops.
-    async fn show(&mut self, text: &str, turn: &mut Turn) -> Result<(), Stop> {
-        if text.is_empty() {
-            return Ok(());
-        }
-        let held;
-        let mut text = text;
-        if turn.visible.is_empty() {
-            // Blank lines before a turn's first words (and whitespace between calls) are not
-            // output; indentation on the first line is.
-            if text.trim().is_empty() {
-                turn.lead.push_str(text);
-                return Ok(());
-            }
-            turn.lead.push_str(text);
-            held = std::mem::take(&mut turn.lead);
-            text = &held;
-            let blank = text.len() - text.trim_start().len();
-            if let Some(newline) = text[..blank].rfind('\n') {
-                text = &text[newline + 1..];
-            }
-        }
-        if turn.visible.is_empty() && !self.output.is_empty() && !self.output.ends_with('\n') {
-            // A later turn starts a new paragraph of the output (and of the streamed text).
-            let cap = self.engine.config.max_output_bytes;
-            push_capped(&mut self.output, "\n\n", cap, &mut self.truncated);
-            self.events.delta("\n\n").await;
-        }
-        let cap = self.engine.config.max_output_bytes;
-        push_capped(&mut turn.visible, text, cap, &mut self.truncated);
-        push_capped(&mut self.output, text, cap, &mut self.truncated);
-        self.events.delta(text).await;
-        match self.loops.push_text(text) {
-            Some(verdict) => Err(self.loop_detected(verdict).await),
-            None => Ok(()),
-        }
-    }
-
-    /// A turn cut short: keep what the model said in the conversation.
-    fn interrupted(&mut self, turn: &Turn, stop: Stop) -> Stop {
-        if !turn.raw.is_empty() {
-            self.conversation.push(Message::assistant(turn.raw.clone()));
-        }
-        stop
     }
 
     async fn loop_detected(&mut self, verdict: LoopVerdict) -> Stop {
@@ -1297,21 +1026,6 @@ impl serde::Serialize for RawJson<'_> {
             Err(_) => serializer.serialize_str(self.0),
         }
     }
-}
-
-/// Appends at most up to `cap` bytes (on a char boundary), noting when text was cut.
-fn push_capped(buffer: &mut String, text: &str, cap: usize, truncated: &mut bool) {
-    let room = cap.saturating_sub(buffer.len());
-    if text.len() <= room {
-        buffer.push_str(text);
-        return;
-    }
-    *truncated = true;
-    let mut cut = room;
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    buffer.push_str(&text[..cut]);
 }
 
 /// How long an escalation waits for the decision history before it goes without suggestions.
