@@ -6,6 +6,7 @@ mod decision;
 mod ending;
 mod escalation;
 mod prompt;
+mod signalling;
 mod turn;
 
 use std::collections::BTreeMap;
@@ -18,16 +19,16 @@ use futures_util::future::join_all;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::control::{self, REQUEST_DECISION, SignalOrigin};
+use super::control::{self, REQUEST_DECISION};
 use super::events::EventEmitter;
-use super::loop_detect::{LoopDetector, LoopVerdict};
+use super::loop_detect::LoopDetector;
 use super::signals::SignalBook;
 use super::text_calls::{self, InvalidCallKind, ParsedItem};
 use super::{Engine, Finished, RequestContext};
 use crate::llm::{ChatRequest, FinishReason, LlmError};
 use crate::protocol::{
-    Content, EventBody, FunctionCall, GenerationRequest, Message, Reason, Severity, Signal,
-    SignalSource, SignalType, ToolCall, Usage, ValidationReport,
+    Content, EventBody, FunctionCall, GenerationRequest, Message, Reason, Severity, ToolCall,
+    Usage, ValidationReport,
 };
 use crate::settings::ToolMode;
 use crate::tools::{Tool, ToolInvocation, ToolReply};
@@ -317,15 +318,6 @@ impl<'e> Generation<'e> {
         }
     }
 
-    fn origin(&self) -> SignalOrigin<'_> {
-        SignalOrigin {
-            request_id: &self.ctx.request_id,
-            root_request_id: &self.ctx.root_request_id,
-            job_name: self.request.job_name.as_deref(),
-            worker_id: &self.ctx.worker_id,
-            pool: &self.ctx.pool,
-        }
-    }
     /// The first backend call this request would make, exactly as it would be sent (what
     /// `genfleet bench` sends straight to a backend to compare with the worker's path).
     pub(super) fn first_call(mut self) -> Result<ChatRequest, String> {
@@ -333,18 +325,6 @@ impl<'e> Generation<'e> {
             return Err(stop.detail.unwrap_or_default());
         }
         Ok(self.chat_request(self.engine.system_shape()))
-    }
-
-    async fn loop_detected(&mut self, verdict: LoopVerdict) -> Stop {
-        let detail = verdict.detail.clone();
-        self.worker_signal(
-            "LOOP_DETECTED",
-            Severity::High,
-            format!("the model was stopped in a loop: {detail}"),
-            json!({"kind": format!("{:?}", verdict.kind), "detail": detail}),
-        )
-        .await;
-        Stop::new(Reason::LoopDetected, detail)
     }
 
     fn call_id(&mut self) -> String {
@@ -657,53 +637,6 @@ impl<'e> Generation<'e> {
             );
         }
         text
-    }
-
-    async fn model_signal(&mut self, signal: Signal) -> bool {
-        let kept = self.signals.add(signal).cloned();
-        let Some(signal) = kept else {
-            tracing::debug!(message = "model signal dropped by the per-request bound", request_id = %self.ctx.request_id);
-            return false;
-        };
-        self.events
-            .emit(EventBody::Signal {
-                signal: Box::new(signal),
-            })
-            .await;
-        true
-    }
-
-    async fn worker_signal(
-        &mut self,
-        code: &str,
-        severity: Severity,
-        summary: String,
-        meta: serde_json::Value,
-    ) {
-        let meta = match meta {
-            serde_json::Value::Object(map) => map,
-            _ => serde_json::Map::new(),
-        };
-        let signal = self.origin().signal(
-            SignalType::Issue,
-            code,
-            SignalSource::Worker,
-            severity,
-            summary,
-            meta,
-        );
-        self.push_worker_signal(signal).await;
-    }
-
-    /// Records a signal the worker raises (always kept, meta bounded) and emits it.
-    async fn push_worker_signal(&mut self, signal: Signal) {
-        if let Some(signal) = self.signals.add(signal).cloned() {
-            self.events
-                .emit(EventBody::Signal {
-                    signal: Box::new(signal),
-                })
-                .await;
-        }
     }
 }
 
