@@ -1,7 +1,9 @@
 //! The tool loop of one request: call the model, parse its calls, record control calls as
 //! signals, correct invalid calls, run tools within the budget, and end in exactly one result.
 
+mod calls;
 mod checkpoint;
+mod control_calls;
 mod decision;
 mod ending;
 mod escalation;
@@ -9,7 +11,6 @@ mod prompt;
 mod signalling;
 mod turn;
 
-use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -19,39 +20,22 @@ use futures_util::future::join_all;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::control::{self, REQUEST_DECISION};
+use super::control;
 use super::events::EventEmitter;
 use super::loop_detect::LoopDetector;
 use super::signals::SignalBook;
-use super::text_calls::{self, InvalidCallKind, ParsedItem};
 use super::{Engine, Finished, RequestContext};
 use crate::llm::{ChatRequest, FinishReason, LlmError};
 use crate::protocol::{
-    Content, EventBody, FunctionCall, GenerationRequest, Message, Reason, Severity, ToolCall,
-    Usage, ValidationReport,
+    EventBody, GenerationRequest, Message, Reason, Severity, Usage, ValidationReport,
 };
 use crate::settings::ToolMode;
 use crate::tools::{Tool, ToolInvocation, ToolReply};
 
+use calls::{ModelCall, Problem};
+use control_calls::RecordedControls;
 use ending::Stop;
-use turn::{Turn, TurnError};
-
-/// One call the model made, native or written as text.
-struct ModelCall {
-    id: String,
-    name: String,
-    arguments: serde_json::Map<String, serde_json::Value>,
-    /// The argument string as the model sent it (native calls), kept for the conversation.
-    raw_arguments: Option<String>,
-}
-
-/// An invalid call: corrected, or the request fails with `tool_parse_error`.
-struct Problem {
-    /// The native call id this problem answers, if there is one.
-    call_id: Option<String>,
-    tool: Option<String>,
-    what: String,
-}
+use turn::TurnError;
 
 pub(super) struct Generation<'e> {
     engine: &'e Engine,
@@ -204,58 +188,16 @@ impl<'e> Generation<'e> {
                 .into_iter()
                 .partition(|c| control::is_control_tool(&c.name));
 
-            for call in &normal {
-                match self.tools.iter().find(|t| t.name() == call.name) {
-                    None => problems.push(Problem {
-                        call_id: Some(call.id.clone()),
-                        tool: None,
-                        what: format!("`{}` is not a tool you can call", call.name),
-                    }),
-                    Some(tool) => problems.extend(argument_problems(tool, call)),
+            problems.extend(self.tool_call_problems(&normal));
+            let recorded = match self.record_control_calls(&controls, &mut problems).await {
+                Ok(recorded) => recorded,
+                Err(stop) => {
+                    self.conversation.push(assistant);
+                    return stop;
                 }
-            }
-            // Control calls are recorded whenever they appear; an invalid one is corrected.
-            let mut decision_stop = false;
-            let mut recorded = BTreeMap::new();
-            for call in &controls {
-                let tool = control::control_tool(&call.name).expect("partitioned as control");
-                let arg_problems = argument_problems(tool, call);
-                if !arg_problems.is_empty() {
-                    problems.extend(arg_problems);
-                    continue;
-                }
-                let wants_decision = call.name == REQUEST_DECISION && self.stop_on_decision();
-                let at_chain_limit = self.ctx.chain_position >= self.engine.config.max_chain;
-                let awaits = wants_decision && !at_chain_limit;
-                match control::to_signal(&call.name, &call.arguments, &self.origin(), awaits) {
-                    Ok(mut signal) => {
-                        if let (Some(decision), Some(ttl)) =
-                            (signal.decision.as_mut(), self.engine.config.decision_ttl)
-                        {
-                            decision.expires_at = Some(
-                                humantime::format_rfc3339_millis(
-                                    std::time::SystemTime::now() + ttl,
-                                )
-                                .to_string(),
-                            );
-                        }
-                        let kept = self.model_signal(signal).await;
-                        if kept && wants_decision && at_chain_limit {
-                            self.conversation.push(assistant);
-                            return Stop::new(Reason::ToolExecutionError, "decision chain limit");
-                        }
-                        decision_stop |= kept && awaits;
-                        recorded.insert(call.id.clone(), kept);
-                    }
-                    Err(what) => problems.push(Problem {
-                        call_id: Some(call.id.clone()),
-                        tool: Some(call.name.clone()),
-                        what,
-                    }),
-                }
-            }
+            };
             self.conversation.push(assistant);
-            if decision_stop {
+            if recorded.awaits_decision {
                 return Stop::plain(Reason::DecisionRequested);
             }
 
@@ -325,104 +267,6 @@ impl<'e> Generation<'e> {
             return Err(stop.detail.unwrap_or_default());
         }
         Ok(self.chat_request(self.engine.system_shape()))
-    }
-
-    fn call_id(&mut self) -> String {
-        self.next_call_id += 1;
-        format!("call_{}_{}", self.ctx.chain_position, self.next_call_id)
-    }
-
-    /// The turn's calls in order (native first, then those written as text), and the invalid ones.
-    fn collect_calls(&mut self, turn: &Turn) -> (Vec<ModelCall>, Vec<Problem>) {
-        let mut calls = Vec::new();
-        let mut problems = Vec::new();
-        for native in turn.native.values() {
-            let id = native.id.clone().unwrap_or_else(|| self.call_id());
-            if native.name.is_empty() {
-                problems.push(Problem {
-                    call_id: Some(id),
-                    tool: None,
-                    what: "a tool call without a tool name".into(),
-                });
-                continue;
-            }
-            let raw = serde_json::Value::String(native.arguments.clone());
-            match text_calls::parse_arguments(&raw) {
-                Ok(arguments) => calls.push(ModelCall {
-                    id,
-                    name: native.name.clone(),
-                    arguments,
-                    raw_arguments: Some(native.arguments.clone()),
-                }),
-                Err(reason) => problems.push(Problem {
-                    call_id: Some(id.clone()),
-                    tool: Some(native.name.clone()),
-                    what: format!(
-                        "the arguments of `{}` are not a JSON object: {reason}",
-                        native.name
-                    ),
-                }),
-            }
-        }
-        for item in &turn.parsed {
-            match item {
-                ParsedItem::Call(call) => {
-                    let id = call.id.clone().unwrap_or_else(|| self.call_id());
-                    calls.push(ModelCall {
-                        id,
-                        name: call.name.clone(),
-                        arguments: call.arguments.clone(),
-                        raw_arguments: None,
-                    });
-                }
-                ParsedItem::Invalid(invalid) => problems.push(Problem {
-                    call_id: None,
-                    tool: None,
-                    what: match invalid.kind {
-                        InvalidCallKind::Malformed => {
-                            format!(
-                                "a tool call is not valid JSON ({}): {}",
-                                invalid.reason, invalid.raw
-                            )
-                        }
-                        InvalidCallKind::InvalidCall => {
-                            format!(
-                                "a tool call object is invalid ({}): {}",
-                                invalid.reason, invalid.raw
-                            )
-                        }
-                    },
-                }),
-            }
-        }
-        (calls, problems)
-    }
-
-    /// The assistant turn as it goes into the conversation. In native mode calls are native
-    /// `tool_calls` (those written as text too, so every tool result has a call to answer); in
-    /// text mode the model's own text stands as written.
-    fn assistant_message(&self, turn: &Turn, calls: &[ModelCall]) -> Message {
-        if self.mode == ToolMode::Text || calls.is_empty() {
-            return Message::assistant(turn.raw.clone());
-        }
-        let tool_calls = calls
-            .iter()
-            .map(|call| ToolCall {
-                id: call.id.clone(),
-                kind: "function".into(),
-                function: FunctionCall {
-                    name: call.name.clone(),
-                    arguments: call.raw_arguments.clone().unwrap_or_else(|| {
-                        serde_json::Value::Object(call.arguments.clone()).to_string()
-                    }),
-                },
-            })
-            .collect();
-        Message {
-            content: (!turn.visible.trim().is_empty()).then(|| Content::Text(turn.visible.clone())),
-            tool_calls,
-            ..Message::assistant("")
-        }
     }
 
     async fn run_tools(&mut self, calls: &[ModelCall]) -> Result<Vec<ToolReply>, Stop> {
@@ -506,7 +350,7 @@ impl<'e> Generation<'e> {
         &mut self,
         calls: &[ModelCall],
         controls: &[ModelCall],
-        recorded: &BTreeMap<String, bool>,
+        recorded: &RecordedControls,
         replies: Vec<ToolReply>,
     ) {
         let mut answers: Vec<(&ModelCall, String)> = calls
@@ -521,7 +365,7 @@ impl<'e> Generation<'e> {
             })
             .collect();
         for call in controls {
-            answers.push((call, control_ack(recorded.get(&call.id).copied())));
+            answers.push((call, recorded.ack(call)));
         }
         self.push_answers(answers, None);
     }
@@ -532,7 +376,7 @@ impl<'e> Generation<'e> {
         &mut self,
         normal: &[ModelCall],
         controls: &[ModelCall],
-        recorded: &BTreeMap<String, bool>,
+        recorded: &RecordedControls,
         problems: &[Problem],
     ) {
         let mut answers = Vec::new();
@@ -551,7 +395,7 @@ impl<'e> Generation<'e> {
                 continue;
             }
             let content = if control::is_control_tool(&call.name) {
-                control_ack(recorded.get(&call.id).copied())
+                recorded.ack(call)
             } else {
                 json!({"error": {"code": "NOT_EXECUTED", "message": "not run: another call in the same message was invalid"}}).to_string()
             };
@@ -637,25 +481,6 @@ impl<'e> Generation<'e> {
             );
         }
         text
-    }
-}
-
-fn argument_problems(tool: &Tool, call: &ModelCall) -> Vec<Problem> {
-    let arguments = serde_json::Value::Object(call.arguments.clone());
-    tool.check_arguments(&arguments)
-        .into_iter()
-        .map(|error| Problem {
-            call_id: Some(call.id.clone()),
-            tool: Some(call.name.clone()),
-            what: format!("invalid arguments for `{}` {error}", call.name),
-        })
-        .collect()
-}
-
-fn control_ack(kept: Option<bool>) -> String {
-    match kept {
-        Some(false) => json!({"recorded": false, "reason": "signal limit reached"}).to_string(),
-        _ => json!({"recorded": true}).to_string(),
     }
 }
 
