@@ -1,14 +1,14 @@
 //! One generation: the tool loop of one request, from its `started` event to exactly one
 //! terminal result.
 //!
-//! This file holds the state of a generation and the loop that drives it: take a model turn,
-//! sort its calls, record the control calls, correct invalid calls or run the tools, and go round
-//! until something ends it. Each step is a file of its own, in the order a turn meets them:
-//! [`prompt`] and [`turn`] (the backend called and streamed), [`calls`] (the calls collected and
-//! checked), [`control_calls`], [`correction`], [`tools`] (within the budget) and [`answers`]
-//! (what goes back to the model). Before the loop come the [`checkpoint`]s; after it, the
-//! [`escalation`] when the output falls short of its checks, both raising [`decision`]s; last,
-//! the [`ending`].
+//! This file holds the state of a generation and the loop that drives it; each job the loop
+//! hands out has a file of its own, so that the loop reads as the flow. In the order a request
+//! meets them: [`checkpoint`] (before anything runs); then, each turn, [`prompt`] and [`turn`]
+//! (the backend called and its stream read), [`calls`] (the calls gathered and checked),
+//! [`control_calls`] (the signals the model raises), [`correction`] or [`tools`] (run within the
+//! budget), and [`answers`] (what goes back to the model); after the loop, [`escalation`] (the
+//! output held to its checks); last, [`ending`]. [`signalling`] and [`decision`] serve them all:
+//! the signals raised, within their bounds, and the decisions asked of managers.
 
 mod answers;
 mod calls;
@@ -116,6 +116,8 @@ impl<'e> Generation<'e> {
         }
     }
 
+    /// Every way a generation goes ends in [`Generation::finish`], so `Engine::run` always has a
+    /// terminal result to return.
     pub(super) async fn run(mut self) -> Finished {
         self.events
             .emit(EventBody::Started {
@@ -134,6 +136,8 @@ impl<'e> Generation<'e> {
         self.finish(stop).await
     }
 
+    /// Takes the request's tools from the catalog as it is now (control tools need none); an
+    /// unknown tool ends the request before the model is called.
     fn resolve_tools(&mut self) -> Option<Stop> {
         let catalog = self.engine.catalog();
         for name in &self.request.tools {

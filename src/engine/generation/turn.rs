@@ -37,8 +37,9 @@ pub(super) struct NativeCall {
     pub(super) arguments: String,
 }
 
-/// A turn that produced nothing to go on with. The refusals are not the end: the generation
-/// learns from them (for this engine, not only this request) and takes the turn again.
+/// A turn that produced nothing to go on with. A refusal need not end the request: the
+/// generation learns from it (for the whole engine, not only this request) and takes the turn
+/// again when another way to call the backend is left.
 pub(super) enum TurnError {
     Stop(Stop),
     ToolsRefused(String),
