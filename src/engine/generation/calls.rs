@@ -1,0 +1,159 @@
+//! The calls a turn holds, as one list whatever way the model made them, and the problems with
+//! them that a correction turn names.
+//!
+//! Native calls and calls written as text are gathered alike so that everything after them
+//! (checking, control calls, execution, answers) handles one kind of call. Each call gets an id
+//! here, because a native conversation must answer every call by id, text calls included.
+
+use crate::engine::text_calls::{self, InvalidCallKind, ParsedItem};
+use crate::protocol::{Content, FunctionCall, Message, ToolCall};
+use crate::settings::ToolMode;
+use crate::tools::Tool;
+
+use super::Generation;
+use super::turn::Turn;
+
+/// One call the model made, native or written as text.
+pub(super) struct ModelCall {
+    pub(super) id: String,
+    pub(super) name: String,
+    pub(super) arguments: serde_json::Map<String, serde_json::Value>,
+    /// The argument string as the model sent it (native calls), kept for the conversation.
+    raw_arguments: Option<String>,
+}
+
+/// An invalid call: corrected, or the request fails with `tool_parse_error`.
+pub(super) struct Problem {
+    /// The native call id this problem answers, if there is one.
+    pub(super) call_id: Option<String>,
+    pub(super) tool: Option<String>,
+    pub(super) what: String,
+}
+
+impl Generation<'_> {
+    fn call_id(&mut self) -> String {
+        self.next_call_id += 1;
+        format!("call_{}_{}", self.ctx.chain_position, self.next_call_id)
+    }
+
+    /// The turn's calls in order (native first, then those written as text), and the invalid ones.
+    pub(super) fn collect_calls(&mut self, turn: &Turn) -> (Vec<ModelCall>, Vec<Problem>) {
+        let mut calls = Vec::new();
+        let mut problems = Vec::new();
+        for native in turn.native.values() {
+            let id = native.id.clone().unwrap_or_else(|| self.call_id());
+            if native.name.is_empty() {
+                problems.push(Problem {
+                    call_id: Some(id),
+                    tool: None,
+                    what: "a tool call without a tool name".into(),
+                });
+                continue;
+            }
+            let raw = serde_json::Value::String(native.arguments.clone());
+            match text_calls::parse_arguments(&raw) {
+                Ok(arguments) => calls.push(ModelCall {
+                    id,
+                    name: native.name.clone(),
+                    arguments,
+                    raw_arguments: Some(native.arguments.clone()),
+                }),
+                Err(reason) => problems.push(Problem {
+                    call_id: Some(id.clone()),
+                    tool: Some(native.name.clone()),
+                    what: format!(
+                        "the arguments of `{}` are not a JSON object: {reason}",
+                        native.name
+                    ),
+                }),
+            }
+        }
+        for item in &turn.parsed {
+            match item {
+                ParsedItem::Call(call) => {
+                    let id = call.id.clone().unwrap_or_else(|| self.call_id());
+                    calls.push(ModelCall {
+                        id,
+                        name: call.name.clone(),
+                        arguments: call.arguments.clone(),
+                        raw_arguments: None,
+                    });
+                }
+                ParsedItem::Invalid(invalid) => problems.push(Problem {
+                    call_id: None,
+                    tool: None,
+                    what: match invalid.kind {
+                        InvalidCallKind::Malformed => {
+                            format!(
+                                "a tool call is not valid JSON ({}): {}",
+                                invalid.reason, invalid.raw
+                            )
+                        }
+                        InvalidCallKind::InvalidCall => {
+                            format!(
+                                "a tool call object is invalid ({}): {}",
+                                invalid.reason, invalid.raw
+                            )
+                        }
+                    },
+                }),
+            }
+        }
+        (calls, problems)
+    }
+
+    /// The assistant turn as it goes into the conversation. In native mode calls are native
+    /// `tool_calls` (those written as text too, so every tool result has a call to answer); in
+    /// text mode the model's own text stands as written.
+    pub(super) fn assistant_message(&self, turn: &Turn, calls: &[ModelCall]) -> Message {
+        if self.mode == ToolMode::Text || calls.is_empty() {
+            return Message::assistant(turn.raw.clone());
+        }
+        let tool_calls = calls
+            .iter()
+            .map(|call| ToolCall {
+                id: call.id.clone(),
+                kind: "function".into(),
+                function: FunctionCall {
+                    name: call.name.clone(),
+                    arguments: call.raw_arguments.clone().unwrap_or_else(|| {
+                        serde_json::Value::Object(call.arguments.clone()).to_string()
+                    }),
+                },
+            })
+            .collect();
+        Message {
+            content: (!turn.visible.trim().is_empty()).then(|| Content::Text(turn.visible.clone())),
+            tool_calls,
+            ..Message::assistant("")
+        }
+    }
+
+    /// Calls of tools this request may not use, and arguments their schemas refuse.
+    pub(super) fn tool_call_problems(&self, calls: &[ModelCall]) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        for call in calls {
+            match self.tools.iter().find(|t| t.name() == call.name) {
+                None => problems.push(Problem {
+                    call_id: Some(call.id.clone()),
+                    tool: None,
+                    what: format!("`{}` is not a tool you can call", call.name),
+                }),
+                Some(tool) => problems.extend(argument_problems(tool, call)),
+            }
+        }
+        problems
+    }
+}
+
+pub(super) fn argument_problems(tool: &Tool, call: &ModelCall) -> Vec<Problem> {
+    let arguments = serde_json::Value::Object(call.arguments.clone());
+    tool.check_arguments(&arguments)
+        .into_iter()
+        .map(|error| Problem {
+            call_id: Some(call.id.clone()),
+            tool: Some(call.name.clone()),
+            what: format!("invalid arguments for `{}` {error}", call.name),
+        })
+        .collect()
+}

@@ -1,0 +1,229 @@
+//! One model turn: the backend called, and its stream read to the end into a [`Turn`].
+//!
+//! The stream is where a generation waits on a peer, so every await here also watches
+//! cancellation and the deadline, and flushes the coalesced deltas on time. Visible text reaches
+//! the output, the events and the loop detector while it streams (the text call parser holds
+//! back only what may be a call), so a looping model is stopped mid-turn, not at `max_tokens`.
+
+use std::collections::BTreeMap;
+
+use futures_util::StreamExt;
+
+use crate::engine::SystemShape;
+use crate::engine::text_calls::{ParseMode, ParsedItem, TextCallParser};
+use crate::llm::{FinishReason, LlmError, StreamEvent};
+use crate::protocol::{EventBody, Message, Reason};
+use crate::settings::ToolMode;
+
+use super::ending::Stop;
+use super::{Generation, sleep_until};
+
+/// What one backend call produced.
+pub(super) struct Turn {
+    pub(super) raw: String,
+    pub(super) visible: String,
+    /// Whitespace seen before the turn's first visible words, not yet shown.
+    lead: String,
+    pub(super) native: BTreeMap<usize, NativeCall>,
+    pub(super) parsed: Vec<ParsedItem>,
+    pub(super) finish: FinishReason,
+}
+
+/// A native call as its deltas arrive: the name and the arguments come in pieces.
+#[derive(Default)]
+pub(super) struct NativeCall {
+    pub(super) id: Option<String>,
+    pub(super) name: String,
+    pub(super) arguments: String,
+}
+
+/// A turn that produced nothing to go on with. A refusal need not end the request: the
+/// generation learns from it (for the whole engine, not only this request) and takes the turn
+/// again when another way to call the backend is left.
+pub(super) enum TurnError {
+    Stop(Stop),
+    ToolsRefused(String),
+    /// The chat template refused the system messages laid out in this shape.
+    SystemRefused(SystemShape, String),
+}
+
+impl From<Stop> for TurnError {
+    fn from(stop: Stop) -> Self {
+        TurnError::Stop(stop)
+    }
+}
+
+impl Generation<'_> {
+    /// Streams one model call. Cancellation and the deadline are checked at every await.
+    pub(super) async fn model_turn(&mut self) -> Result<Turn, TurnError> {
+        let cap = self.engine.config.max_output_bytes;
+        let shape = self.engine.system_shape();
+        let chat = self.chat_request(shape);
+        let mut stream = self.engine.backend.chat_stream(chat);
+        let parse_mode = match self.mode {
+            ToolMode::Native => ParseMode::Native,
+            ToolMode::Text => ParseMode::Text,
+        };
+        let mut parser = TextCallParser::new(parse_mode);
+        let mut turn = Turn {
+            raw: String::new(),
+            visible: String::new(),
+            lead: String::new(),
+            native: BTreeMap::new(),
+            parsed: Vec::new(),
+            finish: FinishReason::Stop,
+        };
+        let mut finish = None;
+        let mut any_token = false;
+        let mut visible = String::new();
+        loop {
+            let flush_at = self.events.flush_deadline();
+            let item = tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => {
+                    return Err(self.interrupted(&turn, Stop::plain(Reason::Cancelled)).into());
+                }
+                _ = sleep_until(self.deadline) => {
+                    let stop = Stop::new(Reason::Timeout, "the request's deadline passed");
+                    return Err(self.interrupted(&turn, stop).into());
+                }
+                _ = sleep_until(flush_at) => {
+                    self.events.flush().await;
+                    continue;
+                }
+                item = stream.next() => item,
+            };
+            let event = match item {
+                None if finish.is_some() => break,
+                None => {
+                    let stop = Stop::new(
+                        Reason::BackendError,
+                        "the backend stream ended without a finish reason",
+                    );
+                    return Err(self.interrupted(&turn, stop).into());
+                }
+                Some(Err(LlmError::ToolsRejected(body)))
+                    if !any_token && self.mode == ToolMode::Native =>
+                {
+                    return Err(TurnError::ToolsRefused(body));
+                }
+                Some(Err(LlmError::SystemRejected(body))) if !any_token => {
+                    return Err(TurnError::SystemRefused(shape, body));
+                }
+                Some(Err(error)) => {
+                    let stop = Stop::new(Reason::BackendError, error.to_string());
+                    return Err(self.interrupted(&turn, stop).into());
+                }
+                Some(Ok(event)) => event,
+            };
+            if !any_token && !matches!(event, StreamEvent::Usage(_) | StreamEvent::Finish(_)) {
+                any_token = true;
+                self.first_token
+                    .get_or_insert_with(|| self.started_at.elapsed());
+            }
+            match event {
+                StreamEvent::Text(text) => {
+                    push_capped(&mut turn.raw, &text, cap, &mut self.truncated);
+                    visible.clear();
+                    parser.push(&text, &mut visible);
+                    if let Err(stop) = self.show(&visible, &mut turn).await {
+                        return Err(self.interrupted(&turn, stop).into());
+                    }
+                }
+                StreamEvent::Reasoning(text) => {
+                    push_capped(&mut self.reasoning, &text, cap, &mut self.truncated);
+                    self.events.emit(EventBody::Reasoning { text }).await;
+                }
+                StreamEvent::ToolCall(delta) => {
+                    let call = turn.native.entry(delta.index).or_default();
+                    if let Some(id) = delta.id {
+                        call.id = Some(id);
+                    }
+                    if let Some(name) = delta.name {
+                        call.name.push_str(&name);
+                    }
+                    push_capped(
+                        &mut call.arguments,
+                        &delta.arguments,
+                        cap,
+                        &mut self.truncated,
+                    );
+                }
+                StreamEvent::Usage(usage) => self.usage.add(usage),
+                StreamEvent::Finish(reason) => finish = Some(reason),
+            }
+        }
+        visible.clear();
+        turn.parsed = parser.finish(&mut visible);
+        if let Err(stop) = self.show(&visible, &mut turn).await {
+            return Err(self.interrupted(&turn, stop).into());
+        }
+        if let Some(verdict) = self.loops.end_turn() {
+            let stop = self.loop_detected(verdict).await;
+            return Err(self.interrupted(&turn, stop).into());
+        }
+        self.events.flush().await;
+        turn.finish = finish.unwrap_or(FinishReason::Stop);
+        Ok(turn)
+    }
+
+    /// Adds visible text to the output and the event stream, and watches it for loops.
+    async fn show(&mut self, text: &str, turn: &mut Turn) -> Result<(), Stop> {
+        if text.is_empty() {
+            return Ok(());
+        }
+        let held;
+        let mut text = text;
+        if turn.visible.is_empty() {
+            // Blank lines before a turn's first words (and whitespace between calls) are not
+            // output; indentation on the first line is.
+            if text.trim().is_empty() {
+                turn.lead.push_str(text);
+                return Ok(());
+            }
+            turn.lead.push_str(text);
+            held = std::mem::take(&mut turn.lead);
+            text = &held;
+            let blank = text.len() - text.trim_start().len();
+            if let Some(newline) = text[..blank].rfind('\n') {
+                text = &text[newline + 1..];
+            }
+        }
+        let cap = self.engine.config.max_output_bytes;
+        if turn.visible.is_empty() && !self.output.is_empty() && !self.output.ends_with('\n') {
+            // A later turn starts a new paragraph of the output (and of the streamed text).
+            push_capped(&mut self.output, "\n\n", cap, &mut self.truncated);
+            self.events.delta("\n\n").await;
+        }
+        push_capped(&mut turn.visible, text, cap, &mut self.truncated);
+        push_capped(&mut self.output, text, cap, &mut self.truncated);
+        self.events.delta(text).await;
+        match self.loops.push_text(text) {
+            Some(verdict) => Err(self.loop_detected(verdict).await),
+            None => Ok(()),
+        }
+    }
+
+    /// A turn cut short: keep what the model said in the conversation.
+    fn interrupted(&mut self, turn: &Turn, stop: Stop) -> Stop {
+        if !turn.raw.is_empty() {
+            self.conversation.push(Message::assistant(turn.raw.clone()));
+        }
+        stop
+    }
+}
+
+/// Appends at most up to `cap` bytes (on a char boundary), noting when text was cut.
+fn push_capped(buffer: &mut String, text: &str, cap: usize, truncated: &mut bool) {
+    let room = cap.saturating_sub(buffer.len());
+    if text.len() <= room {
+        buffer.push_str(text);
+        return;
+    }
+    *truncated = true;
+    let mut cut = room;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    buffer.push_str(&text[..cut]);
+}
