@@ -20,7 +20,7 @@ use futures_util::StreamExt;
 use std::sync::Arc;
 
 use super::history::History;
-use crate::engine::chain::{
+use crate::protocol::chain::{
     ChainState, DECISION_NOTE_PREFIX, GUIDANCE_NOTE_PREFIX, task_message_index, task_text,
 };
 use crate::engine::history::{HistoryEntry, HistoryOutcome};

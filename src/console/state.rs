@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::bus::decisions::{Answer, DecisionRecord};
-use crate::engine::chain::task_text;
+use crate::protocol::chain::task_text;
 use crate::manager::view::trim_text;
 use crate::protocol::{
     DecisionKind, DecisionOption, Event, EventBody, RequestState, Severity, Signal, SignalSource,

@@ -7,7 +7,7 @@
 
 use serde_json::json;
 
-use crate::engine::chain;
+use crate::protocol::chain;
 use crate::protocol::{DecisionKind, Role, Severity, SignalType};
 
 use super::Generation;

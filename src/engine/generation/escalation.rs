@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::engine::chain::{self, PastAttempt};
+use crate::protocol::chain::{self, PastAttempt};
 use crate::engine::history::{self, SuggestionQuery};
 use crate::engine::validation;
 use crate::protocol::{DecisionKind, Message, Reason, Severity, SignalType, ValidationReport};
