@@ -12,6 +12,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::protocol::ids::is_valid_name;
+use crate::protocol::text::one_line;
 
 pub use loop_detection::LoopDetectionConfig;
 
@@ -659,10 +660,6 @@ impl Settings {
             .unwrap_or_else(|| "worker".into());
         format!("{host}-{}", crate::protocol::ids::new_id())
     }
-}
-
-fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]

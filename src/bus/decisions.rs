@@ -20,13 +20,15 @@ use futures_util::StreamExt;
 use std::sync::Arc;
 
 use super::history::History;
-use crate::engine::chain::{
-    ChainState, DECISION_NOTE_PREFIX, GUIDANCE_NOTE_PREFIX, task_message_index, task_text,
-};
+use crate::engine::chain::ChainState;
 use crate::engine::history::{HistoryEntry, HistoryOutcome};
 use crate::observe::Metrics;
 pub use crate::protocol::DecisionOutcome;
 use crate::protocol::ids::{new_id, now_rfc3339};
+use crate::protocol::task::{
+    DECISION_NOTE_PREFIX, GUIDANCE_NOTE_PREFIX, task_message_index, task_text,
+};
+use crate::protocol::text::clip_bytes;
 use crate::protocol::{
     DecisionBlock, DecisionKind, ErrorCode, Event, EventBody, GenerationRequest, Message, Severity,
     Signal, SignalSource, SignalType, WireError,
@@ -668,13 +670,16 @@ impl Decisions {
             chain_position: record.chain_position,
             confidence: number("confidence"),
             pass_rate: number("pass_rate"),
-            prompt: clip(&task_text(&record.request.messages), 1000),
+            prompt: clip_bytes(&task_text(&record.request.messages), 1000),
             question: record.decision.question.clone(),
             option_id: answer.option_id.clone(),
             decided_by: answer.decided_by.clone(),
             rationale: answer.rationale.clone(),
             guidance: answer.guidance.clone(),
-            modified_prompt: answer.modified_prompt.as_deref().map(|p| clip(p, 1000)),
+            modified_prompt: answer
+                .modified_prompt
+                .as_deref()
+                .map(|p| clip_bytes(p, 1000)),
             confidence_boost: answer.confidence_boost,
             decided_at: answer.decided_at.clone(),
             outcome: match answer.outcome {
@@ -851,15 +856,4 @@ pub fn continuation(record: &DecisionRecord, answer: &Answer, id: &str) -> Gener
             .push(Message::user(format!("{GUIDANCE_NOTE_PREFIX} {guidance}")));
     }
     request
-}
-
-fn clip(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_string();
-    }
-    let mut cut = max;
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}…", &text[..cut])
 }

@@ -12,8 +12,8 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::bus::decisions::{Answer, DecisionRecord};
-use crate::engine::chain::task_text;
-use crate::manager::view::trim_text;
+use crate::protocol::task::task_text;
+use crate::protocol::text::clip_chars_counted;
 use crate::protocol::{
     DecisionKind, DecisionOption, Event, EventBody, RequestState, Severity, Signal, SignalSource,
     SignalType,
@@ -99,7 +99,7 @@ impl InboxItem {
         };
         let prompt = Some(task_text(&record.request.messages))
             .filter(|p| !p.is_empty())
-            .map(|p| trim_text(&p, PROMPT_CHARS));
+            .map(|p| clip_chars_counted(&p, PROMPT_CHARS));
         let signal = record.signal;
         let decision = record.decision;
         InboxItem {
@@ -483,7 +483,7 @@ impl Fleet {
                         .detail
                         .as_deref()
                         .filter(|_| result.state != RequestState::Completed)
-                        .map(|d| trim_text(d, FINISHED_DETAIL_CHARS)),
+                        .map(|d| clip_chars_counted(d, FINISHED_DETAIL_CHARS)),
                 });
                 self.finished.truncate(FINISHED_SHOWN);
                 self.dirty = true;

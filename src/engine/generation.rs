@@ -13,7 +13,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::bios::BiosContext;
-use super::chain::{self, PastAttempt};
+use super::chain::PastAttempt;
 use super::control::{self, REQUEST_DECISION, SignalOrigin};
 use super::events::EventEmitter;
 use super::history::{self, SuggestionQuery};
@@ -23,6 +23,8 @@ use super::text_calls::{self, InvalidCallKind, ParseMode, ParsedItem, TextCallPa
 use super::validation;
 use super::{Engine, Finished, RequestContext, SystemShape};
 use crate::llm::{ChatRequest, FinishReason, LlmError, StreamEvent, ToolSpec};
+use crate::protocol::task::task_text;
+use crate::protocol::text::{ceil_char_boundary, floor_char_boundary, head_bytes};
 use crate::protocol::{
     Content, DecisionBlock, DecisionKind, DecisionOption, EventBody, FunctionCall,
     GenerationRequest, GenerationResult, Message, Reason, Role, Severity, Signal, SignalSource,
@@ -254,7 +256,7 @@ impl<'e> Generation<'e> {
         }
         meta.insert(
             "prompt".into(),
-            json!(summarise(&chain::task_text(&self.request.messages), 2000)),
+            json!(summarise(&task_text(&self.request.messages), 2000)),
         );
         let why = if matched.is_empty() {
             String::new()
@@ -403,7 +405,7 @@ impl<'e> Generation<'e> {
     /// Ends the request with `escalation.LOW_CONFIDENCE`, whose decision offers retry, skip,
     /// abort and modify_prompt and whose meta holds the context a manager needs.
     async fn escalate(&mut self, report: &ValidationReport) -> Stop {
-        let task = chain::task_text(&self.request.messages);
+        let task = task_text(&self.request.messages);
         let query = SuggestionQuery {
             code: "LOW_CONFIDENCE".into(),
             confidence: report.confidence,
@@ -1365,11 +1367,7 @@ fn push_capped(buffer: &mut String, text: &str, cap: usize, truncated: &mut bool
         return;
     }
     *truncated = true;
-    let mut cut = room;
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    buffer.push_str(&text[..cut]);
+    buffer.push_str(head_bytes(text, room));
 }
 
 /// How long an escalation waits for the decision history before it goes without suggestions.
@@ -1450,14 +1448,8 @@ fn summarise(text: &str, max: usize) -> String {
         return text.to_string();
     }
     let half = max / 2;
-    let mut head = half;
-    while !text.is_char_boundary(head) {
-        head -= 1;
-    }
-    let mut tail = text.len() - half;
-    while !text.is_char_boundary(tail) {
-        tail += 1;
-    }
+    let head = floor_char_boundary(text, half);
+    let tail = ceil_char_boundary(text, text.len() - half);
     format!(
         "{} … [{} bytes left out] … {}",
         &text[..head],
@@ -1491,11 +1483,9 @@ fn bound_tool_reply(reply: ToolReply, max: usize) -> ToolReply {
     // Room for the envelope; the head is cut at a character boundary, short enough that it
     // still fits once its quotes and escapes are written out.
     let room = max.saturating_sub(200);
-    let mut end = room.min(text.len());
+    let mut end = room;
     loop {
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
+        end = floor_char_boundary(&text, end);
         let escaped = serde_json::to_string(&text[..end]).map_or(usize::MAX, |s| s.len());
         if escaped <= room || end == 0 {
             break;

@@ -29,6 +29,7 @@ use std::hash::{BuildHasherDefault, DefaultHasher, Hasher};
 
 use serde_json::Value;
 
+use crate::protocol::text::clip_chars;
 use crate::settings::loop_detection::{
     MAX_CHANT_PERIOD, MAX_CHANT_WINDOW, MAX_LINE_WINDOW, MIN_CHANT_WINDOW,
 };
@@ -501,11 +502,7 @@ fn quote(bytes: &[u8]) -> String {
         .unwrap_or(bytes.len());
     let text = String::from_utf8_lossy(&bytes[start..]);
     let text = text.trim_end_matches([' ', '\t', '\r', '\u{b}', '\u{c}']);
-    let mut short: String = text.chars().take(DETAIL_CHARS).collect();
-    if text.chars().nth(DETAIL_CHARS).is_some() {
-        short.push('…');
-    }
-    format!("{short:?}")
+    format!("{:?}", clip_chars(text, DETAIL_CHARS))
 }
 
 /// Keys of the line counter are already mixed hashes; hashing them again would only cost.
@@ -930,10 +927,7 @@ impl ToolCalls {
         if self.streak < self.repeats {
             return None;
         }
-        let mut shown: String = name.chars().take(DETAIL_CHARS).collect();
-        if name.chars().nth(DETAIL_CHARS).is_some() {
-            shown.push('…');
-        }
+        let shown = clip_chars(name, DETAIL_CHARS);
         Some(LoopVerdict {
             kind: LoopKind::RepeatedToolCall,
             detail: format!(

@@ -15,7 +15,7 @@ use futures_util::StreamExt;
 use serde_json::Value;
 
 use super::console::{CHAIN_ENDING_OPTIONS, MODIFY_PROMPT};
-use super::view::{DecisionView, one_line};
+use super::view::{DecisionView, clipped_line};
 use crate::llm::{ChatRequest, LlmBackend, LlmError, OpenAiBackend, StreamEvent};
 use crate::protocol::{DecisionOption, Message};
 use crate::settings::Settings;
@@ -237,7 +237,7 @@ pub fn parse_reply(
         .ok_or_else(|| {
             format!(
                 "{:?} is not one of the option ids ({})",
-                one_line(&chosen, 80),
+                clipped_line(&chosen, 80),
                 ids(options)
             )
         })?;

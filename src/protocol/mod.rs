@@ -9,6 +9,8 @@ pub mod message;
 pub mod request;
 pub mod result;
 pub mod signal;
+pub mod task;
+pub mod text;
 
 pub use codec::Encoding;
 pub use error::{ErrorBody, ErrorCode, ErrorReply, WireError};

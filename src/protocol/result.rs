@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::message::Message;
 use super::signal::Signal;
+use super::text::floor_char_boundary;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -198,15 +199,6 @@ fn json_len<T: Serialize>(value: &T) -> usize {
     serde_json::to_vec(value).map_or(0, |body| body.len())
 }
 
-/// Cuts `text` to at most `keep` bytes, on a char boundary.
-fn cut_to(text: &mut String, keep: usize) {
-    let mut keep = keep.min(text.len());
-    while !text.is_char_boundary(keep) {
-        keep -= 1;
-    }
-    text.truncate(keep);
-}
-
 impl GenerationResult {
     /// Makes the result fit in `max_bytes` of JSON, so that it can be stored, read and carried
     /// by its `finished` event in one NATS message: a result the server refuses would be lost.
@@ -252,7 +244,7 @@ impl GenerationResult {
                 // What is left (signals, metadata, validation) is bounded by the limits.
                 break;
             };
-            cut_to(text, text.len().saturating_sub(excess));
+            text.truncate(floor_char_boundary(text, text.len().saturating_sub(excess)));
         }
         true
     }
