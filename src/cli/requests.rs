@@ -395,7 +395,7 @@ pub async fn result(settings: Settings, args: ResultArgs) -> anyhow::Result<()> 
 
 pub async fn decide(settings: Settings, args: DecideArgs) -> anyhow::Result<()> {
     let client = Client::connect(&settings).await?;
-    let answer = crate::bus::decisions::DecisionAnswer {
+    let answer = crate::protocol::DecisionAnswer {
         option_id: args.option_id,
         rationale: args.rationale,
         decided_by: args.decided_by.or_else(|| std::env::var("USER").ok()),

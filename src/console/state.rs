@@ -570,7 +570,7 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{DecisionBlock, GenerationRequest, GenerationResult};
+    use crate::protocol::{DecisionAnswer, DecisionBlock, GenerationRequest, GenerationResult};
     use serde_json::json;
 
     fn record(id: &str, ts: &str) -> DecisionRecord {
@@ -635,12 +635,10 @@ mod tests {
 
     fn answered(mut r: DecisionRecord, by: &str) -> DecisionRecord {
         r.answer = Some(Answer {
-            option_id: "fast".into(),
-            rationale: None,
-            decided_by: Some(by.into()),
-            modified_prompt: None,
-            guidance: None,
-            confidence_boost: None,
+            choice: DecisionAnswer {
+                decided_by: Some(by.into()),
+                ..DecisionAnswer::option("fast")
+            },
             outcome: crate::protocol::DecisionOutcome::Continued,
             continuation_request_id: Some("c1".into()),
             decided_at: "2026-01-01T00:00:09.000Z".into(),
@@ -665,7 +663,7 @@ mod tests {
         ));
         assert_eq!(item.state, ItemState::Answered);
         assert_eq!(
-            item.answer.unwrap().decided_by.as_deref(),
+            item.answer.unwrap().choice.decided_by.as_deref(),
             Some("human:ann")
         );
         let mut expired = record("d2", "2026-01-01T00:00:00.000Z");

@@ -18,10 +18,10 @@ use super::rules::{AnswerSpec, Policy, Verdict};
 use super::view::DecisionView;
 use super::{Deliver, ManagerError, ManagerOptions};
 use crate::bus::client::{Client, ClientError};
-use crate::bus::decisions::{Answer, DecisionAnswer, DecisionOutcome, DecisionRecord};
+use crate::bus::decisions::{Answer, DecisionOutcome, DecisionRecord};
 use crate::bus::store::Stores;
 use crate::protocol::ids::is_valid_name;
-use crate::protocol::{ErrorCode, Signal};
+use crate::protocol::{DecisionAnswer, ErrorCode, Signal};
 use crate::settings::Settings;
 
 /// Signals asked for per pull.
@@ -436,8 +436,8 @@ impl Shared {
                         let detail = match &state {
                             RecordState::Answered(answer) => format!(
                                 "rule {rule}: answered meanwhile by {} with {}",
-                                answer.decided_by.as_deref().unwrap_or("someone"),
-                                answer.option_id
+                                answer.choice.decided_by.as_deref().unwrap_or("someone"),
+                                answer.choice.option_id
                             ),
                             RecordState::Expired(why) => format!("rule {rule}: {why}"),
                             RecordState::Missing => {
@@ -498,14 +498,10 @@ impl Shared {
         };
         let view = DecisionView::new(signal, Some(&record)).expect("a decision");
         match console.ask(view).await {
-            ConsoleVerdict::Answer(given) => {
+            ConsoleVerdict::Answer(answer) => {
                 let answer = DecisionAnswer {
-                    option_id: given.option_id,
-                    rationale: given.rationale,
                     decided_by: Some(human.to_string()),
-                    modified_prompt: given.modified_prompt,
-                    guidance: given.guidance,
-                    confidence_boost: given.confidence_boost,
+                    ..answer
                 };
                 self.send(signal, answer, "console").await
             }
@@ -534,12 +530,8 @@ impl Shared {
         match llm.pick(view).await {
             Pick::Chosen { answer, attempts } => {
                 let answer = DecisionAnswer {
-                    option_id: answer.option_id,
-                    rationale: answer.rationale,
                     decided_by: Some(decided_by),
-                    modified_prompt: answer.modified_prompt,
-                    guidance: answer.guidance,
-                    confidence_boost: None,
+                    ..answer
                 };
                 let how = if attempts == 1 {
                     format!("model {}", llm.model())
@@ -562,15 +554,12 @@ impl Shared {
                     .option(&option_id),
                 );
                 let answer = DecisionAnswer {
-                    option_id,
                     rationale: Some(
                         "The manager's model gave no usable answer; the default option was taken."
                             .into(),
                     ),
                     decided_by: Some(decided_by),
-                    modified_prompt: None,
-                    guidance: None,
-                    confidence_boost: None,
+                    ..DecisionAnswer::option(option_id)
                 };
                 self.send(signal, answer, "default after unusable model replies")
                     .await
@@ -598,7 +587,7 @@ impl Shared {
                     // The same option answered first by someone else is a success too: the
                     // record says whose answer it was.
                     if let Ok(RecordState::Answered(winner)) = self.record_state(decision_id).await
-                        && winner.decided_by.as_deref() != Some(decided_by.as_str())
+                        && winner.choice.decided_by.as_deref() != Some(decided_by.as_str())
                     {
                         self.log.action(
                             Action::about(
@@ -606,11 +595,11 @@ impl Shared {
                                 ActionKind::AlreadyAnswered,
                                 format!(
                                     "{how}: {} answered the same option first",
-                                    winner.decided_by.as_deref().unwrap_or("someone")
+                                    winner.choice.decided_by.as_deref().unwrap_or("someone")
                                 ),
                             )
                             .option(&answer.option_id)
-                            .by(winner.decided_by.unwrap_or_default()),
+                            .by(winner.choice.decided_by.unwrap_or_default()),
                         );
                         return Disposition::Ack;
                     }
@@ -694,6 +683,7 @@ impl Shared {
         let action = match state {
             RecordState::Answered(answer) => {
                 let by = answer
+                    .choice
                     .decided_by
                     .clone()
                     .unwrap_or_else(|| "someone".into());
@@ -702,10 +692,10 @@ impl Shared {
                     ActionKind::AlreadyAnswered,
                     format!(
                         "already answered by {by} with {} at {}; not answered again",
-                        answer.option_id, answer.decided_at
+                        answer.choice.option_id, answer.decided_at
                     ),
                 )
-                .option(answer.option_id)
+                .option(answer.choice.option_id)
                 .by(by)
             }
             RecordState::Expired(why) => {

@@ -1,5 +1,6 @@
 //! Wire types and codecs: what crosses the bus, with no I/O. Every layer shares these.
 
+pub mod answer;
 pub mod codec;
 pub mod error;
 pub mod event;
@@ -12,6 +13,7 @@ pub mod signal;
 pub mod task;
 pub mod text;
 
+pub use answer::DecisionAnswer;
 pub use codec::Encoding;
 pub use error::{ErrorBody, ErrorCode, ErrorReply, WireError};
 pub use event::{Event, EventBody};
