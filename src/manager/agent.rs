@@ -335,20 +335,9 @@ impl Shared {
 
     async fn decide(&self, signal: &Signal) -> Disposition {
         let decision = signal.decision.as_ref().expect("only decisions come here");
-        let record = match self.record_state(&decision.decision_id).await {
-            Ok(RecordState::Pending(record)) => record,
-            Ok(state) => {
-                self.log_not_pending(signal, state);
-                return Disposition::Ack;
-            }
-            Err(error) => {
-                self.log.action(Action::about(
-                    signal,
-                    ActionKind::RetryLater,
-                    format!("cannot read the decision record: {error}"),
-                ));
-                return Disposition::Retry(STORE_RETRY_DELAY);
-            }
+        let record = match self.pending_record(signal, &decision.decision_id).await {
+            Ok(record) => record,
+            Err(disposition) => return disposition,
         };
         match self
             .policy
@@ -450,14 +439,7 @@ impl Shared {
                             .action(Action::about(signal, ActionKind::StoodDown, detail));
                         return Disposition::Ack;
                     }
-                    Err(error) => {
-                        self.log.action(Action::about(
-                            signal,
-                            ActionKind::RetryLater,
-                            format!("cannot read the decision record: {error}"),
-                        ));
-                        return Disposition::Retry(STORE_RETRY_DELAY);
-                    }
+                    Err(error) => return self.retry_later(signal, &error),
                 }
             }
         }
@@ -481,20 +463,9 @@ impl Shared {
         let _turn = self.console_turn.lock().await;
         // Someone may have answered while earlier decisions had the console.
         let decision_id = &signal.decision.as_ref().expect("a decision").decision_id;
-        let record = match self.record_state(decision_id).await {
-            Ok(RecordState::Pending(record)) => record,
-            Ok(state) => {
-                self.log_not_pending(signal, state);
-                return Disposition::Ack;
-            }
-            Err(error) => {
-                self.log.action(Action::about(
-                    signal,
-                    ActionKind::RetryLater,
-                    format!("cannot read the decision record: {error}"),
-                ));
-                return Disposition::Retry(STORE_RETRY_DELAY);
-            }
+        let record = match self.pending_record(signal, decision_id).await {
+            Ok(record) => record,
+            Err(disposition) => return disposition,
         };
         let view = DecisionView::new(signal, Some(&record)).expect("a decision");
         match console.ask(view).await {
@@ -677,6 +648,34 @@ impl Shared {
             );
             return Disposition::Retry(RETRY_DELAY);
         }
+    }
+
+    /// The decision's record while it still waits for an answer; otherwise what becomes of the
+    /// signal, logged: acknowledged when the decision has ended, retried when the store did not
+    /// answer.
+    async fn pending_record(
+        &self,
+        signal: &Signal,
+        decision_id: &str,
+    ) -> Result<Box<DecisionRecord>, Disposition> {
+        match self.record_state(decision_id).await {
+            Ok(RecordState::Pending(record)) => Ok(record),
+            Ok(state) => {
+                self.log_not_pending(signal, state);
+                Err(Disposition::Ack)
+            }
+            Err(error) => Err(self.retry_later(signal, &error)),
+        }
+    }
+
+    /// The record could not be read: logged, and the signal comes back later.
+    fn retry_later(&self, signal: &Signal, error: &str) -> Disposition {
+        self.log.action(Action::about(
+            signal,
+            ActionKind::RetryLater,
+            format!("cannot read the decision record: {error}"),
+        ));
+        Disposition::Retry(STORE_RETRY_DELAY)
     }
 
     fn log_not_pending(&self, signal: &Signal, state: RecordState) {
