@@ -346,9 +346,7 @@ impl<'e> Generation<'e> {
                 return stop;
             }
             let failed = report
-                .checks
-                .iter()
-                .filter(|c| !c.passed)
+                .failed_checks()
                 .map(|c| format!("{}: {}", c.name, c.detail.as_deref().unwrap_or("failed")));
             self.ctx.chain.push_attempt(PastAttempt::new(
                 self.ctx.chain_position,
@@ -378,12 +376,7 @@ impl<'e> Generation<'e> {
     /// Sends the model back to its answer with the failed checks named. The output keeps the
     /// first answer (it was streamed, and `output` is every turn); the checks judge the retry.
     async fn auto_retry(&mut self, report: &ValidationReport) {
-        let failed: Vec<&str> = report
-            .checks
-            .iter()
-            .filter(|c| !c.passed)
-            .map(|c| c.name.as_str())
-            .collect();
+        let failed: Vec<&str> = report.failed_checks().map(|c| c.name.as_str()).collect();
         let summary = format!(
             "the answer scored {:.2}, below {:.2}; retrying once with the failed checks named",
             report.confidence, report.threshold
@@ -449,12 +442,7 @@ impl<'e> Generation<'e> {
         );
         let at_limit = self.ctx.chain_position >= self.engine.config.max_chain;
         if !at_limit {
-            let failed: Vec<&str> = report
-                .checks
-                .iter()
-                .filter(|c| !c.passed)
-                .map(|c| c.name.as_str())
-                .collect();
+            let failed: Vec<&str> = report.failed_checks().map(|c| c.name.as_str()).collect();
             signal.decision = Some(self.decision_block(
                 DecisionKind::Escalation,
                 "The output fell short of its checks. How should this job go on?".into(),

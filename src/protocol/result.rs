@@ -164,6 +164,13 @@ pub struct CheckResult {
     pub detail: Option<String>,
 }
 
+impl ValidationReport {
+    /// The checks that did not pass, in their order.
+    pub fn failed_checks(&self) -> impl Iterator<Item = &CheckResult> {
+        self.checks.iter().filter(|c| !c.passed)
+    }
+}
+
 impl GenerationResult {
     /// The result of a request that produced nothing: refused before it ran, cancelled while
     /// queued, or lost with its worker. Callers fill in what they know beyond the ids.
