@@ -1,7 +1,9 @@
 //! genfleet: a horizontally scaled fleet of LLM generation workers on NATS.
 //!
 //! See ARCHITECTURE.md for the bird's-eye view. Layers, each knowing only the one below:
-//! `cli` → `bus` → `actors` → `engine` → (`llm`, `tools`); `protocol` is shared by all.
+//! `cli` → `bus` → `actors` → `engine` → (`llm`, `tools`); `protocol` is shared by all. The
+//! exact rule, module by module, is the table in ARCHITECTURE.md, checked by
+//! `tests/architecture.rs`.
 
 pub mod actors;
 pub mod bus;

@@ -4,14 +4,17 @@
 //! Unknown keys are errors in every layer, so a misspelt override fails loudly instead of being
 //! ignored.
 
+pub mod loop_detection;
 mod words;
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::loop_detect::LoopDetectionConfig;
 use crate::protocol::ids::is_valid_name;
+use crate::protocol::text::one_line;
+
+pub use loop_detection::LoopDetectionConfig;
 
 /// The defaults shipped with genfleet; the same file users copy to start their own.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
@@ -657,10 +660,6 @@ impl Settings {
             .unwrap_or_else(|| "worker".into());
         format!("{host}-{}", crate::protocol::ids::new_id())
     }
-}
-
-fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]

@@ -537,9 +537,9 @@ async fn answers_need_the_token_json_and_the_same_origin() {
     let answer = f.record(&decision).await.answer.unwrap();
     assert_eq!(
         (
-            answer.option_id.as_str(),
-            answer.decided_by.as_deref(),
-            answer.rationale.as_deref(),
+            answer.choice.option_id.as_str(),
+            answer.choice.decided_by.as_deref(),
+            answer.choice.rationale.as_deref(),
             answer.continuation_request_id.as_deref()
         ),
         (
@@ -778,9 +778,9 @@ async fn a_checkpoint_shows_its_trigger_and_takes_a_modified_prompt() {
     let answer = f.record(&decision).await.answer.unwrap();
     assert_eq!(
         (
-            answer.modified_prompt.as_deref(),
-            answer.guidance.as_deref(),
-            answer.decided_by.as_deref()
+            answer.choice.modified_prompt.as_deref(),
+            answer.choice.guidance.as_deref(),
+            answer.choice.decided_by.as_deref()
         ),
         (
             Some("Deploy the report to staging, slowly."),

@@ -252,7 +252,11 @@ async fn an_escalation_answered_retry_with_guidance_continues_and_succeeds() {
         .await;
     assert_eq!(entry.outcome, HistoryOutcome::Success);
     assert_eq!(
-        (entry.option_id.as_str(), entry.confidence, entry.pass_rate),
+        (
+            entry.choice.option_id.as_str(),
+            entry.confidence,
+            entry.pass_rate
+        ),
         ("retry", Some(0.25), Some(50.0))
     );
     assert_eq!(entry.outcome_confidence, Some(1.0));

@@ -256,7 +256,10 @@ rationale = "the deadline"
     let record = f.record(id).await;
     let answer = record.answer.expect("answered");
     assert_eq!(
-        (answer.option_id.as_str(), answer.decided_by.as_deref()),
+        (
+            answer.choice.option_id.as_str(),
+            answer.choice.decided_by.as_deref()
+        ),
         ("fast", Some("manager:ops"))
     );
     let continuation = answer.continuation_request_id.unwrap();
@@ -316,7 +319,7 @@ async fn of_two_managers_racing_on_one_decision_exactly_one_answer_wins() {
     assert!(lost(loser), "{loser:?}");
     let record = f.record(id).await;
     let answer = record.answer.unwrap();
-    assert_eq!(answer.decided_by.as_deref(), Some(winner));
+    assert_eq!(answer.choice.decided_by.as_deref(), Some(winner));
     let decided = f.decided(id).await;
     assert_eq!(decided.len(), 1, "{decided:?}");
     assert_eq!(decided[0].meta["decided_by"], winner);
@@ -422,9 +425,9 @@ async fn a_waiting_rule_answers_the_default_later_and_stands_down_for_a_human() 
     let answer = record.answer.unwrap();
     assert_eq!(
         (
-            answer.option_id.as_str(),
-            answer.decided_by.as_deref(),
-            answer.rationale.as_deref()
+            answer.choice.option_id.as_str(),
+            answer.choice.decided_by.as_deref(),
+            answer.choice.rationale.as_deref()
         ),
         ("safe", Some("manager:patient"), Some("nobody objected"))
     );
@@ -460,7 +463,7 @@ async fn a_waiting_rule_answers_the_default_later_and_stands_down_for_a_human() 
         "{line}"
     );
     let answer = f.record(&d2.decision_id).await.answer.unwrap();
-    assert_eq!(answer.decided_by.as_deref(), Some("human:test"));
+    assert_eq!(answer.choice.decided_by.as_deref(), Some("human:test"));
     assert_eq!(
         answer.continuation_request_id,
         reply.continuation_request_id
@@ -508,9 +511,9 @@ reply = "I would say {\"option_id\": \"warp\", \"rationale\": \"fastest\"} of co
     let answer = f.record(&decision.decision_id).await.answer.unwrap();
     assert_eq!(
         (
-            answer.option_id.as_str(),
-            answer.decided_by.as_deref(),
-            answer.rationale.as_deref()
+            answer.choice.option_id.as_str(),
+            answer.choice.decided_by.as_deref(),
+            answer.choice.rationale.as_deref()
         ),
         ("fast", Some("llm:boss"), Some("speed matters"))
     );
@@ -600,7 +603,10 @@ answer = "proceed"
     assert!(line.contains("option=retry by=manager:fleet-ops"), "{line}");
     let answer = f.record(&escalation.decision_id).await.answer.unwrap();
     assert_eq!(
-        (answer.guidance.as_deref(), answer.confidence_boost),
+        (
+            answer.choice.guidance.as_deref(),
+            answer.choice.confidence_boost
+        ),
         (Some("Please write TOTAL before the number."), Some(0.1))
     );
     let next = f
@@ -706,9 +712,9 @@ async fn a_person_answers_at_the_console_and_sigterm_stops_the_manager() {
     };
     assert_eq!(
         (
-            answer.option_id.as_str(),
-            answer.decided_by.as_deref(),
-            answer.rationale.as_deref()
+            answer.choice.option_id.as_str(),
+            answer.choice.decided_by.as_deref(),
+            answer.choice.rationale.as_deref()
         ),
         ("safe", Some("human:tester"), Some("safer for prod"))
     );

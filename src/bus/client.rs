@@ -8,15 +8,15 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::connect::{self, ConnectPurpose};
-use super::decisions::{DecisionAnswer, DecisionReply};
+use super::decisions::DecisionReply;
 use super::reply::encode_reply;
 use super::subjects::Subjects;
 use crate::actors::{Accepted, CancelReply};
 use crate::protocol::StatusReply;
 use crate::protocol::codec::CONTENT_TYPE_HEADER;
 use crate::protocol::{
-    Encoding, ErrorCode, ErrorReply, Event, EventBody, GenerationRequest, GenerationResult,
-    WireError,
+    DecisionAnswer, Encoding, ErrorCode, ErrorReply, Event, EventBody, GenerationRequest,
+    GenerationResult, WireError,
 };
 use crate::settings::Settings;
 

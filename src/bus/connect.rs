@@ -19,6 +19,7 @@ use async_nats::rustls::pki_types::pem::PemObject;
 use async_nats::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use async_nats::{ConnectErrorKind, ConnectOptions, Event, ServerAddr};
 
+use crate::protocol::text::one_line;
 use crate::settings::NatsSettings;
 
 /// Used when `nats.connect_timeout_ms` is 0.
@@ -205,10 +206,6 @@ fn reason(error: &async_nats::ConnectError) -> String {
         None => error.to_string(),
     };
     one_line(text.strip_prefix("nats: ").unwrap_or(&text))
-}
-
-fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// `nats.url`: a comma-separated list; each entry is a URL or `host[:port]`.

@@ -20,13 +20,15 @@ use futures_util::StreamExt;
 use std::sync::Arc;
 
 use super::history::History;
-use crate::protocol::chain::{
-    ChainState, DECISION_NOTE_PREFIX, GUIDANCE_NOTE_PREFIX, task_message_index, task_text,
-};
 use crate::engine::history::{HistoryEntry, HistoryOutcome};
 use crate::observe::Metrics;
-pub use crate::protocol::DecisionOutcome;
+use crate::protocol::chain::ChainState;
 use crate::protocol::ids::{new_id, now_rfc3339};
+use crate::protocol::task::{
+    DECISION_NOTE_PREFIX, GUIDANCE_NOTE_PREFIX, task_message_index, task_text,
+};
+use crate::protocol::text::clip_bytes;
+pub use crate::protocol::{DecisionAnswer, DecisionOutcome};
 use crate::protocol::{
     DecisionBlock, DecisionKind, ErrorCode, Event, EventBody, GenerationRequest, Message, Severity,
     Signal, SignalSource, SignalType, WireError,
@@ -74,42 +76,16 @@ impl DecisionRecord {
     }
 }
 
-/// The answer a decision got, as recorded.
+/// The answer a decision got, as recorded: the manager's choice and what came of it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Answer {
-    pub option_id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rationale: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decided_by: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub modified_prompt: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub guidance: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub confidence_boost: Option<f64>,
+    #[serde(flatten)]
+    pub choice: DecisionAnswer,
     pub outcome: DecisionOutcome,
     /// The continuation it started (`continued` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub continuation_request_id: Option<String>,
     pub decided_at: String,
-}
-
-/// A manager's answer on `decisions.<decision_id>`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DecisionAnswer {
-    pub option_id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rationale: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decided_by: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub modified_prompt: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub guidance: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub confidence_boost: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -239,19 +215,23 @@ impl Decisions {
             };
             let outcome = check_answer(&record, &answer)?;
             if let Some(given) = &record.answer {
-                if given.option_id != answer.option_id {
+                if given.choice.option_id != answer.option_id {
                     return Err(WireError::new(
                         ErrorCode::AlreadyDecided,
                         format!(
                             "this decision was already answered by {} at {} with option {}",
-                            given.decided_by.as_deref().unwrap_or("someone unnamed"),
+                            given
+                                .choice
+                                .decided_by
+                                .as_deref()
+                                .unwrap_or("someone unnamed"),
                             given.decided_at,
-                            given.option_id
+                            given.choice.option_id
                         ),
                     )
                     .with_detail(serde_json::json!({
-                        "option_id": given.option_id,
-                        "decided_by": given.decided_by,
+                        "option_id": given.choice.option_id,
+                        "decided_by": given.choice.decided_by,
                         "decided_at": given.decided_at,
                         "outcome": given.outcome,
                         "continuation_request_id": given.continuation_request_id,
@@ -277,12 +257,7 @@ impl Decisions {
                 return Err(not_found("expired unanswered"));
             }
             let given = Answer {
-                option_id: answer.option_id.clone(),
-                rationale: answer.rationale.clone(),
-                decided_by: answer.decided_by.clone(),
-                modified_prompt: answer.modified_prompt.clone(),
-                guidance: answer.guidance.clone(),
-                confidence_boost: answer.confidence_boost,
+                choice: answer.clone(),
                 outcome,
                 continuation_request_id: (outcome == DecisionOutcome::Continued).then(new_id),
                 decided_at: now_rfc3339(),
@@ -425,12 +400,9 @@ impl Decisions {
             && let Some(default) = record.decision.default_option.clone()
         {
             let answer = DecisionAnswer {
-                option_id: default,
                 rationale: Some("nobody answered before the decision expired".into()),
                 decided_by: Some(TIMEOUT_DECIDER.into()),
-                modified_prompt: None,
-                guidance: None,
-                confidence_boost: None,
+                ..DecisionAnswer::option(default)
             };
             match self
                 .answer_as(client, worker_id, decision_id, answer, true)
@@ -478,8 +450,8 @@ impl Decisions {
         let Some(id) = &answer.continuation_request_id else {
             return Ok(());
         };
-        let request = continuation(record, answer, id);
-        let chain = continuation_chain(record, answer);
+        let request = continuation(record, &answer.choice, id);
+        let chain = continuation_chain(record, &answer.choice);
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", id.as_str());
         headers.insert(PARENT_HEADER, record.request_id.as_str());
@@ -562,8 +534,8 @@ impl Decisions {
             None => EventBody::ChainEnded {
                 decision_id: record.decision_id.clone(),
                 outcome,
-                option_id: answer.map(|a| a.option_id.clone()),
-                decided_by: answer.and_then(|a| a.decided_by.clone()),
+                option_id: answer.map(|a| a.choice.option_id.clone()),
+                decided_by: answer.and_then(|a| a.choice.decided_by.clone()),
             },
         };
         let event = Event {
@@ -588,20 +560,20 @@ impl Decisions {
                     .decision
                     .options
                     .iter()
-                    .find(|o| o.id == answer.option_id)
+                    .find(|o| o.id == answer.choice.option_id)
                     .map(|o| o.label.clone())
                     .unwrap_or_default();
-                meta.insert("option_id".into(), answer.option_id.clone().into());
-                meta.insert("decided_by".into(), answer.decided_by.clone().into());
-                meta.insert("rationale".into(), answer.rationale.clone().into());
+                meta.insert("option_id".into(), answer.choice.option_id.clone().into());
+                meta.insert("decided_by".into(), answer.choice.decided_by.clone().into());
+                meta.insert("rationale".into(), answer.choice.rationale.clone().into());
                 meta.insert(
                     "continuation_request_id".into(),
                     answer.continuation_request_id.clone().into(),
                 );
                 format!(
                     "{} chose {label} ({})",
-                    answer.decided_by.as_deref().unwrap_or("a manager"),
-                    answer.option_id
+                    answer.choice.decided_by.as_deref().unwrap_or("a manager"),
+                    answer.choice.option_id
                 )
             }
             None => {
@@ -666,14 +638,13 @@ impl Decisions {
             chain_position: record.chain_position,
             confidence: number("confidence"),
             pass_rate: number("pass_rate"),
-            prompt: clip(&task_text(&record.request.messages), 1000),
+            prompt: clip_bytes(&task_text(&record.request.messages), 1000),
             question: record.decision.question.clone(),
-            option_id: answer.option_id.clone(),
-            decided_by: answer.decided_by.clone(),
-            rationale: answer.rationale.clone(),
-            guidance: answer.guidance.clone(),
-            modified_prompt: answer.modified_prompt.as_deref().map(|p| clip(p, 1000)),
-            confidence_boost: answer.confidence_boost,
+            choice: DecisionAnswer {
+                modified_prompt: (answer.choice.modified_prompt.as_deref())
+                    .map(|p| clip_bytes(p, 1000)),
+                ..answer.choice.clone()
+            },
             decided_at: answer.decided_at.clone(),
             outcome: match answer.outcome {
                 DecisionOutcome::Skipped => HistoryOutcome::Skipped,
@@ -787,7 +758,7 @@ fn check_answer(
 
 /// What the continuation carries from its chain: the asking request's state, the answer's
 /// boost, a confirmed checkpoint, and the decision it comes from.
-pub fn continuation_chain(record: &DecisionRecord, answer: &Answer) -> ChainState {
+pub fn continuation_chain(record: &DecisionRecord, answer: &DecisionAnswer) -> ChainState {
     let mut chain = record.chain.clone();
     chain.decision_id = Some(record.decision_id.clone());
     chain.decision_code = Some(record.signal.code.clone());
@@ -817,7 +788,11 @@ pub fn continuation_chain(record: &DecisionRecord, answer: &Answer) -> ChainStat
 /// The continuation: the original caller system and messages (the last user message replaced
 /// by `modified_prompt`), plus the choice and any guidance, with a fresh request id and a
 /// fresh tool budget.
-pub fn continuation(record: &DecisionRecord, answer: &Answer, id: &str) -> GenerationRequest {
+pub fn continuation(
+    record: &DecisionRecord,
+    answer: &DecisionAnswer,
+    id: &str,
+) -> GenerationRequest {
     let mut request = record.request.clone();
     request.request_id = Some(id.to_string());
     if let Some(prompt) = &answer.modified_prompt {
@@ -849,15 +824,4 @@ pub fn continuation(record: &DecisionRecord, answer: &Answer, id: &str) -> Gener
             .push(Message::user(format!("{GUIDANCE_NOTE_PREFIX} {guidance}")));
     }
     request
-}
-
-fn clip(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_string();
-    }
-    let mut cut = max;
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}…", &text[..cut])
 }

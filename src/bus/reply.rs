@@ -6,6 +6,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::protocol::codec::CONTENT_TYPE_HEADER;
+use crate::protocol::text::{ELLIPSIS, clip_bytes};
 use crate::protocol::{Encoding, ErrorCode, WireError};
 
 /// The encoding a message was sent in.
@@ -71,17 +72,13 @@ const MAX_HEADER_TEXT: usize = 256;
 /// `text` as a header value: one line (control characters become spaces, which a header
 /// cannot hold) of at most [`MAX_HEADER_TEXT`] bytes.
 fn header_text(text: &str) -> String {
-    let mut out: String = text
+    let out: String = text
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect();
     if out.len() > MAX_HEADER_TEXT {
-        let mut cut = MAX_HEADER_TEXT - '…'.len_utf8();
-        while !out.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        out.truncate(cut);
-        out.push('…');
+        // The mark counts against the limit.
+        return clip_bytes(&out, MAX_HEADER_TEXT - ELLIPSIS.len_utf8());
     }
     out
 }

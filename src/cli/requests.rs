@@ -181,21 +181,13 @@ pub async fn submit(settings: Settings, args: SubmitArgs) -> anyhow::Result<()> 
     let client = Client::connect(&settings).await?;
     if args.durable && !args.follow {
         let queued = client.enqueue(&pool, &request).await?;
-        if args.json {
-            println!("{}", serde_json::to_string(&queued)?);
-        } else {
-            println!("{} QUEUED", queued.request_id);
-        }
-        return Ok(());
+        return print_reply(args.json, &queued, |q| format!("{} QUEUED\n", q.request_id));
     }
     if !args.follow {
         let accepted = client.submit(&pool, &request).await?;
-        if args.json {
-            println!("{}", serde_json::to_string(&accepted)?);
-        } else {
-            println!("{} RUNNING on {}", accepted.request_id, accepted.worker_id);
-        }
-        return Ok(());
+        return print_reply(args.json, &accepted, |a| {
+            format!("{} RUNNING on {}\n", a.request_id, a.worker_id)
+        });
     }
     let request_id = request
         .request_id
@@ -374,28 +366,18 @@ pub async fn status(settings: Settings, args: IdArgs) -> anyhow::Result<()> {
             error.into()
         }
     })?;
-    if args.json {
-        println!("{}", serde_json::to_string(&status)?);
-    } else {
-        print!("{}", show::status(&status));
-    }
-    Ok(())
+    print_reply(args.json, &status, show::status)
 }
 
 pub async fn result(settings: Settings, args: ResultArgs) -> anyhow::Result<()> {
     let client = Client::connect(&settings).await?;
     let result = client.result(&args.request_id, !args.peek).await?;
-    if args.json {
-        println!("{}", serde_json::to_string(&result)?);
-    } else {
-        print!("{}", show::result(&result));
-    }
-    Ok(())
+    print_reply(args.json, &result, show::result)
 }
 
 pub async fn decide(settings: Settings, args: DecideArgs) -> anyhow::Result<()> {
     let client = Client::connect(&settings).await?;
-    let answer = crate::bus::decisions::DecisionAnswer {
+    let answer = crate::protocol::DecisionAnswer {
         option_id: args.option_id,
         rationale: args.rationale,
         decided_by: args.decided_by.or_else(|| std::env::var("USER").ok()),
@@ -404,10 +386,19 @@ pub async fn decide(settings: Settings, args: DecideArgs) -> anyhow::Result<()> 
         confidence_boost: args.confidence_boost,
     };
     let reply = client.decide(&args.decision_id, &answer).await?;
-    if args.json {
-        println!("{}", serde_json::to_string(&reply)?);
+    print_reply(args.json, &reply, |r| format!("{}\n", show::decided(r)))
+}
+
+/// A reply as one line of JSON (`--json`), or as text for people.
+fn print_reply<T: serde::Serialize>(
+    json: bool,
+    reply: &T,
+    text: impl FnOnce(&T) -> String,
+) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(reply)?);
     } else {
-        println!("{}", show::decided(&reply));
+        print!("{}", text(reply));
     }
     Ok(())
 }
@@ -415,10 +406,7 @@ pub async fn decide(settings: Settings, args: DecideArgs) -> anyhow::Result<()> 
 pub async fn cancel(settings: Settings, args: IdArgs) -> anyhow::Result<()> {
     let client = Client::connect(&settings).await?;
     let reply = client.cancel(&args.request_id).await?;
-    if args.json {
-        println!("{}", serde_json::to_string(&reply)?);
-    } else {
-        println!("{} {}", reply.request_id, reply.state.as_str());
-    }
-    Ok(())
+    print_reply(args.json, &reply, |r| {
+        format!("{} {}\n", r.request_id, r.state.as_str())
+    })
 }

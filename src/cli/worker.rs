@@ -3,7 +3,9 @@
 
 use clap::Args;
 
+use crate::actors::Capacity;
 use crate::bus::worker;
+use crate::observe::Draining;
 use crate::settings::Settings;
 
 #[derive(Debug, Args)]
@@ -21,4 +23,12 @@ pub fn run(settings: Settings, _args: WorkerArgs) -> anyhow::Result<()> {
         worker::run(settings, worker_id, super::shutdown_signal(), None).await?;
         Ok(())
     })
+}
+
+/// `/readyz` reads the slots through this: observe sits below the actors and does not name
+/// their types, so the impl lives where the worker is put together from both.
+impl Draining for Capacity {
+    fn draining(&self) -> bool {
+        self.draining
+    }
 }

@@ -32,11 +32,26 @@ const SERVICE: &str = "genfleet";
 /// Runs every task until the console shuts down.
 pub async fn run(shared: Arc<Shared>) {
     let mut tasks = JoinSet::new();
-    tasks.spawn(decisions(shared.clone()));
-    tasks.spawn(signals(shared.clone()));
+    tasks.spawn(start_over(
+        shared.clone(),
+        "the console's decisions watch stopped",
+        |l| &mut l.decisions,
+        watch_decisions,
+    ));
+    tasks.spawn(start_over(
+        shared.clone(),
+        "the console's signal feed stopped",
+        |l| &mut l.signals,
+        follow_signals,
+    ));
     tasks.spawn(poll_fleet(shared.clone()));
     tasks.spawn(push_fleet(shared.clone()));
-    tasks.spawn(events(shared.clone()));
+    tasks.spawn(start_over(
+        shared.clone(),
+        "the console's events subscription stopped",
+        |l| &mut l.events,
+        follow_events,
+    ));
     shared.shutdown.cancelled().await;
     tasks.shutdown().await;
 }
@@ -54,17 +69,27 @@ fn link(shared: &Shared, set: impl FnOnce(&mut Links)) {
     });
 }
 
-async fn decisions(shared: Arc<Shared>) {
+/// Runs `follow` again and again, [`RETRY`] apart. When it stops with a problem, its link (the
+/// part of [`Links`] that `problem_of` picks) shows the problem until `follow` clears it.
+async fn start_over<F, Fut>(
+    shared: Arc<Shared>,
+    stopped: &'static str,
+    problem_of: fn(&mut Links) -> &mut Option<String>,
+    follow: F,
+) where
+    F: Fn(Arc<Shared>) -> Fut,
+    Fut: Future<Output = Result<(), String>>,
+{
     loop {
-        if let Err(problem) = watch_decisions(&shared).await {
-            tracing::debug!(message = "the console's decisions watch stopped", %problem);
-            link(&shared, |l| l.decisions = Some(problem));
+        if let Err(problem) = follow(shared.clone()).await {
+            tracing::debug!(message = stopped, %problem);
+            link(&shared, |l| *problem_of(l) = Some(problem));
         }
         tokio::time::sleep(RETRY).await;
     }
 }
 
-async fn watch_decisions(shared: &Shared) -> Result<(), String> {
+async fn watch_decisions(shared: Arc<Shared>) -> Result<(), String> {
     let bucket = shared.decisions().await?;
     let mut watch = bucket.watch_with_history(">").await.map_err(|e| {
         format!(
@@ -72,7 +97,7 @@ async fn watch_decisions(shared: &Shared) -> Result<(), String> {
             shared.settings.decisions.bucket
         )
     })?;
-    link(shared, |l| l.decisions = None);
+    link(&shared, |l| l.decisions = None);
     while let Some(entry) = watch.next().await {
         let entry = entry.map_err(|e| format!("watching the decisions: {e}"))?;
         match entry.operation {
@@ -114,17 +139,7 @@ fn removed(decision_id: &str, dropped_pending: u64) -> Push {
     )
 }
 
-async fn signals(shared: Arc<Shared>) {
-    loop {
-        if let Err(problem) = follow_signals(&shared).await {
-            tracing::debug!(message = "the console's signal feed stopped", %problem);
-            link(&shared, |l| l.signals = Some(problem));
-        }
-        tokio::time::sleep(RETRY).await;
-    }
-}
-
-async fn follow_signals(shared: &Shared) -> Result<(), String> {
+async fn follow_signals(shared: Arc<Shared>) -> Result<(), String> {
     let name = &shared.settings.jetstream.signals_stream;
     let mut stream = shared
         .jetstream
@@ -159,7 +174,7 @@ async fn follow_signals(shared: &Shared) -> Result<(), String> {
         .messages()
         .await
         .map_err(|e| format!("cannot follow stream {name}: {e}"))?;
-    link(shared, |l| l.signals = None);
+    link(&shared, |l| l.signals = None);
     while let Some(message) = messages.next().await {
         let message = message.map_err(|e| format!("following stream {name}: {e}"))?;
         let Ok(seq) = message.info().map(|i| i.stream_sequence) else {
@@ -272,17 +287,7 @@ async fn push_fleet(shared: Arc<Shared>) {
     }
 }
 
-async fn events(shared: Arc<Shared>) {
-    loop {
-        if let Err(problem) = follow_events(&shared).await {
-            tracing::debug!(message = "the console's events subscription stopped", %problem);
-            link(&shared, |l| l.events = Some(problem));
-        }
-        tokio::time::sleep(RETRY).await;
-    }
-}
-
-async fn follow_events(shared: &Shared) -> Result<(), String> {
+async fn follow_events(shared: Arc<Shared>) -> Result<(), String> {
     let subject = shared.client.subjects().events("*");
     let mut sub = shared
         .client
@@ -290,7 +295,7 @@ async fn follow_events(shared: &Shared) -> Result<(), String> {
         .subscribe(subject.clone())
         .await
         .map_err(|e| format!("cannot subscribe to {subject}: {e}"))?;
-    link(shared, |l| l.events = None);
+    link(&shared, |l| l.events = None);
     while let Some(message) = sub.next().await {
         // Deltas are most of the traffic and tell the fleet view nothing: only `started` and
         // `finished` are decoded.

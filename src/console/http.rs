@@ -34,9 +34,8 @@ use tokio::sync::broadcast::error::RecvError;
 use super::auth::Refusal;
 use super::{Push, Shared, assets};
 use crate::bus::client::ClientError;
-use crate::bus::decisions::DecisionAnswer;
 use crate::protocol::ids::is_valid_request_id;
-use crate::protocol::{ErrorCode, WireError};
+use crate::protocol::{DecisionAnswer, ErrorCode, WireError};
 
 /// Largest body the console reads (an answer with a modified prompt).
 const MAX_BODY: usize = 256 * 1024;
@@ -418,7 +417,7 @@ async fn decide(
                         serde_json::from_slice::<crate::bus::decisions::DecisionRecord>(&v).ok()
                     })
                     .and_then(|r| r.answer)
-                    .and_then(|a| a.decided_by),
+                    .and_then(|a| a.choice.decided_by),
                 Err(_) => None,
             };
             tracing::info!(

@@ -12,8 +12,8 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::bus::decisions::{Answer, DecisionRecord};
-use crate::protocol::chain::task_text;
-use crate::manager::view::trim_text;
+use crate::protocol::task::task_text;
+use crate::protocol::text::clip_chars_counted;
 use crate::protocol::{
     DecisionKind, DecisionOption, Event, EventBody, RequestState, Severity, Signal, SignalSource,
     SignalType,
@@ -99,7 +99,7 @@ impl InboxItem {
         };
         let prompt = Some(task_text(&record.request.messages))
             .filter(|p| !p.is_empty())
-            .map(|p| trim_text(&p, PROMPT_CHARS));
+            .map(|p| clip_chars_counted(&p, PROMPT_CHARS));
         let signal = record.signal;
         let decision = record.decision;
         InboxItem {
@@ -483,7 +483,7 @@ impl Fleet {
                         .detail
                         .as_deref()
                         .filter(|_| result.state != RequestState::Completed)
-                        .map(|d| trim_text(d, FINISHED_DETAIL_CHARS)),
+                        .map(|d| clip_chars_counted(d, FINISHED_DETAIL_CHARS)),
                 });
                 self.finished.truncate(FINISHED_SHOWN);
                 self.dirty = true;
@@ -570,7 +570,7 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{DecisionBlock, GenerationRequest, GenerationResult};
+    use crate::protocol::{DecisionAnswer, DecisionBlock, GenerationRequest, GenerationResult};
     use serde_json::json;
 
     fn record(id: &str, ts: &str) -> DecisionRecord {
@@ -635,12 +635,10 @@ mod tests {
 
     fn answered(mut r: DecisionRecord, by: &str) -> DecisionRecord {
         r.answer = Some(Answer {
-            option_id: "fast".into(),
-            rationale: None,
-            decided_by: Some(by.into()),
-            modified_prompt: None,
-            guidance: None,
-            confidence_boost: None,
+            choice: DecisionAnswer {
+                decided_by: Some(by.into()),
+                ..DecisionAnswer::option("fast")
+            },
             outcome: crate::protocol::DecisionOutcome::Continued,
             continuation_request_id: Some("c1".into()),
             decided_at: "2026-01-01T00:00:09.000Z".into(),
@@ -665,7 +663,7 @@ mod tests {
         ));
         assert_eq!(item.state, ItemState::Answered);
         assert_eq!(
-            item.answer.unwrap().decided_by.as_deref(),
+            item.answer.unwrap().choice.decided_by.as_deref(),
             Some("human:ann")
         );
         let mut expired = record("d2", "2026-01-01T00:00:00.000Z");

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
-use crate::protocol::DecisionKind;
+use crate::protocol::{DecisionAnswer, DecisionKind};
 
 /// Suggestions an escalation carries at most.
 pub const MAX_SUGGESTIONS: usize = 3;
@@ -54,17 +54,9 @@ pub struct HistoryEntry {
     /// The task (the caller's last user message), trimmed.
     pub prompt: String,
     pub question: String,
-    pub option_id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decided_by: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rationale: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub guidance: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub modified_prompt: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub confidence_boost: Option<f64>,
+    /// The answer (its `modified_prompt` trimmed like the prompt).
+    #[serde(flatten)]
+    pub choice: DecisionAnswer,
     pub decided_at: String,
     pub outcome: HistoryOutcome,
     /// The continuation whose ending set the outcome.
@@ -93,7 +85,9 @@ pub struct SuggestionQuery {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Suggestion {
     pub decision_id: String,
-    pub option_id: String,
+    /// What was answered then.
+    #[serde(flatten)]
+    pub choice: DecisionAnswer,
     pub outcome: HistoryOutcome,
     pub confidence: f64,
     pub pass_rate: f64,
@@ -102,16 +96,6 @@ pub struct Suggestion {
     pub prompt: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decided_by: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rationale: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub guidance: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub modified_prompt: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub confidence_boost: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome_confidence: Option<f64>,
     pub decided_at: String,
@@ -177,18 +161,13 @@ pub fn suggestions(query: &SuggestionQuery, entries: &[HistoryEntry]) -> Vec<Sug
             let e = c.entry;
             Suggestion {
                 decision_id: e.decision_id.clone(),
-                option_id: e.option_id.clone(),
+                choice: e.choice.clone(),
                 outcome: e.outcome,
                 confidence: e.confidence.unwrap_or_default(),
                 pass_rate: e.pass_rate.unwrap_or_default(),
                 prompt_similarity: (c.similarity * 1000.0).round() / 1000.0,
                 prompt: e.prompt.clone(),
                 job_name: e.job_name.clone(),
-                decided_by: e.decided_by.clone(),
-                rationale: e.rationale.clone(),
-                guidance: e.guidance.clone(),
-                modified_prompt: e.modified_prompt.clone(),
-                confidence_boost: e.confidence_boost,
                 outcome_confidence: e.outcome_confidence,
                 decided_at: e.decided_at.clone(),
             }
@@ -237,12 +216,7 @@ mod tests {
             pass_rate: Some(pass_rate),
             prompt: prompt.into(),
             question: "q".into(),
-            option_id: "retry".into(),
-            decided_by: None,
-            rationale: None,
-            guidance: None,
-            modified_prompt: None,
-            confidence_boost: None,
+            choice: DecisionAnswer::option("retry"),
             decided_at: format!("2026-01-01T00:00:0{}Z", id.len() % 10),
             outcome,
             continuation_request_id: None,

@@ -3,6 +3,7 @@
 //! A model may raise only a few small signals per request (it must not flood managers);
 //! signals the worker raises itself are always kept, with their `meta` trimmed to a bound.
 
+use crate::protocol::text::floor_char_boundary;
 use crate::protocol::{Signal, SignalSource};
 
 #[derive(Debug, Clone, Copy)]
@@ -115,11 +116,7 @@ pub fn trim_map(map: &mut serde_json::Map<String, serde_json::Value>, max_bytes:
             .saturating_sub(excess + MARK.len())
             .max(len / 2)
             .min(len - 8);
-        let mut cut = keep;
-        while !longest.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        longest.truncate(cut);
+        longest.truncate(floor_char_boundary(longest, keep));
         longest.push_str(MARK);
     }
     while json_len(map) > max_bytes {

@@ -25,6 +25,8 @@
 
 use serde_json::{Map, Value};
 
+use crate::protocol::text::head_bytes;
+
 /// Which text forms count as tool calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ParseMode {
@@ -906,20 +908,9 @@ fn invalid(kind: InvalidCallKind, raw: &[u8], reason: String) -> ParsedItem {
     let text = String::from_utf8_lossy(&raw[..cut]);
     ParsedItem::Invalid(InvalidTextCall {
         kind,
-        raw: truncate_on_char(&text, MAX_RAW_BYTES).to_string(),
+        raw: head_bytes(&text, MAX_RAW_BYTES).to_string(),
         reason,
     })
-}
-
-fn truncate_on_char(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }
 
 /// Incremental structure scanner for one JSON value: tracks brackets, strings and escapes so

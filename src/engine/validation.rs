@@ -131,7 +131,7 @@ pub fn retry_note(report: &ValidationReport) -> String {
          Write the whole answer again so that it passes them. Failed checks:",
         report.confidence, report.threshold
     );
-    for check in report.checks.iter().filter(|c| !c.passed) {
+    for check in report.failed_checks() {
         note.push_str(&format!(
             "\n- {}: {}",
             check.name,

@@ -15,6 +15,7 @@ use super::{
     ChatRequest, ChatStream, FinishReason, LlmBackend, LlmError, StreamEvent, ToolCallDelta,
     ToolSpec,
 };
+use crate::protocol::text::head_chars;
 use crate::protocol::{Message, Role, Usage};
 use crate::settings::{DoneWithoutFinish, LlmSettings};
 
@@ -637,7 +638,7 @@ impl SseState {
         let chunk: Chunk = match serde_json::from_str(data) {
             Ok(chunk) => chunk,
             Err(e) => {
-                let shown: String = data.chars().take(200).collect();
+                let shown = head_chars(data, 200);
                 self.end(LlmError::Protocol(format!("{e}: {shown}")));
                 return;
             }

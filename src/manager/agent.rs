@@ -18,10 +18,10 @@ use super::rules::{AnswerSpec, Policy, Verdict};
 use super::view::DecisionView;
 use super::{Deliver, ManagerError, ManagerOptions};
 use crate::bus::client::{Client, ClientError};
-use crate::bus::decisions::{Answer, DecisionAnswer, DecisionOutcome, DecisionRecord};
+use crate::bus::decisions::{Answer, DecisionOutcome, DecisionRecord};
 use crate::bus::store::Stores;
 use crate::protocol::ids::is_valid_name;
-use crate::protocol::{ErrorCode, Signal};
+use crate::protocol::{DecisionAnswer, ErrorCode, Signal};
 use crate::settings::Settings;
 
 /// Signals asked for per pull.
@@ -339,20 +339,9 @@ impl Shared {
 
     async fn decide(&self, signal: &Signal) -> Disposition {
         let decision = signal.decision.as_ref().expect("only decisions come here");
-        let record = match self.record_state(&decision.decision_id).await {
-            Ok(RecordState::Pending(record)) => record,
-            Ok(state) => {
-                self.log_not_pending(signal, state);
-                return Disposition::Ack;
-            }
-            Err(error) => {
-                self.log.action(Action::about(
-                    signal,
-                    ActionKind::RetryLater,
-                    format!("cannot read the decision record: {error}"),
-                ));
-                return Disposition::Retry(STORE_RETRY_DELAY);
-            }
+        let record = match self.pending_record(signal, &decision.decision_id).await {
+            Ok(record) => record,
+            Err(disposition) => return disposition,
         };
         match self
             .policy
@@ -440,8 +429,8 @@ impl Shared {
                         let detail = match &state {
                             RecordState::Answered(answer) => format!(
                                 "rule {rule}: answered meanwhile by {} with {}",
-                                answer.decided_by.as_deref().unwrap_or("someone"),
-                                answer.option_id
+                                answer.choice.decided_by.as_deref().unwrap_or("someone"),
+                                answer.choice.option_id
                             ),
                             RecordState::Expired(why) => format!("rule {rule}: {why}"),
                             RecordState::Missing => {
@@ -454,14 +443,7 @@ impl Shared {
                             .action(Action::about(signal, ActionKind::StoodDown, detail));
                         return Disposition::Ack;
                     }
-                    Err(error) => {
-                        self.log.action(Action::about(
-                            signal,
-                            ActionKind::RetryLater,
-                            format!("cannot read the decision record: {error}"),
-                        ));
-                        return Disposition::Retry(STORE_RETRY_DELAY);
-                    }
+                    Err(error) => return self.retry_later(signal, &error),
                 }
             }
         }
@@ -485,31 +467,16 @@ impl Shared {
         let _turn = self.console_turn.lock().await;
         // Someone may have answered while earlier decisions had the console.
         let decision_id = &signal.decision.as_ref().expect("a decision").decision_id;
-        let record = match self.record_state(decision_id).await {
-            Ok(RecordState::Pending(record)) => record,
-            Ok(state) => {
-                self.log_not_pending(signal, state);
-                return Disposition::Ack;
-            }
-            Err(error) => {
-                self.log.action(Action::about(
-                    signal,
-                    ActionKind::RetryLater,
-                    format!("cannot read the decision record: {error}"),
-                ));
-                return Disposition::Retry(STORE_RETRY_DELAY);
-            }
+        let record = match self.pending_record(signal, decision_id).await {
+            Ok(record) => record,
+            Err(disposition) => return disposition,
         };
         let view = DecisionView::new(signal, Some(&record)).expect("a decision");
         match console.ask(view).await {
-            ConsoleVerdict::Answer(given) => {
+            ConsoleVerdict::Answer(answer) => {
                 let answer = DecisionAnswer {
-                    option_id: given.option_id,
-                    rationale: given.rationale,
                     decided_by: Some(human.to_string()),
-                    modified_prompt: given.modified_prompt,
-                    guidance: given.guidance,
-                    confidence_boost: given.confidence_boost,
+                    ..answer
                 };
                 self.send(signal, answer, "console").await
             }
@@ -538,12 +505,8 @@ impl Shared {
         match llm.pick(view).await {
             Pick::Chosen { answer, attempts } => {
                 let answer = DecisionAnswer {
-                    option_id: answer.option_id,
-                    rationale: answer.rationale,
                     decided_by: Some(decided_by),
-                    modified_prompt: answer.modified_prompt,
-                    guidance: answer.guidance,
-                    confidence_boost: None,
+                    ..answer
                 };
                 let how = if attempts == 1 {
                     format!("model {}", llm.model())
@@ -566,15 +529,12 @@ impl Shared {
                     .option(&option_id),
                 );
                 let answer = DecisionAnswer {
-                    option_id,
                     rationale: Some(
                         "The manager's model gave no usable answer; the default option was taken."
                             .into(),
                     ),
                     decided_by: Some(decided_by),
-                    modified_prompt: None,
-                    guidance: None,
-                    confidence_boost: None,
+                    ..DecisionAnswer::option(option_id)
                 };
                 self.send(signal, answer, "default after unusable model replies")
                     .await
@@ -602,7 +562,7 @@ impl Shared {
                     // The same option answered first by someone else is a success too: the
                     // record says whose answer it was.
                     if let Ok(RecordState::Answered(winner)) = self.record_state(decision_id).await
-                        && winner.decided_by.as_deref() != Some(decided_by.as_str())
+                        && winner.choice.decided_by.as_deref() != Some(decided_by.as_str())
                     {
                         self.log.action(
                             Action::about(
@@ -610,11 +570,11 @@ impl Shared {
                                 ActionKind::AlreadyAnswered,
                                 format!(
                                     "{how}: {} answered the same option first",
-                                    winner.decided_by.as_deref().unwrap_or("someone")
+                                    winner.choice.decided_by.as_deref().unwrap_or("someone")
                                 ),
                             )
                             .option(&answer.option_id)
-                            .by(winner.decided_by.unwrap_or_default()),
+                            .by(winner.choice.decided_by.unwrap_or_default()),
                         );
                         return Disposition::Ack;
                     }
@@ -694,10 +654,39 @@ impl Shared {
         }
     }
 
+    /// The decision's record while it still waits for an answer; otherwise what becomes of the
+    /// signal, logged: acknowledged when the decision has ended, retried when the store did not
+    /// answer.
+    async fn pending_record(
+        &self,
+        signal: &Signal,
+        decision_id: &str,
+    ) -> Result<Box<DecisionRecord>, Disposition> {
+        match self.record_state(decision_id).await {
+            Ok(RecordState::Pending(record)) => Ok(record),
+            Ok(state) => {
+                self.log_not_pending(signal, state);
+                Err(Disposition::Ack)
+            }
+            Err(error) => Err(self.retry_later(signal, &error)),
+        }
+    }
+
+    /// The record could not be read: logged, and the signal comes back later.
+    fn retry_later(&self, signal: &Signal, error: &str) -> Disposition {
+        self.log.action(Action::about(
+            signal,
+            ActionKind::RetryLater,
+            format!("cannot read the decision record: {error}"),
+        ));
+        Disposition::Retry(STORE_RETRY_DELAY)
+    }
+
     fn log_not_pending(&self, signal: &Signal, state: RecordState) {
         let action = match state {
             RecordState::Answered(answer) => {
                 let by = answer
+                    .choice
                     .decided_by
                     .clone()
                     .unwrap_or_else(|| "someone".into());
@@ -706,10 +695,10 @@ impl Shared {
                     ActionKind::AlreadyAnswered,
                     format!(
                         "already answered by {by} with {} at {}; not answered again",
-                        answer.option_id, answer.decided_at
+                        answer.choice.option_id, answer.decided_at
                     ),
                 )
-                .option(answer.option_id)
+                .option(answer.choice.option_id)
                 .by(by)
             }
             RecordState::Expired(why) => {

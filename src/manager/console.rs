@@ -16,7 +16,7 @@ use std::io::{self, BufRead, Write};
 use tokio::sync::{mpsc, oneshot};
 
 use super::view::DecisionView;
-use crate::protocol::DecisionKind;
+use crate::protocol::{DecisionAnswer, DecisionKind};
 
 /// The option id whose answer carries a replacement prompt.
 pub const MODIFY_PROMPT: &str = "modify_prompt";
@@ -24,19 +24,10 @@ pub const MODIFY_PROMPT: &str = "modify_prompt";
 /// confidence boost with them.
 pub const CHAIN_ENDING_OPTIONS: &[&str] = &["skip", "abort"];
 
-/// What a person answered.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ConsoleAnswer {
-    pub option_id: String,
-    pub rationale: Option<String>,
-    pub modified_prompt: Option<String>,
-    pub guidance: Option<String>,
-    pub confidence_boost: Option<f64>,
-}
-
 #[derive(Debug, Clone, PartialEq)]
 pub enum ConsoleVerdict {
-    Answer(ConsoleAnswer),
+    /// What the person answered; who they are (`decided_by`) is the manager's to fill in.
+    Answer(DecisionAnswer),
     /// Left unanswered on purpose (`s`).
     Skip,
     /// The input ended (or failed): nothing more can be asked.
@@ -73,13 +64,7 @@ impl<R: BufRead, W: Write> Console<R, W> {
             }
             Choice::EndOfInput => return Ok(ConsoleVerdict::Closed("end of input".into())),
         };
-        let mut answer = ConsoleAnswer {
-            option_id,
-            rationale: None,
-            modified_prompt: None,
-            guidance: None,
-            confidence_boost: None,
-        };
+        let mut answer = DecisionAnswer::option(option_id);
         let Some(rationale) = self.read_line("Rationale (optional): ")? else {
             return Ok(ConsoleVerdict::Closed("end of input".into()));
         };
@@ -279,19 +264,13 @@ mod tests {
         (verdict, String::from_utf8(out).unwrap())
     }
 
-    fn answer(option: &str) -> ConsoleAnswer {
-        ConsoleAnswer {
-            option_id: option.into(),
-            rationale: None,
-            modified_prompt: None,
-            guidance: None,
-            confidence_boost: None,
-        }
+    fn answer(option: &str) -> DecisionAnswer {
+        DecisionAnswer::option(option)
     }
 
     #[test]
     fn scripted_answers() {
-        let with = |f: &dyn Fn(&mut ConsoleAnswer), option: &str| {
+        let with = |f: &dyn Fn(&mut DecisionAnswer), option: &str| {
             let mut a = answer(option);
             f(&mut a);
             ConsoleVerdict::Answer(a)
@@ -403,7 +382,7 @@ mod tests {
         let first = handle.ask(model_view()).await;
         assert_eq!(
             first,
-            ConsoleVerdict::Answer(ConsoleAnswer {
+            ConsoleVerdict::Answer(DecisionAnswer {
                 rationale: Some("ok".into()),
                 ..answer("skip")
             })

@@ -15,9 +15,9 @@ use futures_util::StreamExt;
 use serde_json::Value;
 
 use super::console::{CHAIN_ENDING_OPTIONS, MODIFY_PROMPT};
-use super::view::{DecisionView, one_line};
+use super::view::{DecisionView, clipped_line};
 use crate::llm::{ChatRequest, LlmBackend, LlmError, OpenAiBackend, StreamEvent};
-use crate::protocol::{DecisionOption, Message};
+use crate::protocol::{DecisionAnswer, DecisionOption, Message};
 use crate::settings::Settings;
 
 /// Most of a reply kept; a model that talks on is cut here.
@@ -34,19 +34,14 @@ decisions, then choose the option that best serves the job and the people who ru
 the default when the evidence does not clearly favour another option. Be brief and concrete \
 in your rationale: the worker reads it.";
 
-/// What the model chose.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ModelAnswer {
-    pub option_id: String,
-    pub rationale: Option<String>,
-    pub modified_prompt: Option<String>,
-    pub guidance: Option<String>,
-}
-
 #[derive(Debug, Clone, PartialEq)]
 pub enum Pick {
-    /// A valid answer, at the first or second attempt.
-    Chosen { answer: ModelAnswer, attempts: u32 },
+    /// A valid answer, at the first or second attempt; the model gives no `confidence_boost`,
+    /// and who answered (`decided_by`) is the manager's to fill in.
+    Chosen {
+        answer: DecisionAnswer,
+        attempts: u32,
+    },
     /// Two unusable replies: the decision's default option.
     Fallback {
         option_id: String,
@@ -216,7 +211,7 @@ pub fn parse_reply(
     text: &str,
     options: &[DecisionOption],
     extras_allowed: bool,
-) -> Result<ModelAnswer, String> {
+) -> Result<DecisionAnswer, String> {
     let object = json_objects(text)
         .into_iter()
         .find(|o| o.contains_key("option_id"))
@@ -237,7 +232,7 @@ pub fn parse_reply(
         .ok_or_else(|| {
             format!(
                 "{:?} is not one of the option ids ({})",
-                one_line(&chosen, 80),
+                clipped_line(&chosen, 80),
                 ids(options)
             )
         })?;
@@ -246,11 +241,9 @@ pub fn parse_reply(
         Some(Value::String(s)) => Some(s.trim().to_string()).filter(|s| !s.is_empty()),
         Some(other) => Some(other.to_string()),
     };
-    let mut answer = ModelAnswer {
-        option_id: option.id.clone(),
+    let mut answer = DecisionAnswer {
         rationale: text_field("rationale"),
-        modified_prompt: None,
-        guidance: None,
+        ..DecisionAnswer::option(option.id.clone())
     };
     if extras_allowed && !CHAIN_ENDING_OPTIONS.contains(&answer.option_id.as_str()) {
         answer.guidance = text_field("guidance");
@@ -303,14 +296,12 @@ mod tests {
     #[test]
     fn replies_are_read_robustly() {
         let ok = |id: &str, rationale: Option<&str>| {
-            Ok(ModelAnswer {
-                option_id: id.into(),
+            Ok(DecisionAnswer {
                 rationale: rationale.map(str::to_string),
-                modified_prompt: None,
-                guidance: None,
+                ..DecisionAnswer::option(id)
             })
         };
-        let cases: Vec<(&str, &str, bool, Result<ModelAnswer, String>)> = vec![
+        let cases: Vec<(&str, &str, bool, Result<DecisionAnswer, String>)> = vec![
             (
                 "bare",
                 r#"{"option_id": "fast", "rationale": "deadline"}"#,

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
-use super::view::one_line;
+use super::view::clipped_line;
 use crate::protocol::Signal;
 use crate::protocol::ids::now_rfc3339;
 
@@ -173,7 +173,7 @@ impl Action {
         }
         if !self.detail.is_empty() {
             line.push_str(": ");
-            line.push_str(&one_line(&self.detail, 600));
+            line.push_str(&clipped_line(&self.detail, 600));
         }
         line
     }
@@ -233,13 +233,13 @@ pub fn signal_line(signal: &Signal) -> String {
         signal.code,
         signal.job_name.as_deref().unwrap_or("-"),
         signal.request_id,
-        one_line(&signal.summary, SUMMARY_CHARS),
+        clipped_line(&signal.summary, SUMMARY_CHARS),
     );
     if let Some(d) = &signal.decision {
         let options: Vec<String> = d
             .options
             .iter()
-            .map(|o| format!("{} {:?}", o.id, one_line(&o.label, 60)))
+            .map(|o| format!("{} {:?}", o.id, clipped_line(&o.label, 60)))
             .collect();
         let kind = serde_json::to_value(d.kind)
             .ok()

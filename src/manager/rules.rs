@@ -24,6 +24,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use crate::protocol::signal::is_valid_outcome_code;
+use crate::protocol::text::one_line;
 use crate::protocol::{DecisionBlock, DecisionKind, Signal, SignalType};
 
 /// The option a rule answers with.
@@ -453,10 +454,6 @@ fn toml_to_json(value: toml::Value) -> Value {
         toml::Value::Array(items) => Value::Array(items.into_iter().map(toml_to_json).collect()),
         toml::Value::Table(t) => Value::Object(table_to_json(t)),
     }
-}
-
-fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use std::fmt::Write as _;
 use serde_json::{Map, Value};
 
 use crate::bus::decisions::DecisionRecord;
+use crate::protocol::text::{clip_chars_counted, one_line};
 use crate::protocol::{DecisionBlock, DecisionKind, Signal};
 
 /// Longest text shown for one value (prompts, outputs, contexts).
@@ -100,19 +101,19 @@ impl DecisionView {
             let _ = writeln!(
                 out,
                 "Summary: {}",
-                indent_rest(&trim_text(&s.summary, MAX_TEXT_CHARS), 2)
+                indent_rest(&clip_chars_counted(&s.summary, MAX_TEXT_CHARS), 2)
             );
         }
         let _ = writeln!(
             out,
             "Question: {}",
-            indent_rest(&trim_text(&d.question, MAX_TEXT_CHARS), 2)
+            indent_rest(&clip_chars_counted(&d.question, MAX_TEXT_CHARS), 2)
         );
         if let Some(context) = d.context.as_deref().filter(|c| !c.is_empty()) {
             let _ = writeln!(
                 out,
                 "Context: {}",
-                indent_rest(&trim_text(context, MAX_TEXT_CHARS), 2)
+                indent_rest(&clip_chars_counted(context, MAX_TEXT_CHARS), 2)
             );
         }
         let _ = writeln!(out, "Options:");
@@ -127,13 +128,13 @@ impl DecisionView {
                 "  {}. {}: {}{default}",
                 i + 1,
                 option.id,
-                one_line(&option.label, MAX_ITEM_CHARS)
+                clipped_line(&option.label, MAX_ITEM_CHARS)
             );
             if let Some(pros) = option.pros.as_deref().filter(|p| !p.is_empty()) {
-                let _ = writeln!(out, "       pros: {}", one_line(pros, MAX_TEXT_CHARS));
+                let _ = writeln!(out, "       pros: {}", clipped_line(pros, MAX_TEXT_CHARS));
             }
             if let Some(cons) = option.cons.as_deref().filter(|c| !c.is_empty()) {
-                let _ = writeln!(out, "       cons: {}", one_line(cons, MAX_TEXT_CHARS));
+                let _ = writeln!(out, "       cons: {}", clipped_line(cons, MAX_TEXT_CHARS));
             }
         }
         match &d.default_option {
@@ -158,7 +159,7 @@ impl DecisionView {
             let _ = writeln!(
                 out,
                 "Request metadata: {}",
-                one_line(
+                clipped_line(
                     &Value::Object(self.metadata.clone()).to_string(),
                     MAX_TEXT_CHARS
                 )
@@ -223,7 +224,7 @@ fn render_suggestions(out: &mut String, suggestions: &Value) {
                 out,
                 "  {}. {}",
                 i + 1,
-                one_line(&scalar(item), MAX_ITEM_CHARS)
+                clipped_line(&scalar(item), MAX_ITEM_CHARS)
             );
             continue;
         };
@@ -250,7 +251,11 @@ fn render_suggestions(out: &mut String, suggestions: &Value) {
         };
         let _ = writeln!(out, "  {}. {head}", i + 1);
         if let Some((_, v)) = prompt {
-            let _ = writeln!(out, "     prompt: {}", one_line(&scalar(v), MAX_TEXT_CHARS));
+            let _ = writeln!(
+                out,
+                "     prompt: {}",
+                clipped_line(&scalar(v), MAX_TEXT_CHARS)
+            );
         }
         let shown: Vec<&str> = [option, outcome, confidence, prompt]
             .iter()
@@ -266,7 +271,7 @@ fn render_suggestions(out: &mut String, suggestions: &Value) {
             let _ = writeln!(
                 out,
                 "     {key}: {}",
-                one_line(&scalar(value), MAX_ITEM_CHARS)
+                clipped_line(&scalar(value), MAX_ITEM_CHARS)
             );
         }
     }
@@ -278,20 +283,24 @@ fn render_suggestions(out: &mut String, suggestions: &Value) {
 /// A value on one or more lines; continuation lines are indented by `indent`.
 fn render_value(value: &Value, indent: usize) -> String {
     match value {
-        Value::String(s) => indent_rest(&trim_text(s, MAX_TEXT_CHARS), indent),
+        Value::String(s) => indent_rest(&clip_chars_counted(s, MAX_TEXT_CHARS), indent),
         Value::Array(items) if items.is_empty() => "[]".into(),
         Value::Array(items) => {
             let pad = " ".repeat(indent);
             let mut text = String::new();
             for item in items.iter().take(MAX_ITEMS) {
-                let _ = write!(text, "\n{pad}- {}", one_line(&scalar(item), MAX_ITEM_CHARS));
+                let _ = write!(
+                    text,
+                    "\n{pad}- {}",
+                    clipped_line(&scalar(item), MAX_ITEM_CHARS)
+                );
             }
             if items.len() > MAX_ITEMS {
                 let _ = write!(text, "\n{pad}... {} more", items.len() - MAX_ITEMS);
             }
             text
         }
-        other => one_line(&scalar(other), MAX_TEXT_CHARS),
+        other => clipped_line(&scalar(other), MAX_TEXT_CHARS),
     }
 }
 
@@ -312,19 +321,10 @@ fn scalar(value: &Value) -> String {
     }
 }
 
-/// At most `max` characters, with a note of how many were left out.
-pub fn trim_text(text: &str, max: usize) -> String {
-    let count = text.chars().count();
-    if count <= max {
-        return text.to_string();
-    }
-    let kept: String = text.chars().take(max).collect();
-    format!("{kept}... ({} more characters)", count - max)
-}
-
-/// Whitespace (newlines included) collapsed to single spaces, then trimmed to `max`.
-pub fn one_line(text: &str, max: usize) -> String {
-    trim_text(&text.split_whitespace().collect::<Vec<_>>().join(" "), max)
+/// Whitespace (newlines included) collapsed to single spaces, then trimmed to `max`
+/// characters with a note of how many were left out.
+pub fn clipped_line(text: &str, max: usize) -> String {
+    clip_chars_counted(&one_line(text), max)
 }
 
 fn indent_rest(text: &str, indent: usize) -> String {
@@ -444,8 +444,8 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn trimming_counts_characters_not_bytes() {
-        assert_eq!(trim_text("äöü", 2), "äö... (1 more characters)");
-        assert_eq!(one_line("a\n  b\tc", 10), "a b c");
+    fn a_clipped_line_collapses_whitespace_and_counts_characters() {
+        assert_eq!(clipped_line("a\n  b\tc", 10), "a b c");
+        assert_eq!(clipped_line("ä\nöü", 2), "ä ... (2 more characters)");
     }
 }

@@ -13,7 +13,14 @@ use axum::routing::get;
 use tokio::sync::watch;
 
 use super::Metrics;
-use crate::actors::Capacity;
+
+/// What readiness needs to know of the worker's slots. The slots belong to the actors, above
+/// this layer; the layer that wires both (the worker) implements this for the capacity it
+/// watches, so observe never names the actors.
+pub trait Draining {
+    /// The worker is giving its work back and takes no more.
+    fn draining(&self) -> bool;
+}
 
 /// What `/readyz` looks at. The server starts before the worker reaches NATS (so liveness
 /// holds while it waits); until the worker is started it is not ready.
@@ -25,7 +32,8 @@ pub struct Readiness {
 
 struct Started {
     nats: async_nats::Client,
-    capacity: watch::Receiver<Capacity>,
+    /// Reads the latest capacity the worker announced.
+    draining: Box<dyn Fn() -> bool + Send + Sync>,
 }
 
 impl Default for Readiness {
@@ -39,8 +47,12 @@ impl Default for Readiness {
 
 impl Readiness {
     /// The worker is connected and has its slots.
-    pub fn started(&self, nats: async_nats::Client, capacity: watch::Receiver<Capacity>) {
-        let _ = self.started.set(Started { nats, capacity });
+    pub fn started<C>(&self, nats: async_nats::Client, capacity: watch::Receiver<C>)
+    where
+        C: Draining + Send + Sync + 'static,
+    {
+        let draining = Box::new(move || capacity.borrow().draining());
+        let _ = self.started.set(Started { nats, draining });
     }
 
     /// Ready, or why not.
@@ -48,7 +60,7 @@ impl Readiness {
         let Some(started) = self.started.get() else {
             return Err("starting (waiting for NATS and the stores)".into());
         };
-        if started.capacity.borrow().draining {
+        if (started.draining)() {
             return Err("draining".into());
         }
         if started.nats.connection_state() != async_nats::connection::State::Connected {

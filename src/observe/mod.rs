@@ -5,5 +5,5 @@ pub mod http;
 pub mod metrics;
 
 pub use backend::MeteredBackend;
-pub use http::{Readiness, serve};
+pub use http::{Draining, Readiness, serve};
 pub use metrics::Metrics;

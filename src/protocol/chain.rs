@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Message, Role};
+use super::text::clip_bytes;
 
 /// Failed attempts kept in the history (the oldest go first).
 pub const MAX_ATTEMPTS_KEPT: usize = 8;
@@ -71,7 +71,7 @@ impl PastAttempt {
             failed_checks: failed_checks
                 .into_iter()
                 .take(MAX_CHECKS_NAMED)
-                .map(|c| clip(&c))
+                .map(|c| clip_bytes(&c, MAX_TEXT))
                 .collect(),
             decided: None,
         }
@@ -89,7 +89,7 @@ impl ChainState {
     /// Notes what was decided about the newest attempt.
     pub fn note_decision(&mut self, decided: &str) {
         if let Some(last) = self.error_history.last_mut() {
-            last.decided = Some(clip(decided));
+            last.decided = Some(clip_bytes(decided, MAX_TEXT));
         }
     }
 
@@ -115,39 +115,6 @@ impl ChainState {
         state.confidence_boost = state.confidence_boost.clamp(0.0, 1.0);
         Some(state)
     }
-}
-
-/// How the notes genfleet adds to a continuation begin; they are not the caller's task.
-pub const DECISION_NOTE_PREFIX: &str = "Decision chosen:";
-/// How a manager's guidance note begins.
-pub const GUIDANCE_NOTE_PREFIX: &str = "Guidance from the manager:";
-
-/// The caller's task: the last user message that is not a note genfleet added.
-pub fn task_message_index(messages: &[Message]) -> Option<usize> {
-    messages.iter().rposition(|m| {
-        m.role == Role::User && {
-            let text = m.text();
-            !text.starts_with(DECISION_NOTE_PREFIX) && !text.starts_with(GUIDANCE_NOTE_PREFIX)
-        }
-    })
-}
-
-/// The caller's task as text (empty when there is none).
-pub fn task_text(messages: &[Message]) -> String {
-    task_message_index(messages)
-        .map(|i| messages[i].text().into_owned())
-        .unwrap_or_default()
-}
-
-fn clip(text: &str) -> String {
-    if text.len() <= MAX_TEXT {
-        return text.to_string();
-    }
-    let mut cut = MAX_TEXT;
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}…", &text[..cut])
 }
 
 #[cfg(test)]
@@ -190,20 +157,6 @@ mod tests {
         assert_eq!(ChainState::from_header("not json"), None);
         let wild = r#"{"confidence_boost": 7}"#;
         assert_eq!(ChainState::from_header(wild).unwrap().confidence_boost, 1.0);
-    }
-
-    #[test]
-    fn the_task_is_the_last_user_message_that_is_not_a_note() {
-        let messages = vec![
-            Message::user("first"),
-            Message::assistant("ok"),
-            Message::user("the task"),
-            Message::user(format!("{DECISION_NOTE_PREFIX} Retry (retry)")),
-            Message::user(format!("{GUIDANCE_NOTE_PREFIX} be brief")),
-        ];
-        assert_eq!(task_message_index(&messages), Some(2));
-        assert_eq!(task_text(&messages), "the task");
-        assert_eq!(task_text(&[Message::assistant("x")]), "");
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::text::clip_chars;
 use super::{GenerationResult, Reason, RequestState, Role, Timings, Usage};
 
 /// Characters of the prompt's first user message kept.
@@ -74,7 +75,10 @@ impl FinishedSummary {
             chain_position: result.chain_position,
             state: result.state,
             reason: result.reason,
-            detail: result.detail.as_deref().map(|d| opening(d, DETAIL_CHARS)),
+            detail: result
+                .detail
+                .as_deref()
+                .map(|d| clip_chars(d, DETAIL_CHARS)),
             worker_id: result.worker_id.clone(),
             attempt: result.attempt,
             usage: result.usage,
@@ -96,20 +100,16 @@ impl FinishedSummary {
                 })
                 .flatten(),
             finished_at,
-            prompt_start: opening(&prompt, PROMPT_START_CHARS),
-            output_start: opening(&result.output, OUTPUT_START_CHARS),
+            prompt_start: clip_chars(&prompt, PROMPT_START_CHARS),
+            output_start: clip_chars(&result.output, OUTPUT_START_CHARS),
             output_chars: result.output.chars().count(),
         }
     }
 }
 
-/// The first `max` characters of `text`, with `…` when there was more.
-pub fn opening(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        Some((end, _)) => format!("{}…", &text[..end]),
-        None => text.to_string(),
-    }
-}
+/// The first `max` characters of `text`, with `…` when there was more: the name callers knew
+/// before the cuts moved to [`super::text`].
+pub use super::text::clip_chars as opening;
 
 #[cfg(test)]
 mod tests {

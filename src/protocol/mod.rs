@@ -1,5 +1,6 @@
 //! Wire types and codecs: what crosses the bus, with no I/O. Every layer shares these.
 
+pub mod answer;
 pub mod chain;
 pub mod codec;
 pub mod error;
@@ -11,7 +12,10 @@ pub mod replies;
 pub mod request;
 pub mod result;
 pub mod signal;
+pub mod task;
+pub mod text;
 
+pub use answer::DecisionAnswer;
 pub use chain::ChainState;
 pub use codec::Encoding;
 pub use error::{ErrorBody, ErrorCode, ErrorReply, WireError};

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::message::Message;
 use super::signal::Signal;
+use super::text::floor_char_boundary;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -163,6 +164,13 @@ pub struct CheckResult {
     pub detail: Option<String>,
 }
 
+impl ValidationReport {
+    /// The checks that did not pass, in their order.
+    pub fn failed_checks(&self) -> impl Iterator<Item = &CheckResult> {
+        self.checks.iter().filter(|c| !c.passed)
+    }
+}
+
 impl GenerationResult {
     /// The result of a request that produced nothing: refused before it ran, cancelled while
     /// queued, or lost with its worker. Callers fill in what they know beyond the ids.
@@ -196,15 +204,6 @@ impl GenerationResult {
 /// The size of `value` as JSON, the largest of the encodings a result travels in.
 fn json_len<T: Serialize>(value: &T) -> usize {
     serde_json::to_vec(value).map_or(0, |body| body.len())
-}
-
-/// Cuts `text` to at most `keep` bytes, on a char boundary.
-fn cut_to(text: &mut String, keep: usize) {
-    let mut keep = keep.min(text.len());
-    while !text.is_char_boundary(keep) {
-        keep -= 1;
-    }
-    text.truncate(keep);
 }
 
 impl GenerationResult {
@@ -252,7 +251,7 @@ impl GenerationResult {
                 // What is left (signals, metadata, validation) is bounded by the limits.
                 break;
             };
-            cut_to(text, text.len().saturating_sub(excess));
+            text.truncate(floor_char_boundary(text, text.len().saturating_sub(excess)));
         }
         true
     }

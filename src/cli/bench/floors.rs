@@ -77,8 +77,6 @@ pub async fn nats_request_reply(
             nats.send_request(subject, request).await.is_ok()
         }
     };
-    // Warm up: one call per client.
-    futures_util::future::join_all((0..concurrency).map(call)).await;
     let report = drive(
         "floor: nats",
         concurrency,
@@ -128,7 +126,6 @@ pub async fn backend_http(
             }
         }
     };
-    futures_util::future::join_all((0..concurrency).map(call)).await;
     let report = drive(
         "floor: backend",
         concurrency,
@@ -180,7 +177,8 @@ fn constructed_request(model: &str, reply_tokens: usize) -> Vec<u8> {
     .expect("JSON serializes")
 }
 
-/// `concurrency` clients calling `call` in a loop until the budget is spent.
+/// `concurrency` clients calling `call` in a loop until the budget is spent, after one call
+/// per client to warm up (not counted).
 async fn drive<F, Fut>(
     label: &str,
     concurrency: usize,
@@ -193,6 +191,7 @@ where
     F: Fn(usize) -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
+    futures_util::future::join_all((0..concurrency).map(&call)).await;
     let budget = Arc::new(Budget::new(requests, duration));
     let progress = Progress::start(label, budget.clone());
     let cpu = procstat::snapshot(watched);

@@ -358,6 +358,18 @@
     return [h('dt', { text: label }), h('dd', {}, content)];
   }
 
+  // Where a request ran and where it stands in its chain: a result and a finished summary
+  // name these the same way.
+  function placeFacts(r) {
+    return [
+      field('Worker', r.worker_id || '-'),
+      r.job_name ? field('Job', r.job_name) : null,
+      field('Chain position', String(r.chain_position)),
+      r.parent_request_id ? field('Continues', requestLink(r.parent_request_id)) : null,
+      r.root_request_id && r.root_request_id !== r.request_id ? field('Chain root', requestLink(r.root_request_id)) : null,
+    ];
+  }
+
   function checksList(checks) {
     return h('ul', { class: 'checks' }, checks.map((c) => {
       if (typeof c !== 'object' || c === null) return h('li', { text: scalar(c) });
@@ -672,13 +684,7 @@
       clear(output).append(document.createTextNode(result.output || ''));
       if (result.reasoning) { reasoning.textContent = result.reasoning; reasoningBox.hidden = false; }
       clear(facts);
-      append(facts, [
-        field('Worker', result.worker_id || '-'),
-        result.job_name ? field('Job', result.job_name) : null,
-        field('Chain position', String(result.chain_position)),
-        result.parent_request_id ? field('Continues', requestLink(result.parent_request_id)) : null,
-        result.root_request_id && result.root_request_id !== result.request_id ? field('Chain root', requestLink(result.root_request_id)) : null,
-      ]);
+      append(facts, placeFacts(result));
       clear(final);
       final.append(h('p', { class: 'result-line', 'data-field': 'result' },
         h('strong', { text: result.state }), ' ', result.reason, result.detail ? ': ' + result.detail : ''));
@@ -731,11 +737,7 @@
       clear(output).append(document.createTextNode(f.output_start || ''));
       clear(facts);
       append(facts, [
-        field('Worker', f.worker_id || '-'),
-        f.job_name ? field('Job', f.job_name) : null,
-        field('Chain position', String(f.chain_position)),
-        f.parent_request_id ? field('Continues', requestLink(f.parent_request_id)) : null,
-        f.root_request_id && f.root_request_id !== f.request_id ? field('Chain root', requestLink(f.root_request_id)) : null,
+        placeFacts(f),
         f.finished_at ? field('Finished', time(f.finished_at)) : null,
       ]);
       clear(final);

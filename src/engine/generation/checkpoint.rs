@@ -7,7 +7,6 @@
 
 use serde_json::json;
 
-use crate::protocol::chain;
 use crate::protocol::{DecisionKind, Role, Severity, SignalType};
 
 use super::Generation;
@@ -63,7 +62,10 @@ impl Generation<'_> {
         }
         meta.insert(
             "prompt".into(),
-            json!(summarise(&chain::task_text(&self.request.messages), 2000)),
+            json!(summarise(
+                &crate::protocol::task::task_text(&self.request.messages),
+                2000
+            )),
         );
         let why = if matched.is_empty() {
             String::new()

@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::protocol::chain::{self, PastAttempt};
 use crate::engine::history::{self, SuggestionQuery};
 use crate::engine::validation;
+use crate::protocol::chain::PastAttempt;
+use crate::protocol::task::task_text;
 use crate::protocol::{DecisionKind, Message, Reason, Severity, SignalType, ValidationReport};
 
 use super::Generation;
@@ -102,7 +103,7 @@ impl Generation<'_> {
     /// Ends the request with `escalation.LOW_CONFIDENCE`, whose decision offers retry, skip,
     /// abort and modify_prompt and whose meta holds the context a manager needs.
     async fn escalate(&mut self, report: &ValidationReport) -> Stop {
-        let task = chain::task_text(&self.request.messages);
+        let task = task_text(&self.request.messages);
         let query = SuggestionQuery {
             code: "LOW_CONFIDENCE".into(),
             confidence: report.confidence,

@@ -10,6 +10,11 @@ use super::{Chunking, MockServer, Rule, Script, ToolCallSpec, serve};
 /// One client for all tests: building one loads the system's root certificates, which is slow.
 /// No idle connections are kept: each test has its own runtime, and a pooled connection must
 /// not outlive the runtime that opened it.
+/// A GET through the shared client.
+async fn get(url: impl reqwest::IntoUrl) -> reqwest::Response {
+    client().get(url).send().await.unwrap()
+}
+
 fn client() -> reqwest::Client {
     static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
     CLIENT
@@ -59,6 +64,15 @@ struct Streamed {
 impl Streamed {
     fn content(&self) -> String {
         self.deltas("content")
+    }
+
+    /// The content of each chunk that carries some, as streamed.
+    fn pieces(&self) -> Vec<&str> {
+        self.chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .filter(|t| !t.is_empty())
+            .collect()
     }
 
     fn deltas(&self, field: &str) -> String {
@@ -172,13 +186,7 @@ async fn streams_text_with_role_chunk_finish_usage_and_done() {
         assert!(c["created"].is_u64());
     }
     assert_eq!(s.content(), "hello big  world");
-    let pieces: Vec<&str> = s
-        .chunks
-        .iter()
-        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
-        .filter(|t| !t.is_empty())
-        .collect();
-    assert_eq!(pieces, ["hello ", "big  ", "world"]);
+    assert_eq!(s.pieces(), ["hello ", "big  ", "world"]);
     assert_eq!(s.finish_reasons(), ["stop"]);
     let last = s.chunks.last().unwrap();
     assert_eq!(last["choices"], json!([]));
@@ -447,13 +455,7 @@ async fn repeat_and_char_chunks() {
     let script = Script::new(vec![Rule::reply("ab").repeat(3).chunk(Chunking::Chars(4))]);
     let server = start(script).await;
     let s = stream(&server, json!({"messages": [user("q")]})).await;
-    let pieces: Vec<&str> = s
-        .chunks
-        .iter()
-        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
-        .filter(|t| !t.is_empty())
-        .collect();
-    assert_eq!(pieces, ["abab", "ab"]);
+    assert_eq!(s.pieces(), ["abab", "ab"]);
 }
 
 #[tokio::test]
@@ -591,18 +593,10 @@ async fn api_key_is_enforced() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
-    let models = client()
-        .get(format!("{}/models", server.base_url()))
-        .send()
-        .await
-        .unwrap();
+    let models = get(format!("{}/models", server.base_url())).await;
     assert_eq!(models.status(), 401);
     // Health and the request log stay open.
-    let health = client()
-        .get(format!("http://{}/health", server.addr()))
-        .send()
-        .await
-        .unwrap();
+    let health = get(format!("http://{}/health", server.addr())).await;
     assert_eq!(health.status(), 200);
 }
 
@@ -637,22 +631,15 @@ async fn bad_requests_get_openai_errors() {
 #[tokio::test]
 async fn models_and_health() {
     let server = start(Script::echo().with_model("tiny-llm")).await;
-    let v: Value = client()
-        .get(format!("{}/models", server.base_url()))
-        .send()
+    let v: Value = get(format!("{}/models", server.base_url()))
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], "tiny-llm");
     assert_eq!(v["data"][0]["object"], "model");
-    let health = client()
-        .get(format!("http://{}/health", server.addr()))
-        .send()
-        .await
-        .unwrap();
+    let health = get(format!("http://{}/health", server.addr())).await;
     assert_eq!(health.text().await.unwrap(), "ok");
     // A request without a model gets the script's.
     let c = complete(&server, json!({"messages": [user("q")]})).await;
@@ -673,14 +660,7 @@ async fn records_request_bodies() {
         .send()
         .await
         .unwrap();
-    let logged: Value = client()
-        .get(&log_url)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let logged: Value = get(&log_url).await.json().await.unwrap();
     assert_eq!(logged, json!([first, second, "garbage"]));
     assert_eq!(server.requests(), [first, second, json!("garbage")]);
 
@@ -745,11 +725,7 @@ async fn serve_stops_on_shutdown() {
     let task = tokio::spawn(serve(listener, Script::echo(), async move {
         let _ = rx.await;
     }));
-    let health = client()
-        .get(format!("http://{addr}/health"))
-        .send()
-        .await
-        .unwrap();
+    let health = get(format!("http://{addr}/health")).await;
     assert_eq!(health.status(), 200);
     drop(health);
     tx.send(()).unwrap();
