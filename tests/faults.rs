@@ -45,26 +45,6 @@ fn fast_faults(llm: &str, slots: u32) -> Vec<(&'static str, String)> {
     ]
 }
 
-/// Waits (bounded) until `n` workers answer; else fails with their logs.
-async fn wait_workers(nats: &async_nats::Client, n: usize, logs: &std::path::Path) {
-    let deadline = std::time::Instant::now() + SETTLE;
-    while std::time::Instant::now() < deadline {
-        if fleet::worker_stats(nats, Duration::from_millis(200))
-            .await
-            .len()
-            >= n
-        {
-            return;
-        }
-    }
-    let mut all = String::new();
-    for entry in std::fs::read_dir(logs).unwrap().flatten() {
-        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
-        all.push_str(&format!("--- {}\n{text}\n", entry.path().display()));
-    }
-    panic!("{n} workers did not come up within {SETTLE:?}; their logs:\n{all}");
-}
-
 /// Which worker each of `ids` runs on right now.
 async fn running_on(client: &Client, ids: &[String]) -> BTreeMap<String, String> {
     let mut on = BTreeMap::new();
@@ -95,7 +75,7 @@ async fn a_worker_killed_under_durable_load_loses_no_request_and_each_ends_once(
     let client = Client::connect(&client_settings(&nats.url()))
         .await
         .unwrap();
-    wait_workers(client.nats(), 2, logs.path()).await;
+    fleet::wait_workers(client.nats(), 2, SETTLE, logs.path()).await;
 
     let ids: Vec<String> = (0..40).map(|i| format!("burst-{i:02}")).collect();
     for id in &ids {
@@ -177,7 +157,7 @@ async fn a_nats_restart_under_mixed_load_loses_no_accepted_request_and_leaks_no_
     let client = Client::connect(&client_settings(&nats.url()))
         .await
         .unwrap();
-    wait_workers(client.nats(), 2, logs.path()).await;
+    fleet::wait_workers(client.nats(), 2, SETTLE, logs.path()).await;
 
     // Interactive requests running, and durable ones running and waiting, when the server
     // dies.
@@ -285,7 +265,7 @@ async fn a_cluster_node_killed_under_load_leaves_the_fleet_running() {
     let mut settings = client_settings(&all);
     settings.nats.request_timeout_ms = 5_000;
     let client = Client::connect(&settings).await.unwrap();
-    wait_workers(client.nats(), 2, logs.path()).await;
+    fleet::wait_workers(client.nats(), 2, SETTLE, logs.path()).await;
     let js = async_nats::jetstream::new(client.nats().clone());
     let queue = js
         .get_stream("GENFLEET_QUEUE")
@@ -410,7 +390,7 @@ async fn the_backend_killed_mid_stream_fails_with_partial_output_and_its_return_
     let client = Client::connect(&client_settings(&nats.url()))
         .await
         .unwrap();
-    wait_workers(client.nats(), 1, dir.path()).await;
+    fleet::wait_workers(client.nats(), 1, SETTLE, dir.path()).await;
 
     client
         .submit("default", &request("streaming", "go"))
@@ -493,7 +473,7 @@ tool_calls = [{ name = "ghost", arguments = {} }]
     let _worker = fleet::worker("w", &nats.url(), &env, logs.path());
     let settings = client_settings(&nats.url());
     let client = Client::connect(&settings).await.unwrap();
-    wait_workers(client.nats(), 1, logs.path()).await;
+    fleet::wait_workers(client.nats(), 1, SETTLE, logs.path()).await;
 
     let definition = |name: &str, timeout_ms: u64| {
         serde_json::from_value::<genfleet::tools::ToolDefinition>(serde_json::json!({
