@@ -325,6 +325,15 @@ pub async fn wait_queue_empty(nats: &async_nats::Client, pool: &str, within: Dur
     }
 }
 
+/// Waits (bounded, `within` for each check) until the fleet is at rest: the pool's queue holds
+/// nothing, `workers` workers answer with every slot free, and the results bucket holds only
+/// ended requests.
+pub async fn wait_at_rest(nats: &async_nats::Client, pool: &str, workers: usize, within: Duration) {
+    wait_queue_empty(nats, pool, within).await;
+    wait_all_slots_free(nats, workers, within).await;
+    wait_only_results_left(nats, within).await;
+}
+
 /// Waits (bounded) until `count` workers answer the service API; else fails with the logs in
 /// `logs` (worker processes write theirs there).
 pub async fn wait_workers(nats: &async_nats::Client, count: usize, within: Duration, logs: &Path) {
