@@ -11,14 +11,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::fleet;
-use common::nats::NatsServer;
-use genfleet::bus::client::Client;
-use genfleet::llm::mock::{MockServer, Script};
+use common::fleet::{self, Fleet};
 use genfleet::protocol::{
     Encoding, ErrorCode, ErrorReply, GenerationRequest, Reason, RequestState,
 };
-use genfleet::settings::Settings;
 use serde_json::{Value, json};
 
 /// The worker's `limits.max_request_bytes` in this test.
@@ -678,24 +674,17 @@ fn bodies(case: &Case) -> Vec<(Encoding, Value, Vec<u8>)> {
 
 #[tokio::test]
 async fn every_bad_field_gets_its_error_in_both_encodings_and_the_worker_goes_on() {
-    let nats = NatsServer::start().await;
-    let mock = MockServer::start(Script::from_toml_str("[[rules]]\nreply = \"fine\"\n").unwrap())
-        .await
-        .unwrap();
-    let logs = tempfile::tempdir().unwrap();
-    let env = [
-        ("GENFLEET__LLM__BASE_URL", mock.base_url()),
-        ("GENFLEET__WORKER__SLOTS", "2".to_string()),
-        (
-            "GENFLEET__LIMITS__MAX_REQUEST_BYTES",
-            MAX_REQUEST_BYTES.to_string(),
-        ),
-    ];
-    let mut worker = fleet::worker("w1", &nats.url(), &env, logs.path());
-    let worker_log = || std::fs::read_to_string(logs.path().join("w1.log")).unwrap_or_default();
-    let mut settings = Settings::defaults();
-    settings.nats.url = nats.url();
-    let client = Client::connect(&settings).await.unwrap();
+    let mut f = Fleet::builder()
+        .script("[[rules]]\nreply = \"fine\"\n")
+        .default_settings()
+        .worker_processes(["w1"])
+        .slots(2)
+        .worker_env("GENFLEET__LIMITS__MAX_REQUEST_BYTES", MAX_REQUEST_BYTES)
+        .start()
+        .await;
+    let logs = f.logs().to_path_buf();
+    let worker_log = || std::fs::read_to_string(logs.join("w1.log")).unwrap_or_default();
+    let client = f.client.clone();
     let nats_client = client.nats().clone();
     fleet::wait_all_slots_free(&nats_client, 1, Duration::from_secs(30)).await;
 
@@ -814,7 +803,7 @@ async fn every_bad_field_gets_its_error_in_both_encodings_and_the_worker_goes_on
     );
 
     // The worker is still there, serves, and every slot is free.
-    assert!(worker.running(), "the worker process ended");
+    assert!(f.processes[0].running(), "the worker process ended");
     let result = client
         .run(
             "default",

@@ -5,88 +5,24 @@ mod common;
 
 use std::time::Duration;
 
-use common::nats::NatsServer;
+use common::fleet::{self, Fleet, request as req};
 use futures_util::StreamExt;
 use genfleet::bus::client::Client;
 use genfleet::bus::subjects::Subjects;
-use genfleet::bus::worker::WorkerHandle;
-use genfleet::llm::mock::{MockServer, Script};
 use genfleet::protocol::{Encoding, ErrorCode, EventBody, GenerationRequest, Reason, RequestState};
-use genfleet::settings::Settings;
 use serde_json::json;
 
-/// Fields drop in order: workers drain while NATS is still up, the server goes last.
-struct Fleet {
-    workers: Vec<WorkerHandle>,
-    client: Client,
-    mock: MockServer,
-    nats: NatsServer,
-}
-
-fn settings(nats: &NatsServer, mock: &MockServer, slots: u32) -> Settings {
-    let mut s = Settings::defaults();
-    s.nats.url = nats.url();
-    s.llm.base_url = mock.base_url();
-    s.worker.slots = slots;
-    s.worker.drain_timeout_ms = 2000;
-    s.generation.delta_coalesce_ms = 0;
-    s
-}
-
 async fn fleet(script: &str, workers: usize, slots: u32) -> Fleet {
-    fleet_with(script, workers, slots, |_| {}).await
-}
-
-async fn fleet_with(
-    script: &str,
-    workers: usize,
-    slots: u32,
-    tune: impl Fn(&mut Settings),
-) -> Fleet {
-    let nats = NatsServer::start().await;
-    let mock = MockServer::start(Script::from_toml_str(script).unwrap())
+    Fleet::builder()
+        .script(script)
+        .workers(workers)
+        .slots(slots)
+        .start()
         .await
-        .unwrap();
-    let mut handles = Vec::new();
-    for _ in 0..workers {
-        let mut s = settings(&nats, &mock, slots);
-        tune(&mut s);
-        handles.push(
-            tokio::task::spawn_blocking(move || WorkerHandle::spawn(s))
-                .await
-                .unwrap()
-                .unwrap(),
-        );
-    }
-    let client = Client::connect(&settings(&nats, &mock, slots))
-        .await
-        .unwrap()
-        .with_timeout(Duration::from_secs(10));
-    Fleet {
-        workers: handles,
-        client,
-        mock,
-        nats,
-    }
-}
-
-fn req(id: &str, text: &str) -> GenerationRequest {
-    let mut r = GenerationRequest::user(text);
-    r.request_id = Some(id.into());
-    r
 }
 
 async fn wait_terminal(client: &Client, id: &str) -> genfleet::protocol::GenerationResult {
-    for _ in 0..500 {
-        match client.result(id, false).await {
-            Ok(result) => return result,
-            Err(e) if e.code() == Some(ErrorCode::NotReady) => {
-                tokio::time::sleep(Duration::from_millis(20)).await
-            }
-            Err(e) => panic!("{id}: {e}"),
-        }
-    }
-    panic!("{id} never finished");
+    fleet::wait_result(client, id, Duration::from_secs(10), fleet::RUNNING).await
 }
 
 #[tokio::test]
@@ -189,10 +125,12 @@ async fn messagepack_requests_get_messagepack_replies() {
 
 #[tokio::test]
 async fn bad_input_gets_clear_error_replies_and_the_worker_goes_on() {
-    let f = fleet_with("[[rules]]\nreply = \"fine\"\n", 1, 1, |s| {
-        s.limits.max_request_bytes = 4096
-    })
-    .await;
+    let f = Fleet::builder()
+        .script("[[rules]]\nreply = \"fine\"\n")
+        .slots(1)
+        .settings(|s| s.limits.max_request_bytes = 4096)
+        .start()
+        .await;
     let nats = f.client.nats();
     let cases: Vec<(bytes::Bytes, ErrorCode, &str)> = vec![
         (
@@ -263,15 +201,13 @@ async fn a_full_worker_leaves_the_queue_group_and_no_responders_means_no_slot() 
     let done = wait_terminal(&f.client, "busy").await;
     assert_eq!(done.reason, Reason::Stop);
     // The slot is free again and the worker back in the group.
-    let mut accepted = None;
-    for _ in 0..50 {
-        if let Ok(a) = f.client.submit("default", &req("third", "x")).await {
-            accepted = Some(a);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(accepted.is_some());
+    fleet::submit_until_accepted(
+        &f.client,
+        "default",
+        &req("third", "x"),
+        Duration::from_secs(10),
+    )
+    .await;
     wait_terminal(&f.client, "third").await;
     assert_eq!(
         f.client
@@ -493,7 +429,7 @@ async fn a_decision_answer_starts_a_continuation_with_the_choice_injected() {
         "{}",
         next.output
     );
-    let asked = f.mock.requests().last().unwrap().clone();
+    let asked = f.mock().requests().last().unwrap().clone();
     assert_eq!(
         asked["messages"][1]["content"], "Be careful.",
         "the caller system is restated"
@@ -686,24 +622,8 @@ async fn tools_registered_in_kv_become_callable_and_withdrawn_ones_unknown() {
         .put("add", serde_json::to_vec(&definition).unwrap().into())
         .await
         .unwrap();
-    let mut result = None;
-    for _ in 0..100 {
-        match f
-            .client
-            .run("default", with_tool.clone(), Duration::from_secs(10))
-            .await
-        {
-            Ok(r) => {
-                result = Some(r);
-                break;
-            }
-            Err(e) if e.code() == Some(ErrorCode::InvalidRequest) => {
-                tokio::time::sleep(Duration::from_millis(20)).await
-            }
-            Err(e) => panic!("{e}"),
-        }
-    }
-    let result = result.expect("the registered tool becomes callable");
+    // The registered tool becomes callable.
+    let result = fleet::run_when_tools_known(&f.client, &with_tool, Duration::from_secs(10)).await;
     assert_eq!(result.reason, Reason::Stop, "{result:?}");
     assert!(
         result.output.contains("\"sum\":5.0") && result.output.contains("\"request_id\":\"t1\""),
@@ -725,7 +645,7 @@ async fn tools_registered_in_kv_become_callable_and_withdrawn_ones_unknown() {
             .run("default", again, Duration::from_secs(10))
             .await
             .unwrap();
-        let offered = f.mock.requests().last().unwrap()["tools"].to_string();
+        let offered = f.mock().requests().last().unwrap()["tools"].to_string();
         if offered.contains("Add up two numbers exactly") {
             seen_update = true;
             break;
@@ -756,15 +676,19 @@ async fn tools_registered_in_kv_become_callable_and_withdrawn_ones_unknown() {
 
 #[tokio::test]
 async fn configured_tools_without_a_service_fail_with_tool_execution_error() {
-    let f = fleet_with(CALLS_ADD, 1, 1, |s| {
-        s.tools.definitions = vec![
-            serde_json::from_value(
-                json!({"name": "add", "brief": "Add two numbers", "schema": {"type": "object"}}),
-            )
-            .unwrap(),
-        ];
-    })
-    .await;
+    let f = Fleet::builder()
+        .script(CALLS_ADD)
+        .slots(1)
+        .settings(|s| {
+            s.tools.definitions = vec![
+                serde_json::from_value(
+                    json!({"name": "add", "brief": "Add two numbers", "schema": {"type": "object"}}),
+                )
+                .unwrap(),
+            ];
+        })
+        .start()
+        .await;
     let mut with_tool = req("nosvc", "add");
     with_tool.tools = vec!["add".into()];
     let result = f
@@ -1030,7 +954,6 @@ async fn a_store_failure_is_an_internal_error_reply_not_a_crash() {
 #[tokio::test]
 async fn a_result_larger_than_the_servers_max_payload_is_stored_with_its_messages_trimmed() {
     const MAX_PAYLOAD: usize = 64 * 1024;
-    let nats = NatsServer::start_with_config(&format!("max_payload: {MAX_PAYLOAD}")).await;
     // Text that does not repeat, or the loop detector would stop it.
     let mut seed = 7u64;
     let answer: String = (0..20 * 1024)
@@ -1041,21 +964,13 @@ async fn a_result_larger_than_the_servers_max_payload_is_stored_with_its_message
             b"abcdefghijklmnopqrstuvwxyz     "[(seed >> 33) as usize % 31] as char
         })
         .collect();
-    let mock = MockServer::start(
-        Script::from_toml_str(&format!("[[rules]]\nreply = \"{answer}\"\n")).unwrap(),
-    )
-    .await
-    .unwrap();
-    let s = settings(&nats, &mock, 1);
-    let client_settings = s.clone();
-    let _worker = tokio::task::spawn_blocking(move || WorkerHandle::spawn(s))
-        .await
-        .unwrap()
-        .unwrap();
-    let client = Client::connect(&client_settings)
-        .await
-        .unwrap()
-        .with_timeout(Duration::from_secs(10));
+    let f = Fleet::builder()
+        .nats_config(format!("max_payload: {MAX_PAYLOAD}"))
+        .script(&format!("[[rules]]\nreply = \"{answer}\"\n"))
+        .slots(1)
+        .start()
+        .await;
+    let client = &f.client;
     // 36 KiB of request and 20 KiB of answer, twice over in output and messages: 76 KiB.
     let mut request: GenerationRequest = serde_json::from_value(json!({
         "request_id": "big",
@@ -1079,7 +994,7 @@ async fn a_result_larger_than_the_servers_max_payload_is_stored_with_its_message
     })
     .await
     .expect("a finished event");
-    let stored = wait_terminal(&client, "big").await;
+    let stored = wait_terminal(client, "big").await;
     assert_eq!(*finished, stored);
     assert_eq!(
         (stored.state, stored.reason, stored.truncated),
@@ -1273,7 +1188,7 @@ async fn submit_sets_the_common_request_fields_from_flags() {
     assert_eq!(result["request_id"], "flagged");
     assert_eq!(result["job_name"], "nightly");
     assert_eq!(result["metadata"], json!({"team": "ops", "priority": 3}));
-    let asked = &f.mock.requests()[0];
+    let asked = &f.mock().requests()[0];
     assert_eq!(asked["max_tokens"], 12);
     assert_eq!(asked["temperature"], 0.2);
     let prompt = asked["messages"].to_string();

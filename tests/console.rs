@@ -7,17 +7,12 @@ mod common;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::nats::NatsServer;
+use common::fleet::{self, Fleet};
 use eventsource_stream::Eventsource;
 use futures_util::{Stream, StreamExt};
-use genfleet::bus::client::{Client, ClientError};
 use genfleet::bus::decisions::DecisionRecord;
-use genfleet::bus::tool_service::ToolService;
-use genfleet::bus::worker::WorkerHandle;
-use genfleet::cli::tool_demo::{calculate, calculate_definition};
 use genfleet::console::{Console, ConsoleOptions};
-use genfleet::llm::mock::{MockServer, Script};
-use genfleet::protocol::{ErrorCode, EventBody, GenerationRequest, Reason};
+use genfleet::protocol::{EventBody, GenerationRequest, Reason};
 use genfleet::settings::Settings;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -63,62 +58,15 @@ reply = "I will compute that with the calculator."
 tool_calls = [{ name = "calculate", arguments = { operation = "mul", a = 1234, b = 5678 } }]
 "#;
 
-/// Fields drop in order: the worker drains while NATS is still up, the server goes last.
-struct Fleet {
-    worker: Option<WorkerHandle>,
-    _calculator: ToolService,
-    client: Client,
-    settings: Settings,
-    _mock: MockServer,
-    _nats: NatsServer,
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        if let Some(worker) = self.worker.take() {
-            let _ = worker.stop();
-        }
-    }
-}
-
 async fn fleet() -> Fleet {
     genfleet::llm::openai::install_crypto_provider();
-    let nats = NatsServer::start().await;
-    let mock = MockServer::start(Script::from_toml_str(SCRIPT).unwrap())
+    Fleet::builder()
+        .script(SCRIPT)
+        .slots(2)
+        .settings(|s| s.console.fleet_refresh_ms = 300)
+        .calculator()
+        .start()
         .await
-        .unwrap();
-    let mut settings = Settings::defaults();
-    settings.nats.url = nats.url();
-    settings.llm.base_url = mock.base_url();
-    settings.worker.slots = 2;
-    settings.worker.drain_timeout_ms = 2000;
-    settings.generation.delta_coalesce_ms = 0;
-    settings.console.fleet_refresh_ms = 300;
-    let client = Client::connect(&settings)
-        .await
-        .unwrap()
-        .with_timeout(Duration::from_secs(10));
-    let calculator = ToolService::start(
-        client.nats().clone(),
-        &settings,
-        calculate_definition(),
-        |arguments, _| async move { calculate(&arguments) },
-    )
-    .await
-    .unwrap();
-    let worker_settings = settings.clone();
-    let worker = tokio::task::spawn_blocking(move || WorkerHandle::spawn(worker_settings))
-        .await
-        .unwrap()
-        .unwrap();
-    Fleet {
-        worker: Some(worker),
-        _calculator: calculator,
-        client,
-        settings,
-        _mock: mock,
-        _nats: nats,
-    }
 }
 
 impl Fleet {
@@ -129,18 +77,7 @@ impl Fleet {
         let id = genfleet::protocol::ids::new_id();
         request.request_id = Some(id.clone());
         let mut events = Box::pin(self.client.follow(&id).await.unwrap());
-        let started = Instant::now();
-        loop {
-            match self.client.submit("default", &request).await {
-                // The calculator reaches the worker through the tools bucket: a moment.
-                Err(ClientError::Wire(e))
-                    if e.code == ErrorCode::InvalidRequest && started.elapsed() < WAIT =>
-                {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                other => break other.map(|_| ()).unwrap(),
-            }
-        }
+        fleet::submit_when_tools_known(&self.client, &request).await;
         let result = tokio::time::timeout(WAIT, async {
             while let Some(event) = events.next().await {
                 if let EventBody::Finished { result } = event.body {

@@ -5,12 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::nats::NatsServer;
+use common::fleet::{self, Fleet};
 use futures_util::StreamExt;
-use genfleet::bus::client::Client;
-use genfleet::bus::worker::WorkerHandle;
 use genfleet::engine::history::{HistoryEntry, HistoryOutcome};
-use genfleet::llm::mock::{MockServer, Script};
 use genfleet::protocol::{
     DecisionBlock, DecisionOutcome, ErrorCode, Event, EventBody, GenerationRequest,
     GenerationResult, Reason, RequestState, SignalType,
@@ -18,49 +15,23 @@ use genfleet::protocol::{
 use genfleet::settings::Settings;
 use serde_json::{Value, json};
 
-/// Fields drop in order: the worker drains while NATS is still up.
-struct Fleet {
-    _worker: WorkerHandle,
-    client: Client,
-    mock: MockServer,
-    nats: NatsServer,
+/// A fleet whose signals the test reads.
+struct Watched {
+    fleet: Fleet,
     signals: async_nats::Subscriber,
 }
 
-async fn fleet(script: &str, tune: impl Fn(&mut Settings)) -> Fleet {
-    let nats = NatsServer::start().await;
-    let mock = MockServer::start(Script::from_toml_str(script).unwrap())
-        .await
-        .unwrap();
-    let mut s = Settings::defaults();
-    s.nats.url = nats.url();
-    s.llm.base_url = mock.base_url();
-    s.worker.drain_timeout_ms = 2000;
-    s.generation.delta_coalesce_ms = 0;
-    tune(&mut s);
-    let client_settings = s.clone();
-    let worker = tokio::task::spawn_blocking(move || WorkerHandle::spawn(s))
-        .await
-        .unwrap()
-        .unwrap();
-    let client = Client::connect(&client_settings)
-        .await
-        .unwrap()
-        .with_timeout(Duration::from_secs(10));
-    let signals = client.nats().subscribe("signals.>").await.unwrap();
-    client.nats().flush().await.unwrap();
-    Fleet {
-        _worker: worker,
-        client,
-        mock,
-        nats,
-        signals,
-    }
+async fn fleet(script: &str, tune: impl Fn(&mut Settings)) -> Watched {
+    let fleet = Fleet::builder().script(script).settings(tune).start().await;
+    let signals = fleet.client.nats().subscribe("signals.>").await.unwrap();
+    fleet.client.nats().flush().await.unwrap();
+    Watched { fleet, signals }
 }
 
-impl Fleet {
+impl Watched {
     async fn run(&self, request: GenerationRequest) -> GenerationResult {
-        self.client
+        self.fleet
+            .client
             .run("default", request, Duration::from_secs(15))
             .await
             .unwrap()
@@ -69,6 +40,7 @@ impl Fleet {
     /// Answers on `decisions.<id>` and returns the raw reply.
     async fn answer(&self, decision_id: &str, body: Value) -> Value {
         let reply = self
+            .fleet
             .client
             .nats()
             .request(
@@ -96,20 +68,12 @@ impl Fleet {
     }
 
     async fn terminal(&self, id: &str) -> GenerationResult {
-        for _ in 0..750 {
-            match self.client.result(id, false).await {
-                Ok(result) => return result,
-                Err(e) if matches!(e.code(), Some(ErrorCode::NotReady | ErrorCode::NotFound)) => {
-                    tokio::time::sleep(Duration::from_millis(20)).await
-                }
-                Err(e) => panic!("{id}: {e}"),
-            }
-        }
-        panic!("{id} never finished");
+        let within = Duration::from_secs(15);
+        fleet::wait_result(&self.fleet.client, id, within, fleet::RUNNING_OR_UNCLAIMED).await
     }
 
     async fn history(&self, code: &str, decision_id: &str) -> Option<HistoryEntry> {
-        let js = async_nats::jetstream::new(self.client.nats().clone());
+        let js = async_nats::jetstream::new(self.fleet.client.nats().clone());
         let kv = js.get_key_value("GENFLEET_HISTORY").await.unwrap();
         let value = kv.get(format!("{code}.{decision_id}")).await.unwrap()?;
         Some(serde_json::from_slice(&value).unwrap())
@@ -184,7 +148,11 @@ async fn an_escalation_answered_retry_with_guidance_continues_and_succeeds() {
     let mut f = fleet(SUMS, |_| {}).await;
     let first = f.run(checked("e1", "Sum the numbers.")).await;
     assert_eq!(first.reason, Reason::DecisionRequested);
-    assert_eq!(f.mock.requests().len(), 2, "one automatic retry first");
+    assert_eq!(
+        f.fleet.mock().requests().len(),
+        2,
+        "one automatic retry first"
+    );
     let decision = decision_of(&first, SignalType::Escalation, "LOW_CONFIDENCE");
     let published = f.signal("escalation.LOW_CONFIDENCE").await;
     assert_eq!(
@@ -225,7 +193,7 @@ async fn an_escalation_answered_retry_with_guidance_continues_and_succeeds() {
     let report = next.validation.unwrap();
     assert!(report.passed);
     assert_eq!(report.threshold, 0.5, "the boost lowered the threshold");
-    let asked = f.mock.requests().last().unwrap().clone();
+    let asked = f.fleet.mock().requests().last().unwrap().clone();
     let messages = asked["messages"].as_array().unwrap();
     let last = messages.last().unwrap()["content"].as_str().unwrap();
     assert_eq!(
@@ -238,7 +206,7 @@ async fn an_escalation_answered_retry_with_guidance_continues_and_succeeds() {
             && note.contains("worth one more go"),
         "{note}"
     );
-    let status = f.client.status("e1").await.unwrap();
+    let status = f.fleet.client.status("e1").await.unwrap();
     assert_eq!(status.decision_outcome, Some(DecisionOutcome::Continued));
     assert_eq!(
         status.continuation_request_id.as_deref(),
@@ -304,7 +272,7 @@ async fn modify_prompt_replaces_the_task_and_a_second_shortfall_escalates_again(
         (next.reason, next.output.as_str()),
         (Reason::Stop, "TOTAL 42")
     );
-    let asked = f.mock.requests().last().unwrap().clone();
+    let asked = f.fleet.mock().requests().last().unwrap().clone();
     let users: Vec<&str> = asked["messages"]
         .as_array()
         .unwrap()
@@ -356,7 +324,7 @@ async fn skip_and_abort_end_the_chain_with_a_clear_record() {
         ("s1", "skip", "SKIPPED", DecisionOutcome::Skipped),
         ("a1", "abort", "ABORTED", DecisionOutcome::Aborted),
     ] {
-        let mut events = Box::pin(f.client.follow(id).await.unwrap());
+        let mut events = Box::pin(f.fleet.client.follow(id).await.unwrap());
         let first = f.run(checked(id, "Sum the numbers.")).await;
         let decision = decision_of(&first, SignalType::Escalation, "LOW_CONFIDENCE");
         let guided = f
@@ -411,7 +379,7 @@ async fn skip_and_abort_end_the_chain_with_a_clear_record() {
         assert_eq!(signal["request_id"], id);
         assert_eq!(signal["root_request_id"], id);
         assert_eq!(signal["meta"]["rationale"], "not worth it");
-        let status = f.client.status(id).await.unwrap();
+        let status = f.fleet.client.status(id).await.unwrap();
         assert_eq!(status.decision_outcome, Some(outcome));
         assert_eq!(status.continuation_request_id, None);
         let entry = f
@@ -428,7 +396,7 @@ async fn skip_and_abort_end_the_chain_with_a_clear_record() {
         );
     }
     assert_eq!(
-        f.mock.requests().len(),
+        f.fleet.mock().requests().len(),
         2,
         "nothing ran after skip or abort"
     );
@@ -449,7 +417,7 @@ fn guarded(id: &str, prompt: &str) -> GenerationRequest {
 }
 
 /// Runs a guarded request to its checkpoint and answers it.
-async fn ask(f: &mut Fleet, id: &str, body: Value) -> (DecisionBlock, Value) {
+async fn ask(f: &mut Watched, id: &str, body: Value) -> (DecisionBlock, Value) {
     let first = f.run(guarded(id, "Deploy build 7 to production.")).await;
     assert_eq!(first.reason, Reason::DecisionRequested);
     let decision = decision_of(&first, SignalType::DecisionRequest, "CHECKPOINT");
@@ -493,7 +461,7 @@ async fn a_checkpoint_answered_each_way() {
         .to_string();
     let next = f.terminal(&continuation).await;
     assert_eq!(next.reason, Reason::Stop);
-    let asked = f.mock.requests().last().unwrap().clone();
+    let asked = f.fleet.mock().requests().last().unwrap().clone();
     let first_user = asked["messages"]
         .as_array()
         .unwrap()
@@ -502,12 +470,12 @@ async fn a_checkpoint_answered_each_way() {
         .unwrap()["content"]
         .clone();
     assert_eq!(first_user, "Deploy build 7 to staging.");
-    let ran = f.mock.requests().len();
+    let ran = f.fleet.mock().requests().len();
     // skip and abort: nothing runs.
     for (id, option) in [("p3", "skip"), ("p4", "abort")] {
         let (decision, reply) = ask(&mut f, id, json!({"option_id": option})).await;
         assert_eq!(reply["continuation_request_id"], Value::Null);
-        let status = f.client.status(id).await.unwrap();
+        let status = f.fleet.client.status(id).await.unwrap();
         assert_eq!(
             status.decision_id.as_deref(),
             Some(decision.decision_id.as_str())
@@ -516,7 +484,7 @@ async fn a_checkpoint_answered_each_way() {
     }
     let (_, reply) = ask(&mut f, "p5", json!({"option_id": "retry"})).await;
     assert_eq!(reply["error"]["code"], "INVALID_OPTION", "{reply}");
-    assert_eq!(f.mock.requests().len(), ran);
+    assert_eq!(f.fleet.mock().requests().len(), ran);
 }
 
 /// Escalations whose outputs hold some of A, B, C, D; the history test answers them.
@@ -684,7 +652,7 @@ async fn an_expired_decision_takes_its_default_or_expires_and_is_reported() {
     assert_eq!(skipped["meta"]["decided_by"], "timeout");
 
     // A checkpoint without a default expires: DECISION_EXPIRED, and the answer comes too late.
-    let mut events = Box::pin(f.client.follow("t3").await.unwrap());
+    let mut events = Box::pin(f.fleet.client.follow("t3").await.unwrap());
     let guarded = f.run(guarded("t3", "to production")).await;
     let decision = decision_of(&guarded, SignalType::DecisionRequest, "CHECKPOINT");
     let expired = f.signal("outcome.DECISION_EXPIRED").await;
@@ -705,7 +673,7 @@ async fn an_expired_decision_takes_its_default_or_expires_and_is_reported() {
         .await;
     assert_eq!(late["error"]["code"], "NOT_FOUND");
     assert_eq!(
-        f.client.status("t3").await.unwrap().decision_outcome,
+        f.fleet.client.status("t3").await.unwrap().decision_outcome,
         Some(DecisionOutcome::Expired)
     );
 }
@@ -716,10 +684,10 @@ async fn cancelling_a_request_that_waits_on_a_decision_expires_the_decision() {
     let first = f.run(guarded("w1", "to production")).await;
     let decision = decision_of(&first, SignalType::DecisionRequest, "CHECKPOINT");
     assert_eq!(
-        f.client.status("w1").await.unwrap().decision_outcome,
+        f.fleet.client.status("w1").await.unwrap().decision_outcome,
         Some(DecisionOutcome::Pending)
     );
-    let cancelled = f.client.cancel("w1").await.unwrap();
+    let cancelled = f.fleet.client.cancel("w1").await.unwrap();
     assert_eq!(cancelled.state, RequestState::Cancelled);
     assert_eq!(
         cancelled.decision_id.as_deref(),
@@ -737,7 +705,7 @@ async fn cancelling_a_request_that_waits_on_a_decision_expires_the_decision() {
         .answer(&decision.decision_id, json!({"option_id": "proceed"}))
         .await;
     assert_eq!(late["error"]["code"], "NOT_FOUND");
-    let again = f.client.cancel("w1").await.unwrap_err();
+    let again = f.fleet.client.cancel("w1").await.unwrap_err();
     assert_eq!(again.code(), Some(ErrorCode::AlreadyFinished));
 }
 
@@ -745,7 +713,7 @@ async fn cancelling_a_request_that_waits_on_a_decision_expires_the_decision() {
 async fn submit_follow_waits_for_the_answer_and_follows_the_continuation() {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
     let f = fleet(DEPLOY, |_| {}).await;
-    let nats_url = f.nats.url();
+    let nats_url = f.fleet.nats.url();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_genfleet"))
         .args(["submit", "--follow", "--file", "-", "--wait-secs", "30"])
         .env("GENFLEET__NATS__URL", &nats_url)

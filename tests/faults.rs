@@ -9,60 +9,49 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::fleet;
+use common::fleet::{self, Fleet, FleetBuilder, request};
 use common::nats::{NatsServer, free_port};
 use genfleet::bus::client::Client;
 use genfleet::llm::mock::{MockServer, Script};
-use genfleet::protocol::{ErrorCode, GenerationRequest, Reason, RequestState};
+use genfleet::protocol::{GenerationRequest, Reason, RequestState};
 use genfleet::settings::Settings;
 
 /// The bound on waiting for a fleet to finish its work after a fault.
 const SETTLE: Duration = Duration::from_secs(30);
 
-fn request(id: &str, text: &str) -> GenerationRequest {
-    let mut r = GenerationRequest::user(text);
-    r.request_id = Some(id.into());
-    r
-}
-
-fn client_settings(nats_url: &str) -> Settings {
-    let mut s = Settings::defaults();
-    s.nats.url = nats_url.into();
-    s.nats.request_timeout_ms = 3_000;
-    s
-}
-
 /// Worker settings for fast fault detection: a short ack wait (redelivery of a dead worker's
 /// messages) and short heartbeats (its records reaped).
-fn fast_faults(llm: &str, slots: u32) -> Vec<(&'static str, String)> {
-    vec![
-        ("GENFLEET__LLM__BASE_URL", llm.to_string()),
-        ("GENFLEET__WORKER__SLOTS", slots.to_string()),
-        ("GENFLEET__JETSTREAM__QUEUE_ACK_WAIT_MS", "1500".into()),
-        ("GENFLEET__WORKER__HEARTBEAT_MS", "300".into()),
-        ("GENFLEET__WORKER__LOST_AFTER_MS", "1500".into()),
-        ("GENFLEET__WORKER__DRAIN_TIMEOUT_MS", "500".into()),
-    ]
+const FAST_FAULTS: [(&str, &str); 4] = [
+    ("GENFLEET__JETSTREAM__QUEUE_ACK_WAIT_MS", "1500"),
+    ("GENFLEET__WORKER__HEARTBEAT_MS", "300"),
+    ("GENFLEET__WORKER__LOST_AFTER_MS", "1500"),
+    ("GENFLEET__WORKER__DRAIN_TIMEOUT_MS", "500"),
+];
+
+/// A fleet of worker processes with fast fault detection, and a client whose requests time
+/// out in 3 s.
+fn fast_faults() -> FleetBuilder<'static> {
+    FAST_FAULTS.into_iter().fold(
+        Fleet::builder()
+            .default_settings()
+            .settings(|s| s.nats.request_timeout_ms = 3_000),
+        |builder, (key, value)| builder.worker_env(key, value),
+    )
 }
 
-/// Waits (bounded) until `n` workers answer; else fails with their logs.
-async fn wait_workers(nats: &async_nats::Client, n: usize, logs: &std::path::Path) {
-    let deadline = std::time::Instant::now() + SETTLE;
-    while std::time::Instant::now() < deadline {
-        if fleet::worker_stats(nats, Duration::from_millis(200))
-            .await
-            .len()
-            >= n
-        {
-            return;
-        }
-    }
-    let mut all = String::new();
-    for entry in std::fs::read_dir(logs).unwrap().flatten() {
-        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
-        all.push_str(&format!("--- {}\n{text}\n", entry.path().display()));
-    }
-    panic!("{n} workers did not come up within {SETTLE:?}; their logs:\n{all}");
+/// A script whose every answer is `reply`, a word every `delay_ms`.
+fn replying(reply: &str, delay_ms: u64) -> String {
+    format!("[[rules]]\nreply = \"{reply}\"\ndelay_ms = {delay_ms}\n")
+}
+
+/// Two worker processes with four slots each, on a mock answering `reply` slowly.
+async fn two_workers(ids: [&str; 2], reply: &str, delay_ms: u64) -> Fleet {
+    fast_faults()
+        .script(&replying(reply, delay_ms))
+        .worker_processes(ids)
+        .slots(4)
+        .start()
+        .await
 }
 
 /// Which worker each of `ids` runs on right now.
@@ -81,21 +70,9 @@ async fn running_on(client: &Client, ids: &[String]) -> BTreeMap<String, String>
 
 #[tokio::test]
 async fn a_worker_killed_under_durable_load_loses_no_request_and_each_ends_once() {
-    let nats = NatsServer::start().await;
     let reply = "alpha beta gamma delta epsilon zeta eta theta iota kappa";
-    let mock = MockServer::start(
-        Script::from_toml_str(&format!("[[rules]]\nreply = \"{reply}\"\ndelay_ms = 40\n")).unwrap(),
-    )
-    .await
-    .unwrap();
-    let logs = tempfile::tempdir().unwrap();
-    let env = fast_faults(&mock.base_url(), 4);
-    let mut doomed = fleet::worker("doomed", &nats.url(), &env, logs.path());
-    let _steady = fleet::worker("steady", &nats.url(), &env, logs.path());
-    let client = Client::connect(&client_settings(&nats.url()))
-        .await
-        .unwrap();
-    wait_workers(client.nats(), 2, logs.path()).await;
+    let mut f = two_workers(["doomed", "steady"], reply, 40).await;
+    let client = &f.client;
 
     let ids: Vec<String> = (0..40).map(|i| format!("burst-{i:02}")).collect();
     for id in &ids {
@@ -110,7 +87,7 @@ async fn a_worker_killed_under_durable_load_loses_no_request_and_each_ends_once(
     // Kill the doomed worker while it runs requests of its own.
     let mut interrupted = Vec::new();
     for _ in 0..200 {
-        interrupted = running_on(&client, &ids)
+        interrupted = running_on(client, &ids)
             .await
             .into_iter()
             .filter(|(_, worker)| worker == "doomed")
@@ -126,15 +103,15 @@ async fn a_worker_killed_under_durable_load_loses_no_request_and_each_ends_once(
         "the doomed worker never ran a request"
     );
     let fault_at = std::time::Instant::now();
-    doomed.kill();
-    let _rescuer = fleet::worker("rescuer", &nats.url(), &env, logs.path());
+    f.processes[0].kill();
+    let _rescuer = f.start_worker_process("rescuer", &[]);
 
     // What holds whatever the timing: a request the killed worker was running when it died is
     // finished by another worker on a later attempt. (A request seen running on it a moment
     // before the kill may have finished in that moment, stored by the killed worker itself.)
     let mut rescued = 0;
     for id in &ids {
-        let r = fleet::terminal(&client, id, SETTLE).await;
+        let r = fleet::terminal(client, id, SETTLE).await;
         assert_eq!(
             (r.state, r.output.as_str()),
             (RequestState::Completed, reply),
@@ -151,33 +128,19 @@ async fn a_worker_killed_under_durable_load_loses_no_request_and_each_ends_once(
         interrupted.len()
     );
     for id in &ids {
-        fleet::take_exactly_once(&client, id).await;
+        fleet::take_exactly_once(client, id).await;
     }
     // Measured, not asserted: how long the fleet took to finish everything after the fault.
     eprintln!("all work done {:?} after the fault", fault_at.elapsed());
-    fleet::wait_queue_empty(client.nats(), "default", SETTLE).await;
-    fleet::wait_all_slots_free(client.nats(), 2, SETTLE).await;
     // The doomed worker's records go once a live worker sees it stopped beating.
-    fleet::wait_only_results_left(client.nats(), SETTLE).await;
+    fleet::wait_at_rest(client.nats(), "default", 2, SETTLE).await;
 }
 
 #[tokio::test]
 async fn a_nats_restart_under_mixed_load_loses_no_accepted_request_and_leaks_no_slot() {
-    let mut nats = NatsServer::start().await;
     let reply = "one two three four five six seven eight";
-    let mock = MockServer::start(
-        Script::from_toml_str(&format!("[[rules]]\nreply = \"{reply}\"\ndelay_ms = 60\n")).unwrap(),
-    )
-    .await
-    .unwrap();
-    let logs = tempfile::tempdir().unwrap();
-    let env = fast_faults(&mock.base_url(), 4);
-    let _w1 = fleet::worker("w1", &nats.url(), &env, logs.path());
-    let _w2 = fleet::worker("w2", &nats.url(), &env, logs.path());
-    let client = Client::connect(&client_settings(&nats.url()))
-        .await
-        .unwrap();
-    wait_workers(client.nats(), 2, logs.path()).await;
+    let mut f = two_workers(["w1", "w2"], reply, 60).await;
+    let client = &f.client;
 
     // Interactive requests running, and durable ones running and waiting, when the server
     // dies.
@@ -195,12 +158,12 @@ async fn a_nats_restart_under_mixed_load_loses_no_accepted_request_and_leaks_no_
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     let fault_at = std::time::Instant::now();
-    nats.kill().await;
+    f.nats.kill().await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    nats.restart().await;
+    f.nats.restart().await;
 
     for id in durable.iter().chain(&accepted) {
-        let r = fleet::terminal(&client, id, SETTLE).await;
+        let r = fleet::terminal(client, id, SETTLE).await;
         assert_eq!(
             (r.state, r.output.as_str()),
             (RequestState::Completed, reply),
@@ -208,7 +171,7 @@ async fn a_nats_restart_under_mixed_load_loses_no_accepted_request_and_leaks_no_
         );
     }
     for id in durable.iter().chain(&accepted) {
-        fleet::take_exactly_once(&client, id).await;
+        fleet::take_exactly_once(client, id).await;
     }
     // The fleet serves new work after the restart.
     let after = client
@@ -218,9 +181,7 @@ async fn a_nats_restart_under_mixed_load_loses_no_accepted_request_and_leaks_no_
     assert_eq!(after.output, reply);
     // Measured, not asserted: how long the fleet took to finish everything after the fault.
     eprintln!("all work done {:?} after the fault", fault_at.elapsed());
-    fleet::wait_queue_empty(client.nats(), "default", SETTLE).await;
-    fleet::wait_all_slots_free(client.nats(), 2, SETTLE).await;
-    fleet::wait_only_results_left(client.nats(), SETTLE).await;
+    fleet::wait_at_rest(client.nats(), "default", 2, SETTLE).await;
 }
 
 /// Three nats-servers clustered on loopback, JetStream on each; `replicas = 3` for genfleet's
@@ -269,23 +230,26 @@ async fn a_cluster_node_killed_under_load_leaves_the_fleet_running() {
     let mut cluster = Cluster::start().await;
     cluster.wait_jetstream().await;
     let reply = "north east south west";
-    let mock = MockServer::start(
-        Script::from_toml_str(&format!("[[rules]]\nreply = \"{reply}\"\ndelay_ms = 50\n")).unwrap(),
-    )
-    .await
-    .unwrap();
+    let mock = MockServer::start(Script::from_toml_str(&replying(reply, 50)).unwrap())
+        .await
+        .unwrap();
     let logs = tempfile::tempdir().unwrap();
-    let mut env = fast_faults(&mock.base_url(), 4);
-    env.push(("GENFLEET__JETSTREAM__REPLICAS", "3".into()));
+    let mut env: Vec<(&str, String)> = vec![
+        ("GENFLEET__LLM__BASE_URL", mock.base_url()),
+        ("GENFLEET__WORKER__SLOTS", "4".into()),
+        ("GENFLEET__JETSTREAM__REPLICAS", "3".into()),
+    ];
+    env.extend(FAST_FAULTS.map(|(key, value)| (key, value.to_string())));
     // Every process knows all three nodes and reconnects to another when its node dies.
     let urls: Vec<String> = cluster.nodes.iter().map(|n| n.url()).collect();
     let all = urls.join(",");
     let _w1 = fleet::worker("w1", &all, &env, logs.path());
     let _w2 = fleet::worker("w2", &all, &env, logs.path());
-    let mut settings = client_settings(&all);
+    let mut settings = Settings::defaults();
+    settings.nats.url = all.clone();
     settings.nats.request_timeout_ms = 5_000;
-    let client = Client::connect(&settings).await.unwrap();
-    wait_workers(client.nats(), 2, logs.path()).await;
+    let client = &Client::connect(&settings).await.unwrap();
+    fleet::wait_workers(client.nats(), 2, SETTLE, logs.path()).await;
     let js = async_nats::jetstream::new(client.nats().clone());
     let queue = js
         .get_stream("GENFLEET_QUEUE")
@@ -371,46 +335,40 @@ async fn a_cluster_node_killed_under_load_leaves_the_fleet_running() {
     );
     assert_eq!(interactive.output, reply);
     for id in &ids {
-        let r = fleet::terminal(&client, id, SETTLE).await;
+        let r = fleet::terminal(client, id, SETTLE).await;
         assert_eq!(
             (r.state, r.output.as_str()),
             (RequestState::Completed, reply),
             "{id}: {r:?}"
         );
-        fleet::take_exactly_once(&client, id).await;
+        fleet::take_exactly_once(client, id).await;
     }
     // Measured, not asserted: how long the fleet took to finish everything after the fault.
     eprintln!("all work done {:?} after the fault", fault_at.elapsed());
-    fleet::wait_queue_empty(client.nats(), "default", SETTLE).await;
-    fleet::wait_all_slots_free(client.nats(), 2, SETTLE).await;
-    fleet::wait_only_results_left(client.nats(), SETTLE).await;
+    fleet::wait_at_rest(client.nats(), "default", 2, SETTLE).await;
 }
 
 #[tokio::test]
 async fn the_backend_killed_mid_stream_fails_with_partial_output_and_its_return_is_used() {
-    let nats = NatsServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("slow.toml");
     let reply = "w01 w02 w03 w04 w05 w06 w07 w08 w09 w10 w11 w12 w13 w14 w15 w16 w17 w18 w19 w20";
-    std::fs::write(
-        &script,
-        format!("[[rules]]\nreply = \"{reply}\"\ndelay_ms = 100\n"),
-    )
-    .unwrap();
+    std::fs::write(&script, replying(reply, 100)).unwrap();
     let (mut backend, base_url) = fleet::mock_llm("127.0.0.1:0", &script);
     let listen = base_url
         .trim_start_matches("http://")
         .trim_end_matches("/v1")
         .to_string();
-    let mut env = fast_faults(&base_url, 4);
-    // Calls that find the backend down are retried long enough to see it come back.
-    env.push(("GENFLEET__LLM__RETRIES", "8".into()));
-    env.push(("GENFLEET__LLM__RETRY_BACKOFF_MS", "200".into()));
-    let _worker = fleet::worker("w", &nats.url(), &env, dir.path());
-    let client = Client::connect(&client_settings(&nats.url()))
-        .await
-        .unwrap();
-    wait_workers(client.nats(), 1, dir.path()).await;
+    let f = fast_faults()
+        .backend_url(base_url)
+        .worker_processes(["w"])
+        .slots(4)
+        // Calls that find the backend down are retried long enough to see it come back.
+        .worker_env("GENFLEET__LLM__RETRIES", 8)
+        .worker_env("GENFLEET__LLM__RETRY_BACKOFF_MS", 200)
+        .start()
+        .await;
+    let client = &f.client;
 
     client
         .submit("default", &request("streaming", "go"))
@@ -424,7 +382,7 @@ async fn the_backend_killed_mid_stream_fails_with_partial_output_and_its_return_
     let fault_at = std::time::Instant::now();
     backend.kill();
     for id in ["streaming", "streaming-durable"] {
-        let r = fleet::terminal(&client, id, SETTLE).await;
+        let r = fleet::terminal(client, id, SETTLE).await;
         assert_eq!(
             (r.state, r.reason),
             (RequestState::Failed, Reason::BackendError),
@@ -446,7 +404,7 @@ async fn the_backend_killed_mid_stream_fails_with_partial_output_and_its_return_
     tokio::time::sleep(Duration::from_millis(400)).await;
     // ... and completes once the backend is back on its address.
     let (_backend, _) = fleet::mock_llm(&listen, &script);
-    let r = fleet::terminal(&client, "while-down", SETTLE).await;
+    let r = fleet::terminal(client, "while-down", SETTLE).await;
     assert_eq!(
         (r.state, r.output.as_str()),
         (RequestState::Completed, reply),
@@ -457,14 +415,13 @@ async fn the_backend_killed_mid_stream_fails_with_partial_output_and_its_return_
     fleet::wait_queue_empty(client.nats(), "default", SETTLE).await;
     fleet::wait_all_slots_free(client.nats(), 1, SETTLE).await;
     for id in ["streaming", "streaming-durable", "while-down"] {
-        fleet::take_exactly_once(&client, id).await;
+        fleet::take_exactly_once(client, id).await;
     }
     fleet::wait_only_results_left(client.nats(), SETTLE).await;
 }
 
 #[tokio::test]
 async fn tool_services_that_error_hang_or_vanish_end_requests_cleanly() {
-    let nats = NatsServer::start().await;
     // Each tool is called once; after its result the model says what it got.
     let script = r#"
 [[rules]]
@@ -485,15 +442,13 @@ when_last_user_contains = "use ghost"
 reply = "Calling ghost."
 tool_calls = [{ name = "ghost", arguments = {} }]
 "#;
-    let mock = MockServer::start(Script::from_toml_str(script).unwrap())
-        .await
-        .unwrap();
-    let logs = tempfile::tempdir().unwrap();
-    let env = fast_faults(&mock.base_url(), 2);
-    let _worker = fleet::worker("w", &nats.url(), &env, logs.path());
-    let settings = client_settings(&nats.url());
-    let client = Client::connect(&settings).await.unwrap();
-    wait_workers(client.nats(), 1, logs.path()).await;
+    let f = fast_faults()
+        .script(script)
+        .worker_processes(["w"])
+        .slots(2)
+        .start()
+        .await;
+    let client = &f.client;
 
     let definition = |name: &str, timeout_ms: u64| {
         serde_json::from_value::<genfleet::tools::ToolDefinition>(serde_json::json!({
@@ -502,22 +457,18 @@ tool_calls = [{ name = "ghost", arguments = {} }]
         }))
         .unwrap()
     };
-    let service_settings = {
-        let mut s = Settings::defaults();
-        s.nats.url = nats.url();
-        s
-    };
+    let service_settings = &f.settings;
     let _grumpy = genfleet::bus::tool_service::ToolService::start(
-        nats.client().await,
-        &service_settings,
+        f.nats.client().await,
+        service_settings,
         definition("grumpy", 2_000),
         |_, _| async { Err(serde_json::json!({"code": "REFUSED", "message": "not today"})) },
     )
     .await
     .unwrap();
     let _sleepy = genfleet::bus::tool_service::ToolService::start(
-        nats.client().await,
-        &service_settings,
+        f.nats.client().await,
+        service_settings,
         definition("sleepy", 300),
         |_, _| async {
             tokio::time::sleep(Duration::from_secs(30)).await;
@@ -527,10 +478,10 @@ tool_calls = [{ name = "ghost", arguments = {} }]
     .await
     .unwrap();
     // The ghost registers, takes a call and its process goes away without answering.
-    let ghost_connection = nats.client().await;
+    let ghost_connection = f.nats.client().await;
     let ghost = genfleet::bus::tool_service::ToolService::start(
         ghost_connection.clone(),
-        &service_settings,
+        service_settings,
         definition("ghost", 1_500),
         |_, _| async {
             tokio::time::sleep(Duration::from_secs(30)).await;
@@ -543,20 +494,7 @@ tool_calls = [{ name = "ghost", arguments = {} }]
     let run = |id: &str, text: &str, tool: &str| {
         let mut r = request(id, text);
         r.tools = vec![tool.to_string()];
-        let tool = tool.to_string();
-        let client = &client;
-        async move {
-            // A registration reaches the worker's catalog a moment after it is written.
-            for _ in 0..100 {
-                match client.run("default", r.clone(), SETTLE).await {
-                    Err(e) if e.code() == Some(ErrorCode::InvalidRequest) => {
-                        tokio::time::sleep(Duration::from_millis(50)).await
-                    }
-                    other => return other.unwrap(),
-                }
-            }
-            panic!("{tool} never became known")
-        }
+        async move { fleet::run_when_tools_known(client, &r, SETTLE).await }
     };
     // An error reply goes back to the model, which reacts.
     let grumpy = run("t-grumpy", "use grumpy", "grumpy").await;
@@ -578,10 +516,10 @@ tool_calls = [{ name = "ghost", arguments = {} }]
     let mut ghost_request = request("t-ghost", "use ghost");
     ghost_request.tools = vec!["ghost".into()];
     let mut events = Box::pin(client.follow("t-ghost").await.unwrap());
-    run_until_tool_call(&client, &ghost_request, &mut events).await;
+    run_until_tool_call(client, &ghost_request, &mut events).await;
     drop(ghost);
     drop(ghost_connection);
-    let vanished = fleet::terminal(&client, "t-ghost", SETTLE).await;
+    let vanished = fleet::terminal(client, "t-ghost", SETTLE).await;
     assert_eq!(vanished.reason, Reason::ToolExecutionError, "{vanished:?}");
     // Its registration is still there, but nobody serves it: the next call fails at once.
     let started = std::time::Instant::now();
@@ -603,17 +541,7 @@ async fn run_until_tool_call(
     events: &mut (impl futures_util::Stream<Item = genfleet::protocol::Event> + Unpin),
 ) {
     use futures_util::StreamExt;
-    for _ in 0..100 {
-        match client.submit("default", request).await {
-            Err(e) if e.code() == Some(ErrorCode::InvalidRequest) => {
-                tokio::time::sleep(Duration::from_millis(50)).await
-            }
-            other => {
-                other.unwrap();
-                break;
-            }
-        }
-    }
+    fleet::submit_when_tools_known(client, request).await;
     let waited = tokio::time::timeout(SETTLE, async {
         while let Some(event) = events.next().await {
             if matches!(event.body, genfleet::protocol::EventBody::ToolCall { .. }) {

@@ -9,16 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer};
-use common::nats::NatsServer;
+use common::fleet::{self, Fleet};
 use futures_util::StreamExt;
-use genfleet::bus::client::Client;
 use genfleet::bus::decisions::{DecisionAnswer, DecisionRecord};
-use genfleet::bus::worker::WorkerHandle;
 use genfleet::llm::mock::{MockServer, Script};
 use genfleet::manager::{LlmPicker, Manager, ManagerError, ManagerOptions, MemorySink, Policy};
-use genfleet::protocol::{
-    DecisionBlock, ErrorCode, GenerationRequest, GenerationResult, Reason, Signal,
-};
+use genfleet::protocol::{DecisionBlock, GenerationRequest, GenerationResult, Reason, Signal};
 use genfleet::settings::Settings;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::oneshot;
@@ -36,43 +32,13 @@ reply = "Two ways to go."
 tool_calls = [{ name = "request_decision", arguments = { question = "Which path?", options = [{ id = "fast", label = "Fast", pros = "quick" }, { id = "safe", label = "Safe", cons = "slow" }], default_option = "safe", context = "a migration" } }]
 "#;
 
-/// Fields drop in order: the worker drains while NATS is still up, the server goes last.
-struct Fleet {
-    worker: Option<WorkerHandle>,
-    client: Client,
-    settings: Settings,
-    _mock: MockServer,
-    nats: NatsServer,
-}
-
 async fn fleet(script: &str) -> Fleet {
-    let nats = NatsServer::start().await;
-    let mock = MockServer::start(Script::from_toml_str(script).unwrap())
+    Fleet::builder()
+        .script(script)
+        .slots(2)
+        .settings(|s| s.manager.ack_wait_ms = 2000)
+        .start()
         .await
-        .unwrap();
-    let mut settings = Settings::defaults();
-    settings.nats.url = nats.url();
-    settings.llm.base_url = mock.base_url();
-    settings.worker.slots = 2;
-    settings.worker.drain_timeout_ms = 2000;
-    settings.generation.delta_coalesce_ms = 0;
-    settings.manager.ack_wait_ms = 2000;
-    let worker_settings = settings.clone();
-    let worker = tokio::task::spawn_blocking(move || WorkerHandle::spawn(worker_settings))
-        .await
-        .unwrap()
-        .unwrap();
-    let client = Client::connect(&settings)
-        .await
-        .unwrap()
-        .with_timeout(Duration::from_secs(10));
-    Fleet {
-        worker: Some(worker),
-        client,
-        settings,
-        _mock: mock,
-        nats,
-    }
 }
 
 impl Fleet {
@@ -121,28 +87,7 @@ impl Fleet {
     }
 
     async fn wait_terminal(&self, id: &str) -> GenerationResult {
-        let started = Instant::now();
-        loop {
-            match self.client.result(id, false).await {
-                Ok(result) => return result,
-                Err(e)
-                    if e.code() == Some(ErrorCode::NotReady)
-                        || e.code() == Some(ErrorCode::NotFound) =>
-                {
-                    assert!(started.elapsed() < WAIT, "{id} never finished: {e}");
-                    tokio::time::sleep(Duration::from_millis(20)).await
-                }
-                Err(e) => panic!("{id}: {e}"),
-            }
-        }
-    }
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        if let Some(worker) = self.worker.take() {
-            let _ = worker.stop();
-        }
+        fleet::wait_result(&self.client, id, WAIT, fleet::RUNNING_OR_UNCLAIMED).await
     }
 }
 

@@ -5,53 +5,37 @@ mod common;
 
 use std::time::Duration;
 
+use common::fleet::{self, Fleet};
 use common::nats::NatsServer;
-use genfleet::bus::client::Client;
 use genfleet::bus::worker::WorkerHandle;
 use genfleet::llm::mock::{MockServer, Script};
 use genfleet::protocol::GenerationRequest;
 use genfleet::settings::Settings;
 
+/// A fleet whose worker serves HTTP at `base`.
 struct Served {
-    worker: Option<WorkerHandle>,
+    fleet: Fleet,
     base: String,
-    client: Client,
-    mock: Option<MockServer>,
-    nats: NatsServer,
 }
 
 async fn served(script: &str) -> Served {
-    let nats = NatsServer::start().await;
-    let mock = MockServer::start(Script::from_toml_str(script).unwrap())
-        .await
-        .unwrap();
-    let mut s = Settings::defaults();
-    s.nats.url = nats.url();
-    s.llm.base_url = mock.base_url();
-    s.worker.slots = 2;
-    s.worker.drain_timeout_ms = 5000;
-    s.http.listen = "127.0.0.1:0".into();
-    s.http.backend_probe_ms = 100;
-    let client_settings = s.clone();
-    let worker = tokio::task::spawn_blocking(move || WorkerHandle::spawn(s))
-        .await
-        .unwrap()
-        .unwrap();
+    let fleet = Fleet::builder()
+        .script(script)
+        .default_settings()
+        .client_timeout(Duration::from_secs(10))
+        .slots(2)
+        .settings(|s| {
+            s.worker.drain_timeout_ms = 5000;
+            s.http.listen = "127.0.0.1:0".into();
+            s.http.backend_probe_ms = 100;
+        })
+        .start()
+        .await;
     let base = format!(
         "http://{}",
-        worker.http_addr.expect("the HTTP server listens")
+        fleet.workers[0].http_addr.expect("the HTTP server listens")
     );
-    let client = Client::connect(&client_settings)
-        .await
-        .unwrap()
-        .with_timeout(Duration::from_secs(10));
-    Served {
-        worker: Some(worker),
-        base,
-        client,
-        mock: Some(mock),
-        nats,
-    }
+    Served { fleet, base }
 }
 
 async fn get(base: &str, path: &str) -> (u16, String) {
@@ -133,7 +117,7 @@ async fn metrics_parse_and_move_with_load() {
         request_id: Some("slow-1".into()),
         ..GenerationRequest::user("slow")
     };
-    s.client.submit("default", &slow).await.unwrap();
+    s.fleet.client.submit("default", &slow).await.unwrap();
     let mut busy = 0.0;
     for _ in 0..100 {
         busy = value(
@@ -148,7 +132,8 @@ async fn metrics_parse_and_move_with_load() {
     }
     assert_eq!(busy, 1.0, "a running request shows as a busy slot");
     for i in 0..3 {
-        s.client
+        s.fleet
+            .client
             .run(
                 "default",
                 GenerationRequest::user(format!("quick {i}")),
@@ -158,7 +143,7 @@ async fn metrics_parse_and_move_with_load() {
             .unwrap();
     }
     // A bad request through the durable queue ends FAILED invalid_request.
-    let js = async_nats::jetstream::new(s.client.nats().clone());
+    let js = async_nats::jetstream::new(s.fleet.client.nats().clone());
     js.publish("gen.queue.default.bad-1", "not json".into())
         .await
         .unwrap()
@@ -231,6 +216,7 @@ async fn metrics_count_signals_tool_calls_and_backend_errors() {
     .await;
     until_status(&s.base, "/readyz", 200).await;
     let failed = s
+        .fleet
         .client
         .run(
             "default",
@@ -240,39 +226,15 @@ async fn metrics_count_signals_tool_calls_and_backend_errors() {
         .await
         .unwrap();
     assert_eq!(failed.reason.as_str(), "backend_error");
-    let settings = {
-        let mut settings = Settings::defaults();
-        settings.nats.url = s.nats.url();
-        settings
-    };
-    let service = genfleet::bus::tool_service::ToolService::start(
-        s.client.nats().clone(),
-        &settings,
-        genfleet::cli::tool_demo::calculate_definition(),
-        |arguments, _| async move { genfleet::cli::tool_demo::calculate(&arguments) },
-    )
-    .await
-    .unwrap();
+    let service = fleet::calculator(s.fleet.client.nats().clone(), &s.fleet.settings).await;
     let mut tooled = GenerationRequest::user("tool");
     tooled.tools = vec!["calculate".into()];
     // The worker learns of the tool from the bucket it watches.
-    let mut ran = None;
-    for _ in 0..100 {
-        match s
-            .client
-            .run("default", tooled.clone(), Duration::from_secs(10))
-            .await
-        {
-            Ok(result) => {
-                ran = Some(result);
-                break;
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-        }
-    }
-    assert_eq!(ran.expect("the tool became known").output, "tool done");
+    let ran = fleet::run_when_tools_known(&s.fleet.client, &tooled, Duration::from_secs(10)).await;
+    assert_eq!(ran.output, "tool done");
     service.withdraw().await.unwrap();
     let looped = s
+        .fleet
         .client
         .run(
             "default",
@@ -314,15 +276,15 @@ async fn readyz_goes_unready_without_nats_or_backend_and_while_draining() {
     until_status(&s.base, "/readyz", 200).await;
 
     // NATS gone: unready; back: ready again.
-    s.nats.kill().await;
+    s.fleet.nats.kill().await;
     let body = until_status(&s.base, "/readyz", 503).await;
     assert!(body.contains("NATS"), "{body}");
     assert_eq!(get(&s.base, "/healthz").await.0, 200, "alive all the same");
-    s.nats.restart().await;
+    s.fleet.nats.restart().await;
     until_status(&s.base, "/readyz", 200).await;
 
     // The backend gone: unready.
-    let mock = s.mock.take().unwrap();
+    let mock = s.fleet.mock.take().unwrap();
     let mock_addr = mock.addr();
     drop(mock);
     let body = until_status(&s.base, "/readyz", 503).await;
@@ -333,22 +295,18 @@ async fn readyz_goes_unready_without_nats_or_backend_and_while_draining() {
     )
     .await
     .unwrap();
-    s.mock = Some(mock);
+    s.fleet.mock = Some(mock);
     until_status(&s.base, "/readyz", 200).await;
 
     // Draining: unready while the running request finishes.
-    let client = s.client.clone();
-    for _ in 0..50 {
-        if client
-            .submit("default", &GenerationRequest::user("long"))
-            .await
-            .is_ok()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let worker = s.worker.take().unwrap();
+    fleet::submit_until_accepted(
+        &s.fleet.client,
+        "default",
+        &GenerationRequest::user("long"),
+        Duration::from_secs(10),
+    )
+    .await;
+    let worker = s.fleet.workers.remove(0);
     let stopping = tokio::task::spawn_blocking(move || worker.stop());
     let body = until_status(&s.base, "/readyz", 503).await;
     assert!(body.contains("draining"), "{body}");
@@ -357,27 +315,19 @@ async fn readyz_goes_unready_without_nats_or_backend_and_while_draining() {
 
 #[tokio::test]
 async fn a_callers_traceparent_reaches_the_tool_services() {
-    let nats = NatsServer::start().await;
-    let mock = MockServer::start(
-        Script::from_toml_str(
+    let f = Fleet::builder()
+        .script(
             "[[rules]]\nwhen_last_role = \"tool\"\nreply = \"done\"\n\
              [[rules]]\ntool_calls = [{ name = \"calculate\", arguments = { operation = \"add\", a = 1, b = 2 } }]\n",
         )
-        .unwrap(),
-    )
-    .await
-    .unwrap();
-    let mut s = Settings::defaults();
-    s.nats.url = nats.url();
-    s.llm.base_url = mock.base_url();
-    s.tools.definitions =
-        vec![serde_json::to_value(genfleet::cli::tool_demo::calculate_definition()).unwrap()];
-    let client_settings = s.clone();
-    let _worker = tokio::task::spawn_blocking(move || WorkerHandle::spawn(s))
-        .await
-        .unwrap()
-        .unwrap();
-    let client = Client::connect(&client_settings).await.unwrap();
+        .default_settings()
+        .settings(|s| {
+            s.tools.definitions =
+                vec![serde_json::to_value(genfleet::cli::tool_demo::calculate_definition()).unwrap()];
+        })
+        .start()
+        .await;
+    let client = &f.client;
     let nats_client = client.nats().clone();
     let mut tool = nats_client.subscribe("tools.calculate").await.unwrap();
     nats_client.flush().await.unwrap();
@@ -408,15 +358,8 @@ async fn a_callers_traceparent_reaches_the_tool_services() {
         .publish(call.reply.unwrap(), "{\"result\": 3}".into())
         .await
         .unwrap();
-    let mut result = None;
-    for _ in 0..200 {
-        if let Ok(r) = client.result("traced", false).await {
-            result = Some(r);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(result.expect("the request ends").output, "done");
+    let result = fleet::terminal(client, "traced", Duration::from_secs(10)).await;
+    assert_eq!(result.output, "done");
 }
 
 #[tokio::test]

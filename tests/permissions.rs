@@ -9,14 +9,12 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::fleet;
+use common::fleet::{self, Fleet, request};
 use common::nats::NatsServer;
 use futures_util::StreamExt;
 use genfleet::bus::client::Client;
-use genfleet::bus::worker::WorkerHandle;
-use genfleet::llm::mock::{MockServer, Script};
 use genfleet::manager::{Manager, ManagerOptions, MemorySink, Policy};
-use genfleet::protocol::{ErrorCode, GenerationRequest, Reason, RequestState};
+use genfleet::protocol::{Reason, RequestState};
 use genfleet::settings::Settings;
 
 const SCRIPT: &str = r#"
@@ -92,10 +90,14 @@ authorization {{
 fn settings_as(nats: &NatsServer, user: &str, password: &str) -> Settings {
     let mut s = Settings::defaults();
     s.nats.url = nats.url();
+    as_user(&mut s, user, password);
+    s
+}
+
+fn as_user(s: &mut Settings, user: &str, password: &str) {
     s.nats.user = user.into();
     s.nats.password = password.into();
     s.nats.request_timeout_ms = 3_000;
-    s
 }
 
 /// A raw connection as `user`, with the server errors it receives.
@@ -140,48 +142,32 @@ async fn refused(errors: &Arc<Mutex<Vec<String>>>, what: &str, subject: &str) {
     );
 }
 
-fn request(id: &str, text: &str) -> GenerationRequest {
-    let mut r = GenerationRequest::user(text);
-    r.request_id = Some(id.into());
-    r
-}
-
 #[tokio::test]
 async fn each_role_does_its_job_and_nothing_else() {
-    let nats = NatsServer::start_with_config(&server_config()).await;
-    let mock = MockServer::start(Script::from_toml_str(SCRIPT).unwrap())
-        .await
-        .unwrap();
-
-    // The worker, as user "worker".
-    let mut worker_settings = settings_as(&nats, "worker", "wpass");
-    worker_settings.llm.base_url = mock.base_url();
-    worker_settings.worker.slots = 2;
-    let s = worker_settings.clone();
-    let _worker = tokio::task::spawn_blocking(move || WorkerHandle::spawn(s))
-        .await
-        .unwrap()
-        .expect("the worker starts with worker permissions");
+    // The worker, as user "worker"; the client, as user "client".
+    let f = Fleet::builder()
+        .nats_config(server_config())
+        .script(SCRIPT)
+        .default_settings()
+        .slots(2)
+        .settings(|s| as_user(s, "worker", "wpass"))
+        .client_settings(|s| as_user(s, "client", "cpass"))
+        .start()
+        .await;
+    let (nats, client) = (&f.nats, &f.client);
 
     // The tool service, as user "tools": registers and serves the calculator.
-    let tools_settings = settings_as(&nats, "tools", "tpass");
+    let tools_settings = settings_as(nats, "tools", "tpass");
     let tools_connection = genfleet::bus::connect::connect(
         &tools_settings.nats,
         genfleet::bus::connect::ConnectPurpose::Client,
     )
     .await
     .unwrap();
-    let _calculator = genfleet::bus::tool_service::ToolService::start(
-        tools_connection,
-        &tools_settings,
-        genfleet::cli::tool_demo::calculate_definition(),
-        |arguments, _| async move { genfleet::cli::tool_demo::calculate(&arguments) },
-    )
-    .await
-    .expect("the tool service registers with tool-service permissions");
+    let _calculator = fleet::calculator(tools_connection, &tools_settings).await;
 
     // The manager, as user "manager", answering by rule.
-    let manager_settings = settings_as(&nats, "manager", "mpass");
+    let manager_settings = settings_as(nats, "manager", "mpass");
     let manager = Manager::start(
         &manager_settings,
         ManagerOptions::new(
@@ -197,30 +183,10 @@ async fn each_role_does_its_job_and_nothing_else() {
         let _ = stopped.await;
     }));
 
-    // The client, as user "client": its whole job.
-    let client = Client::connect(&settings_as(&nats, "client", "cpass"))
-        .await
-        .unwrap();
+    // The client: its whole job.
     let mut calc = request("p-calc", "calc");
     calc.tools = vec!["calculate".into()];
-    let mut calculated = None;
-    for _ in 0..100 {
-        match client
-            .run("default", calc.clone(), Duration::from_secs(15))
-            .await
-        {
-            // The registration reaches the worker's catalog a moment after it is written.
-            Err(e) if e.code() == Some(ErrorCode::InvalidRequest) => {
-                calc.request_id = Some(format!("p-calc-{}", genfleet::protocol::ids::new_id()));
-                tokio::time::sleep(Duration::from_millis(50)).await
-            }
-            other => {
-                calculated = Some(other.unwrap());
-                break;
-            }
-        }
-    }
-    let calculated = calculated.expect("the calculator became known");
+    let calculated = fleet::run_when_tools_known(client, &calc, Duration::from_secs(15)).await;
     assert_eq!(calculated.reason, Reason::Stop, "{calculated:?}");
     assert!(calculated.output.contains("42"), "{calculated:?}");
 
@@ -244,16 +210,16 @@ async fn each_role_does_its_job_and_nothing_else() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let continuation = continuation.expect("the manager answered the decision");
-    let next = fleet::terminal(&client, &continuation, Duration::from_secs(15)).await;
+    let next = fleet::terminal(client, &continuation, Duration::from_secs(15)).await;
     assert_eq!(next.output, "continued");
 
     client
         .enqueue("default", &request("p-durable", "hello"))
         .await
         .expect("the client enqueues");
-    let durable = fleet::terminal(&client, "p-durable", Duration::from_secs(15)).await;
+    let durable = fleet::terminal(client, "p-durable", Duration::from_secs(15)).await;
     assert_eq!(durable.state, RequestState::Completed);
-    fleet::take_exactly_once(&client, "p-durable").await;
+    fleet::take_exactly_once(client, "p-durable").await;
 
     client
         .submit("default", &request("p-slow", "slow"))
@@ -265,7 +231,7 @@ async fn each_role_does_its_job_and_nothing_else() {
     assert_eq!(cancelled.state, RequestState::Cancelled);
 
     // What a client must not do.
-    let (raw, errors) = connect_as(&nats, "client", "cpass").await;
+    let (raw, errors) = connect_as(nats, "client", "cpass").await;
     let pending_decision = "01JDECISIONBYACLIENT0000000";
     raw.publish(
         format!("decisions.{pending_decision}"),
@@ -306,7 +272,7 @@ async fn each_role_does_its_job_and_nothing_else() {
     refused(&errors, "a client reading the signals", "signals.").await;
 
     // What a manager must not do.
-    let (raw, errors) = connect_as(&nats, "manager", "mpass").await;
+    let (raw, errors) = connect_as(nats, "manager", "mpass").await;
     raw.publish("gen.submit.default", "{\"messages\":[]}".into())
         .await
         .unwrap();
@@ -330,7 +296,7 @@ async fn each_role_does_its_job_and_nothing_else() {
     .await;
 
     // What a tool service must not do.
-    let (raw, errors) = connect_as(&nats, "tools", "tpass").await;
+    let (raw, errors) = connect_as(nats, "tools", "tpass").await;
     let _events = raw.subscribe("gen.events.*").await.unwrap();
     raw.flush().await.unwrap();
     refused(&errors, "a tool service following requests", "gen.events.").await;
@@ -356,7 +322,7 @@ async fn each_role_does_its_job_and_nothing_else() {
     .await;
 
     // A client of another tenant (prefix b.) reaches nothing of this one.
-    let (raw, errors) = connect_as(&nats, "tenant-b", "bpass").await;
+    let (raw, errors) = connect_as(nats, "tenant-b", "bpass").await;
     raw.publish("gen.result.p-decide", "{}".into())
         .await
         .unwrap();
@@ -373,7 +339,7 @@ async fn each_role_does_its_job_and_nothing_else() {
 
     // A client with its own reply prefix (as permissions.conf shows) does its whole job, and
     // neither it nor a client on the shared `_INBOX.>` can listen to the other's replies.
-    let mut alice_settings = settings_as(&nats, "alice", "alpass");
+    let mut alice_settings = settings_as(nats, "alice", "alpass");
     alice_settings.nats.inbox_prefix = "_INBOX_alice".into();
     let alice = Client::connect(&alice_settings).await.unwrap();
     let mut listen =
@@ -385,7 +351,7 @@ async fn each_role_does_its_job_and_nothing_else() {
             .subscribe("_INBOX_alice.>")
             .await
             .unwrap();
-    let (client_raw, client_errors) = connect_as(&nats, "client", "cpass").await;
+    let (client_raw, client_errors) = connect_as(nats, "client", "cpass").await;
     let _overheard = client_raw.subscribe("_INBOX_alice.>").await.unwrap();
     client_raw.flush().await.unwrap();
     refused(
@@ -419,7 +385,7 @@ async fn each_role_does_its_job_and_nothing_else() {
         "{}",
         heard.subject
     );
-    let (alice_raw, alice_errors) = connect_as(&nats, "alice", "alpass").await;
+    let (alice_raw, alice_errors) = connect_as(nats, "alice", "alpass").await;
     let _shared = alice_raw.subscribe("_INBOX.>").await.unwrap();
     alice_raw.flush().await.unwrap();
     refused(

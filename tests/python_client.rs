@@ -5,36 +5,22 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::nats::NatsServer;
-use genfleet::bus::worker::WorkerHandle;
-use genfleet::llm::mock::{MockServer, Script};
-use genfleet::settings::Settings;
-
-/// Fields drop in order: the worker drains while NATS is still up, the server goes last.
-struct Fleet {
-    worker: WorkerHandle,
-    mock: MockServer,
-    nats: NatsServer,
-}
+use common::fleet::Fleet;
+use genfleet::llm::mock::Script;
 
 async fn fleet() -> Fleet {
-    let nats = NatsServer::start().await;
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/openai_compat.toml");
-    let mock = MockServer::start(Script::from_file(&script).unwrap())
+    Fleet::builder()
+        .mock_script(Script::from_file(&script).unwrap())
+        .default_settings()
+        .slots(2)
+        .settings(|s| {
+            s.llm.api_key = "test-key".into();
+            s.worker.pool = "default".into();
+            s.worker.drain_timeout_ms = 2000;
+        })
+        .start()
         .await
-        .unwrap();
-    let mut settings = Settings::defaults();
-    settings.nats.url = nats.url();
-    settings.llm.base_url = mock.base_url();
-    settings.llm.api_key = "test-key".into();
-    settings.worker.pool = "default".into();
-    settings.worker.slots = 2;
-    settings.worker.drain_timeout_ms = 2000;
-    let worker = tokio::task::spawn_blocking(move || WorkerHandle::spawn(settings))
-        .await
-        .unwrap()
-        .unwrap();
-    Fleet { worker, mock, nats }
 }
 
 fn python() -> String {
@@ -73,10 +59,6 @@ async fn the_python_client_written_from_the_docs_talks_to_the_fleet() {
         stdout.contains("python fleet client: all checks passed"),
         "{stdout}"
     );
-    let Fleet { worker, mock, nats } = f;
-    drop(worker);
-    drop(mock);
-    drop(nats);
 }
 
 /// A Python command of the package's (`python/`), run from the working tree's copy, so the
@@ -194,8 +176,4 @@ async fn the_python_package_and_its_examples_work_against_the_fleet() {
     );
     let _ = tools.kill().await;
     let _ = manager.kill().await;
-    let Fleet { worker, mock, nats } = f;
-    drop(worker);
-    drop(mock);
-    drop(nats);
 }

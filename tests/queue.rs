@@ -3,37 +3,54 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use common::nats::NatsServer;
+use common::fleet::{self, Fleet, FleetBuilder, request};
 use genfleet::bus::client::Client;
-use genfleet::bus::worker::WorkerHandle;
-use genfleet::llm::mock::{MockServer, Script};
 use genfleet::protocol::{ErrorCode, GenerationRequest, Reason, RequestState};
-use genfleet::settings::Settings;
 
-fn settings(nats: &NatsServer, mock: &MockServer) -> Settings {
-    let mut s = Settings::defaults();
-    s.nats.url = nats.url();
-    s.llm.base_url = mock.base_url();
-    s.worker.slots = 1;
-    s.worker.drain_timeout_ms = 300;
-    s.jetstream.queue_ack_wait_ms = 1500;
-    s
+/// One slot a worker, a short drain and a short ack wait (for worker processes too); the test
+/// starts the workers unless it says otherwise.
+fn fleet() -> FleetBuilder<'static> {
+    Fleet::builder()
+        .default_settings()
+        .workers(0)
+        .slots(1)
+        .settings(|s| {
+            s.worker.drain_timeout_ms = 300;
+            s.jetstream.queue_ack_wait_ms = 1500;
+        })
+        .worker_env("GENFLEET__JETSTREAM__QUEUE_ACK_WAIT_MS", 1500)
 }
 
-async fn spawn_worker(s: Settings) -> WorkerHandle {
-    tokio::task::spawn_blocking(move || WorkerHandle::spawn(s))
-        .await
-        .unwrap()
-        .unwrap()
+/// Heartbeats every 200 ms and a worker lost after 1 s, for the worker processes and those in
+/// this process alike.
+fn fast_heartbeats(builder: FleetBuilder<'static>) -> FleetBuilder<'static> {
+    builder
+        .settings(|s| {
+            s.worker.heartbeat_ms = 200;
+            s.worker.lost_after_ms = 1000;
+        })
+        .worker_env("GENFLEET__WORKER__HEARTBEAT_MS", 200)
+        .worker_env("GENFLEET__WORKER__LOST_AFTER_MS", 1000)
+}
+
+/// Answers that take 20 s: the request outlives the worker killed under it.
+const LONG: &str = "[[rules]]\nreply = \"a b c d e f g h i j\"\ndelay_ms = 2000\n";
+
+/// The fleet of `builder`, whose one worker, the process "doomed", runs the interactive
+/// request `id` (to be killed under it).
+async fn doomed_running(builder: FleetBuilder<'static>, id: &str) -> Fleet {
+    let f = builder.worker_processes(["doomed"]).start().await;
+    let accepted =
+        fleet::submit_until_accepted(&f.client, "default", &req(id), Duration::from_secs(10)).await;
+    assert_eq!(accepted.worker_id, "doomed");
+    f
 }
 
 fn req(id: &str) -> GenerationRequest {
-    let mut r = GenerationRequest::user("go");
-    r.request_id = Some(id.into());
-    r
+    request(id, "go")
 }
 
 async fn terminal(
@@ -41,37 +58,18 @@ async fn terminal(
     id: &str,
     within: Duration,
 ) -> genfleet::protocol::GenerationResult {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        match client.result(id, false).await {
-            Ok(r) => return r,
-            Err(e)
-                if tokio::time::Instant::now() < deadline
-                    && matches!(
-                        e.code(),
-                        Some(ErrorCode::NotReady) | Some(ErrorCode::NotFound) | None
-                    ) =>
-            {
-                tokio::time::sleep(Duration::from_millis(50)).await
-            }
-            Err(e) => panic!("{id}: {e}"),
-        }
-    }
+    fleet::wait_result(client, id, within, fleet::RUNNING_UNCLAIMED_OR_UNANSWERED).await
 }
 
 #[tokio::test]
 async fn queued_requests_run_when_a_worker_is_there_and_duplicates_are_kept_once() {
-    let nats = NatsServer::start().await;
-    let mock =
-        MockServer::start(Script::from_toml_str("[[rules]]\nreply = \"durable done\"\n").unwrap())
-            .await
-            .unwrap();
-    let client = Client::new(
-        nats.client().await,
-        genfleet::bus::subjects::Subjects::new(&Settings::defaults().subjects),
-    );
+    let f = fleet()
+        .script("[[rules]]\nreply = \"durable done\"\n")
+        .start()
+        .await;
+    let client = &f.client;
     // A first worker creates the stream; stop it so requests wait.
-    let first = spawn_worker(settings(&nats, &mock)).await;
+    let first = f.start_worker().await;
     tokio::task::spawn_blocking(move || first.stop())
         .await
         .unwrap()
@@ -100,18 +98,18 @@ async fn queued_requests_run_when_a_worker_is_there_and_duplicates_are_kept_once
     client.enqueue("default", &req("q2")).await.unwrap();
     client.enqueue("default", &req("q3")).await.unwrap();
     // No worker: nobody answers status; start one and they all run, one slot at a time.
-    let worker = spawn_worker(settings(&nats, &mock)).await;
+    let worker = f.start_worker().await;
     // Cancel q3 while it still waits (the worker has one slot; q1 and q2 go first).
     let _ = client.cancel("q3").await;
     for id in ["q1", "q2"] {
-        let r = terminal(&client, id, Duration::from_secs(10)).await;
+        let r = terminal(client, id, Duration::from_secs(10)).await;
         assert_eq!(
             (r.state, r.output.as_str(), r.attempt),
             (RequestState::Completed, "durable done", 1),
             "{id}"
         );
     }
-    let r3 = terminal(&client, "q3", Duration::from_secs(10)).await;
+    let r3 = terminal(client, "q3", Duration::from_secs(10)).await;
     assert!(
         matches!(r3.reason, Reason::Cancelled | Reason::Stop),
         "{r3:?}"
@@ -129,15 +127,12 @@ async fn queued_requests_run_when_a_worker_is_there_and_duplicates_are_kept_once
 
 #[tokio::test]
 async fn a_queued_request_shows_queued_and_cancelling_it_means_it_never_runs() {
-    let nats = NatsServer::start().await;
-    let mock = MockServer::start(
-        Script::from_toml_str("[[rules]]\nreply = \"a b c d e f g h i j\"\ndelay_ms = 200\n")
-            .unwrap(),
-    )
-    .await
-    .unwrap();
-    let worker = spawn_worker(settings(&nats, &mock)).await;
-    let client = Client::connect(&settings(&nats, &mock)).await.unwrap();
+    let f = fleet()
+        .script("[[rules]]\nreply = \"a b c d e f g h i j\"\ndelay_ms = 200\n")
+        .workers(1)
+        .start()
+        .await;
+    let client = &f.client;
     client.enqueue("default", &req("long")).await.unwrap();
     // The single slot is busy with `long`; `waiting` stays in the queue.
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -156,7 +151,6 @@ async fn a_queued_request_shows_queued_and_cancelling_it_means_it_never_runs() {
         (Reason::Cancelled, Some("cancelled while queued"))
     );
     client.cancel("long").await.unwrap();
-    drop(worker);
 }
 
 /// A durable message pulled while a slot was free, whose slot an interactive submit took before
@@ -165,19 +159,16 @@ async fn a_queued_request_shows_queued_and_cancelling_it_means_it_never_runs() {
 #[tokio::test]
 async fn a_durable_request_in_hand_waiting_for_a_slot_shows_queued_and_cancelling_it_means_it_never_runs()
  {
-    let nats = NatsServer::start().await;
-    let mock = MockServer::start(
-        Script::from_toml_str(
+    let f = fleet()
+        .script(
             "[[rules]]\nwhen_last_user_contains = \"slow\"\nreply = \"a b c d e f g h i j\"\n\
              delay_ms = 200\n",
         )
-        .unwrap(),
-    )
-    .await
-    .unwrap();
-    let worker = spawn_worker(settings(&nats, &mock)).await;
-    let client = Client::connect(&settings(&nats, &mock)).await.unwrap();
-    wait_for_a_worker(&client).await;
+        .workers(1)
+        .start()
+        .await;
+    let client = &f.client;
+    wait_for_a_worker(client).await;
     let mut in_hand = 0;
     for round in 0..5 {
         let busy = format!("busy-{round}");
@@ -185,12 +176,14 @@ async fn a_durable_request_in_hand_waiting_for_a_slot_shows_queued_and_cancellin
         // The idle worker keeps a pull open for its free slot; the submit takes the slot, and
         // the message enqueued right after is delivered to that pull.
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let mut slow = GenerationRequest::user("slow");
-        slow.request_id = Some(busy.clone());
-        client.submit("default", &slow).await.unwrap();
-        let mut never = GenerationRequest::user("never runs");
-        never.request_id = Some(waiting.clone());
-        client.enqueue("default", &never).await.unwrap();
+        client
+            .submit("default", &request(&busy, "slow"))
+            .await
+            .unwrap();
+        client
+            .enqueue("default", &request(&waiting, "never runs"))
+            .await
+            .unwrap();
         assert_eq!(
             client.status(&waiting).await.unwrap().state,
             RequestState::Queued,
@@ -218,22 +211,20 @@ async fn a_durable_request_in_hand_waiting_for_a_slot_shows_queued_and_cancellin
         "no round had the message in the worker's hand while the slot was taken"
     );
     // None of them ever reached the backend, and the slot is free again.
-    let prompts = serde_json::to_string(&mock.requests()).unwrap();
+    let prompts = serde_json::to_string(&f.mock().requests()).unwrap();
     assert!(!prompts.contains("never runs"), "a cancelled request ran");
     let done = client
         .run("default", req("after"), Duration::from_secs(10))
         .await
         .unwrap();
     assert_eq!(done.state, RequestState::Completed);
-    drop(worker);
 }
 
 #[tokio::test]
 async fn a_message_whose_id_does_not_match_its_subject_is_stored_as_invalid_request() {
-    let nats = NatsServer::start().await;
-    let mock = MockServer::start(Script::echo()).await.unwrap();
-    let worker = spawn_worker(settings(&nats, &mock)).await;
-    let client = Client::connect(&settings(&nats, &mock)).await.unwrap();
+    // The mock echoes.
+    let f = fleet().workers(1).start().await;
+    let client = &f.client;
     let js = async_nats::jetstream::new(client.nats().clone());
     let body = serde_json::to_vec(&req("other")).unwrap();
     js.publish("gen.queue.default.mismatch", body.into())
@@ -247,14 +238,13 @@ async fn a_message_whose_id_does_not_match_its_subject_is_stored_as_invalid_requ
         .await
         .unwrap();
     for id in ["mismatch", "garbled"] {
-        let r = terminal(&client, id, Duration::from_secs(10)).await;
+        let r = terminal(client, id, Duration::from_secs(10)).await;
         assert_eq!(
             (r.state, r.reason),
             (RequestState::Failed, Reason::InvalidRequest),
             "{id}"
         );
     }
-    drop(worker);
 }
 
 /// Waits (bounded) until some worker answers the service API.
@@ -282,62 +272,19 @@ async fn wait_running(client: &Client, id: &str) {
     }
 }
 
-/// A worker as its own process, so the test can kill it with SIGKILL.
-struct WorkerProcess(Child);
-
-impl Drop for WorkerProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn worker_process(s: &Settings, id: &str) -> WorkerProcess {
-    worker_process_with(s, id, &[])
-}
-
-/// A worker process with extra `GENFLEET__...` settings.
-fn worker_process_with(s: &Settings, id: &str, extra: &[(&str, &str)]) -> WorkerProcess {
-    let child = Command::new(env!("CARGO_BIN_EXE_genfleet"))
-        .arg("worker")
-        .envs(extra.iter().copied())
-        .env("GENFLEET__NATS__URL", &s.nats.url)
-        .env("GENFLEET__LLM__BASE_URL", &s.llm.base_url)
-        .env("GENFLEET__WORKER__SLOTS", "1")
-        .env("GENFLEET__WORKER__ID", id)
-        .env(
-            "GENFLEET__JETSTREAM__QUEUE_ACK_WAIT_MS",
-            s.jetstream.queue_ack_wait_ms.to_string(),
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("genfleet worker starts");
-    WorkerProcess(child)
-}
-
 #[tokio::test]
 async fn a_worker_killed_mid_generation_leaves_the_request_to_another_as_attempt_two() {
-    let nats = NatsServer::start().await;
-    let mock = MockServer::start(
-        Script::from_toml_str(
-            "[[rules]]\nreply = \"one two three four five six\"\ndelay_ms = 150\n",
-        )
-        .unwrap(),
-    )
-    .await
-    .unwrap();
-    let s = settings(&nats, &mock);
-    let mut doomed = worker_process(&s, "doomed");
-    let client = Client::connect(&s).await.unwrap();
-    // Wait for the doomed worker to serve before enqueueing, so it takes the request.
-    wait_for_a_worker(&client).await;
-    client.enqueue("default", &req("survivor")).await.unwrap();
-    wait_running(&client, "survivor").await;
-    doomed.0.kill().unwrap();
-    doomed.0.wait().unwrap();
-    let _rescuer = spawn_worker(s.clone()).await;
-    let r = terminal(&client, "survivor", Duration::from_secs(20)).await;
+    // The fleet starts once the doomed worker serves, so it takes the request.
+    let mut f = fleet()
+        .script("[[rules]]\nreply = \"one two three four five six\"\ndelay_ms = 150\n")
+        .worker_processes(["doomed"])
+        .start()
+        .await;
+    f.client.enqueue("default", &req("survivor")).await.unwrap();
+    wait_running(&f.client, "survivor").await;
+    f.processes[0].kill();
+    let _rescuer = f.start_worker().await;
+    let r = terminal(&f.client, "survivor", Duration::from_secs(20)).await;
     assert_eq!((r.state, r.attempt), (RequestState::Completed, 2), "{r:?}");
     assert_eq!(r.output, "one two three four five six");
     assert_ne!(r.worker_id, "doomed");
@@ -345,24 +292,21 @@ async fn a_worker_killed_mid_generation_leaves_the_request_to_another_as_attempt
 
 #[tokio::test]
 async fn a_drain_hands_a_running_durable_request_back_to_another_worker() {
-    let nats = NatsServer::start().await;
-    let mock = MockServer::start(
-        Script::from_toml_str("[[rules]]\nreply = \"p q r s t u v w\"\ndelay_ms = 150\n").unwrap(),
-    )
-    .await
-    .unwrap();
-    let s = settings(&nats, &mock);
-    let leaving = spawn_worker(s.clone()).await;
-    let client = Client::connect(&s).await.unwrap();
+    let f = fleet()
+        .script("[[rules]]\nreply = \"p q r s t u v w\"\ndelay_ms = 150\n")
+        .start()
+        .await;
+    let leaving = f.start_worker().await;
+    let client = &f.client;
     client.enqueue("default", &req("handed")).await.unwrap();
-    wait_running(&client, "handed").await;
-    let staying = spawn_worker(s.clone()).await;
+    wait_running(client, "handed").await;
+    let staying = f.start_worker().await;
     // The drain deadline (300 ms) passes before the request ends: it is handed back.
     tokio::task::spawn_blocking(move || leaving.stop())
         .await
         .unwrap()
         .unwrap();
-    let r = terminal(&client, "handed", Duration::from_secs(20)).await;
+    let r = terminal(client, "handed", Duration::from_secs(20)).await;
     assert_eq!(
         (r.state, r.attempt, r.worker_id.as_str()),
         (RequestState::Completed, 2, staying.worker_id.as_str()),
@@ -372,38 +316,15 @@ async fn a_drain_hands_a_running_durable_request_back_to_another_worker() {
 
 #[tokio::test]
 async fn an_interactive_request_of_a_killed_worker_is_ended_as_worker_lost_by_a_live_one() {
-    let nats = NatsServer::start().await;
-    let mock = MockServer::start(
-        Script::from_toml_str("[[rules]]\nreply = \"a b c d e f g h i j\"\ndelay_ms = 300\n")
-            .unwrap(),
+    let mut f = doomed_running(
+        fast_heartbeats(fleet())
+            .script("[[rules]]\nreply = \"a b c d e f g h i j\"\ndelay_ms = 300\n"),
+        "orphan",
     )
-    .await
-    .unwrap();
-    let mut s = settings(&nats, &mock);
-    s.worker.heartbeat_ms = 200;
-    s.worker.lost_after_ms = 1000;
-    let mut doomed = worker_process_with(
-        &s,
-        "doomed",
-        &[
-            ("GENFLEET__WORKER__HEARTBEAT_MS", "200"),
-            ("GENFLEET__WORKER__LOST_AFTER_MS", "1000"),
-        ],
-    );
-    let client = Client::connect(&s).await.unwrap();
-    let mut accepted = None;
-    for _ in 0..100 {
-        if let Ok(a) = client.submit("default", &req("orphan")).await {
-            accepted = Some(a);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(accepted.unwrap().worker_id, "doomed");
-    doomed.0.kill().unwrap();
-    doomed.0.wait().unwrap();
-    let _live = spawn_worker(s.clone()).await;
-    let r = terminal(&client, "orphan", Duration::from_secs(15)).await;
+    .await;
+    f.processes[0].kill();
+    let _live = f.start_worker().await;
+    let r = terminal(&f.client, "orphan", Duration::from_secs(15)).await;
     assert_eq!(
         (r.state, r.reason),
         (RequestState::Failed, Reason::WorkerLost),
@@ -416,35 +337,11 @@ async fn an_interactive_request_of_a_killed_worker_is_ended_as_worker_lost_by_a_
 /// heartbeats ends it by itself, with nobody asking about it.
 #[tokio::test]
 async fn a_request_the_lost_worker_listed_in_its_heartbeat_is_ended_with_nobody_asking() {
-    let nats = NatsServer::start().await;
-    let mock = MockServer::start(
-        Script::from_toml_str("[[rules]]\nreply = \"a b c d e f g h i j\"\ndelay_ms = 2000\n")
-            .unwrap(),
-    )
-    .await
-    .unwrap();
-    let mut s = settings(&nats, &mock);
-    s.worker.heartbeat_ms = 200;
-    s.worker.lost_after_ms = 1000;
-    let fast = [
-        ("GENFLEET__WORKER__HEARTBEAT_MS", "200"),
-        ("GENFLEET__WORKER__LOST_AFTER_MS", "1000"),
-    ];
-    let mut doomed = worker_process_with(&s, "doomed", &fast);
-    let client = Client::connect(&s).await.unwrap();
-    let mut accepted = None;
-    for _ in 0..100 {
-        if let Ok(a) = client.submit("default", &req("listed")).await {
-            accepted = Some(a);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(accepted.unwrap().worker_id, "doomed");
+    let mut f = doomed_running(fast_heartbeats(fleet()).script(LONG), "listed").await;
     // A live worker that follows the heartbeats (its own slot is free: it took nothing).
-    let _live = spawn_worker(s.clone()).await;
+    let _live = f.start_worker().await;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !common::fleet::heartbeats(client.nats())
+    while !fleet::heartbeats(f.client.nats())
         .await
         .get("doomed")
         .is_some_and(|running| running.iter().any(|id| id == "listed"))
@@ -455,14 +352,11 @@ async fn a_request_the_lost_worker_listed_in_its_heartbeat_is_ended_with_nobody_
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    doomed.0.kill().unwrap();
-    doomed.0.wait().unwrap();
+    f.processes[0].kill();
     // Read from the bucket, not through a worker: only the heartbeat's follower can end it.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let record = loop {
-        let record = common::fleet::record(client.nats(), "listed")
-            .await
-            .unwrap();
+        let record = fleet::record(f.client.nats(), "listed").await.unwrap();
         if record.get("live").is_none() {
             break record;
         }
@@ -483,37 +377,17 @@ async fn a_request_the_lost_worker_listed_in_its_heartbeat_is_ended_with_nobody_
 /// live worker started): whoever asks about it ends it, and the first answer says so.
 #[tokio::test]
 async fn a_request_no_heartbeat_shows_is_ended_by_the_first_status_that_finds_its_worker_gone() {
-    let nats = NatsServer::start().await;
-    let mock = MockServer::start(
-        Script::from_toml_str("[[rules]]\nreply = \"a b c d e f g h i j\"\ndelay_ms = 2000\n")
-            .unwrap(),
-    )
-    .await
-    .unwrap();
-    let s = settings(&nats, &mock);
-    let mut doomed = worker_process_with(
-        &s,
-        "doomed",
-        &[
-            ("GENFLEET__WORKER__HEARTBEAT_MS", "200"),
-            ("GENFLEET__WORKER__LOST_AFTER_MS", "1000"),
-        ],
-    );
-    let client = Client::connect(&s).await.unwrap();
-    let mut accepted = None;
-    for _ in 0..100 {
-        if let Ok(a) = client.submit("default", &req("unlisted")).await {
-            accepted = Some(a);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(accepted.unwrap().worker_id, "doomed");
-    doomed.0.kill().unwrap();
-    doomed.0.wait().unwrap();
+    // Only the doomed worker beats fast; the live one comes later with the default beat.
+    let doomed = fleet()
+        .script(LONG)
+        .worker_env("GENFLEET__WORKER__HEARTBEAT_MS", 200)
+        .worker_env("GENFLEET__WORKER__LOST_AFTER_MS", 1000);
+    let mut f = doomed_running(doomed, "unlisted").await;
+    f.processes[0].kill();
+    let client = &f.client;
     // Its heartbeat ages out of the bucket before any other worker exists.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while common::fleet::heartbeats(client.nats())
+    while fleet::heartbeats(client.nats())
         .await
         .contains_key("doomed")
     {
@@ -523,7 +397,7 @@ async fn a_request_no_heartbeat_shows_is_ended_by_the_first_status_that_finds_it
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let _live = spawn_worker(s.clone()).await;
+    let _live = f.start_worker().await;
     let status = client.status("unlisted").await.unwrap();
     assert_eq!(status.state, RequestState::Failed, "{status:?}");
     let finished = status.finished.expect("a finished request's summary");
@@ -538,27 +412,22 @@ async fn a_request_no_heartbeat_shows_is_ended_by_the_first_status_that_finds_it
 
 #[tokio::test]
 async fn a_request_out_of_deliveries_is_stored_as_worker_lost_and_removed() {
-    let nats = NatsServer::start().await;
-    let mock = MockServer::start(
-        Script::from_toml_str("[[rules]]\nreply = \"a b c d e f g h\"\ndelay_ms = 300\n").unwrap(),
-    )
-    .await
-    .unwrap();
-    let mut s = settings(&nats, &mock);
-    s.jetstream.queue_max_deliver = 1;
-    let mut doomed = worker_process_with(
-        &s,
-        "exhausted-worker",
-        &[("GENFLEET__JETSTREAM__QUEUE_MAX_DELIVER", "1")],
-    );
-    let client = Client::connect(&s).await.unwrap();
-    wait_for_a_worker(&client).await;
-    client.enqueue("default", &req("exhausted")).await.unwrap();
-    wait_running(&client, "exhausted").await;
-    doomed.0.kill().unwrap();
-    doomed.0.wait().unwrap();
-    let _live = spawn_worker(s.clone()).await;
-    let r = terminal(&client, "exhausted", Duration::from_secs(20)).await;
+    let mut f = fleet()
+        .script("[[rules]]\nreply = \"a b c d e f g h\"\ndelay_ms = 300\n")
+        .settings(|s| s.jetstream.queue_max_deliver = 1)
+        .worker_processes(["exhausted-worker"])
+        .worker_env("GENFLEET__JETSTREAM__QUEUE_MAX_DELIVER", 1)
+        .start()
+        .await;
+    f.client
+        .enqueue("default", &req("exhausted"))
+        .await
+        .unwrap();
+    wait_running(&f.client, "exhausted").await;
+    f.processes[0].kill();
+    let _live = f.start_worker().await;
+    let client = &f.client;
+    let r = terminal(client, "exhausted", Duration::from_secs(20)).await;
     assert_eq!(
         (r.state, r.reason),
         (RequestState::Failed, Reason::WorkerLost),
@@ -581,25 +450,15 @@ async fn a_request_out_of_deliveries_is_stored_as_worker_lost_and_removed() {
 
 #[tokio::test]
 async fn sigterm_drains_the_worker_and_it_exits_zero() {
-    let nats = NatsServer::start().await;
-    let mock = MockServer::start(
-        Script::from_toml_str("[[rules]]\nreply = \"a b c d\"\ndelay_ms = 100\n").unwrap(),
-    )
-    .await
-    .unwrap();
-    let s = settings(&nats, &mock);
-    let mut worker = worker_process(&s, "terminated");
-    let client = Client::connect(&s).await.unwrap();
-    let mut accepted = false;
-    for _ in 0..100 {
-        if client.submit("default", &req("last")).await.is_ok() {
-            accepted = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(accepted);
-    let pid = worker.0.id().to_string();
+    let mut f = fleet()
+        .script("[[rules]]\nreply = \"a b c d\"\ndelay_ms = 100\n")
+        .worker_processes(["terminated"])
+        .start()
+        .await;
+    let client = &f.client;
+    fleet::submit_until_accepted(client, "default", &req("last"), Duration::from_secs(10)).await;
+    let mut worker = f.processes.remove(0);
+    let pid = worker.pid().to_string();
     assert!(
         Command::new("kill")
             .args(["-TERM", &pid])
@@ -608,7 +467,7 @@ async fn sigterm_drains_the_worker_and_it_exits_zero() {
             .success()
     );
     let status = tokio::task::spawn_blocking(move || {
-        let status = worker.0.wait();
+        let status = worker.child.wait();
         (worker, status)
     })
     .await

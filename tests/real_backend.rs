@@ -21,10 +21,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::nats::{NatsServer, free_port};
+use common::fleet::{self, Fleet};
+use common::nats::free_port;
 use futures_util::StreamExt;
-use genfleet::bus::client::Client;
-use genfleet::bus::worker::WorkerHandle;
 use genfleet::protocol::{
     EventBody, GenerationRequest, GenerationResult, Reason, RequestState, Role,
 };
@@ -161,12 +160,9 @@ impl Drop for ModelServer {
 }
 
 /// A worker with the default configuration on the model server, and a client.
-struct Fleet {
-    client: Client,
-    settings: Settings,
-    _worker: WorkerHandle,
+struct ModelFleet {
+    fleet: Fleet,
     model: ModelServer,
-    _nats: NatsServer,
     _turn: tokio::sync::MutexGuard<'static, ()>,
 }
 
@@ -174,31 +170,21 @@ struct Fleet {
 /// nextest runs them one at a time through `.config/nextest.toml`).
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-async fn fleet(parallel: u32, tune: impl FnOnce(&mut Settings)) -> Option<Fleet> {
+async fn fleet(parallel: u32, tune: impl FnOnce(&mut Settings)) -> Option<ModelFleet> {
     let (server, model, template) = installed()?;
     let turn = ONE_AT_A_TIME.lock().await;
     let model = ModelServer::start(&server, &model, &template, parallel).await;
-    let nats = NatsServer::start().await;
-    let mut settings = Settings::defaults();
-    settings.nats.url = nats.url();
-    settings.llm.base_url = model.base_url();
-    settings.worker.slots = parallel;
-    tune(&mut settings);
-    let s = settings.clone();
-    let worker = tokio::task::spawn_blocking(move || WorkerHandle::spawn(s))
-        .await
-        .unwrap()
-        .unwrap();
-    let client = Client::connect(&settings)
-        .await
-        .unwrap()
-        .with_timeout(REQUEST_TIMEOUT);
-    Some(Fleet {
-        client,
-        settings,
-        _worker: worker,
+    let fleet = Fleet::builder()
+        .backend_url(model.base_url())
+        .default_settings()
+        .slots(parallel)
+        .settings(tune)
+        .client_timeout(REQUEST_TIMEOUT)
+        .start()
+        .await;
+    Some(ModelFleet {
+        fleet,
         model,
-        _nats: nats,
         _turn: turn,
     })
 }
@@ -210,10 +196,10 @@ fn request(id: &str, body: Value) -> GenerationRequest {
 }
 
 /// Submits and follows the request to its end: the result and the streamed text.
-async fn run(fleet: &Fleet, request: GenerationRequest) -> (GenerationResult, String, usize) {
+async fn run(f: &ModelFleet, request: GenerationRequest) -> (GenerationResult, String, usize) {
     let id = request.request_id.clone().unwrap();
-    let mut events = Box::pin(fleet.client.follow(&id).await.unwrap());
-    fleet.client.submit("default", &request).await.unwrap();
+    let mut events = Box::pin(f.fleet.client.follow(&id).await.unwrap());
+    f.fleet.client.submit("default", &request).await.unwrap();
     let mut text = String::new();
     let mut deltas = 0;
     let result = tokio::time::timeout(REQUEST_TIMEOUT, async {
@@ -341,8 +327,8 @@ async fn a_cancel_mid_stream_stops_the_servers_generation() {
         json!({"messages": [{"role": "user", "content": "Count from one to ten thousand, in words."}],
                "max_tokens": 3000, "temperature": 0, "options": {"ignore_eos": true}}),
     );
-    let mut events = Box::pin(f.client.follow("long").await.unwrap());
-    f.client.submit("default", &long).await.unwrap();
+    let mut events = Box::pin(f.fleet.client.follow("long").await.unwrap());
+    f.fleet.client.submit("default", &long).await.unwrap();
     let mut deltas = 0;
     while let Some(event) = events.next().await {
         if matches!(event.body, EventBody::Delta { .. }) {
@@ -353,8 +339,8 @@ async fn a_cancel_mid_stream_stops_the_servers_generation() {
         }
     }
     assert_eq!(deltas, 5, "the answer streams");
-    f.client.cancel("long").await.unwrap();
-    let result = common::fleet::terminal(&f.client, "long", REQUEST_TIMEOUT).await;
+    f.fleet.client.cancel("long").await.unwrap();
+    let result = fleet::terminal(&f.fleet.client, "long", REQUEST_TIMEOUT).await;
     assert_eq!(result.state, RequestState::Cancelled, "{result:?}");
 
     // The next request runs on the same single server slot and completes.
@@ -396,8 +382,8 @@ async fn a_tool_call_written_as_text_by_the_real_model_is_parsed_and_run() {
     }))
     .unwrap();
     let _tool = genfleet::bus::tool_service::ToolService::start(
-        f.client.nats().clone(),
-        &f.settings,
+        f.fleet.client.nats().clone(),
+        &f.fleet.settings,
         definition,
         move |arguments, _| {
             seen.lock().unwrap().push(arguments.clone());
@@ -429,20 +415,7 @@ async fn a_tool_call_written_as_text_by_the_real_model_is_parsed_and_run() {
     );
     ask.tools = vec!["calculate".into()];
     // The tool's registration reaches the worker through the tools bucket.
-    let mut result = None;
-    for _ in 0..200 {
-        match f.client.run("default", ask.clone(), REQUEST_TIMEOUT).await {
-            Ok(r) => {
-                result = Some(r);
-                break;
-            }
-            Err(e) if e.to_string().contains("unknown tools") => {
-                tokio::time::sleep(Duration::from_millis(50)).await
-            }
-            Err(e) => panic!("{e}"),
-        }
-    }
-    let result = result.expect("the worker learnt the tool");
+    let result = fleet::run_when_tools_known(&f.fleet.client, &ask, REQUEST_TIMEOUT).await;
     let calls = calls.lock().unwrap().clone();
     assert!(
         !calls.is_empty(),

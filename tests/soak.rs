@@ -14,13 +14,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::fleet;
-use common::nats::NatsServer;
+use common::fleet::{self, Fleet, request};
 use genfleet::bus::client::Client;
 use genfleet::bus::decisions::DecisionAnswer;
-use genfleet::llm::mock::{MockServer, Script};
-use genfleet::protocol::{ErrorCode, GenerationRequest, Reason, RequestState};
-use genfleet::settings::Settings;
+use genfleet::protocol::{ErrorCode, Reason, RequestState};
 
 const SCRIPT: &str = r#"
 [[rules]]
@@ -77,12 +74,6 @@ const KINDS: [&str; 8] = [
     "bad input",
     "bad durable",
 ];
-
-fn request(id: &str, text: &str) -> GenerationRequest {
-    let mut r = GenerationRequest::user(text);
-    r.request_id = Some(id.into());
-    r
-}
 
 /// What a request enqueued during the soak must end as.
 enum Durable {
@@ -285,36 +276,22 @@ fn soak_time() -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_traffic_for_minutes_leaves_the_fleet_at_rest_with_nothing_lost() {
     let soak_time = soak_time();
-    let nats = NatsServer::start().await;
-    let mock = MockServer::start(Script::from_toml_str(SCRIPT).unwrap())
-        .await
-        .unwrap();
-    let logs = tempfile::tempdir().unwrap();
-    let env = vec![
-        ("GENFLEET__LLM__BASE_URL", mock.base_url()),
-        ("GENFLEET__WORKER__SLOTS", SLOTS.to_string()),
+    let mut f = Fleet::builder()
+        .script(SCRIPT)
+        .default_settings()
+        .worker_processes((0..WORKERS).map(|i| format!("soak-w{i}")))
+        .slots(SLOTS as u32)
         // Records of running requests refreshed far more often than by default (30 s), so a
         // refresh meets requests that are just finishing many times in a soak.
-        ("GENFLEET__JETSTREAM__RUNNING_REFRESH_MS", "100".to_string()),
-    ];
-    let mut workers: Vec<fleet::Proc> = (0..WORKERS)
-        .map(|i| fleet::worker(&format!("soak-w{i}"), &nats.url(), &env, logs.path()))
-        .collect();
-    let mut settings = Settings::defaults();
-    settings.nats.url = nats.url();
-    let client = Client::connect(&settings).await.unwrap();
-    let _calculator = genfleet::bus::tool_service::ToolService::start(
-        nats.client().await,
-        &settings,
-        genfleet::cli::tool_demo::calculate_definition(),
-        |arguments, _| async move { genfleet::cli::tool_demo::calculate(&arguments) },
-    )
-    .await
-    .unwrap();
-    fleet::wait_all_slots_free(client.nats(), WORKERS, Duration::from_secs(20)).await;
+        .worker_env("GENFLEET__JETSTREAM__RUNNING_REFRESH_MS", 100)
+        .calculator()
+        .start()
+        .await;
+    let workers = &mut f.processes;
+    fleet::wait_all_slots_free(f.client.nats(), WORKERS, Duration::from_secs(20)).await;
 
     let soak = Arc::new(Soak {
-        client,
+        client: f.client.clone(),
         counts: Counts::default(),
         full: AtomicU64::new(0),
         durable: Default::default(),
@@ -365,9 +342,7 @@ async fn mixed_traffic_for_minutes_leaves_the_fleet_at_rest_with_nothing_lost() 
         durable.len()
     );
     let nats_client = soak.client.nats();
-    fleet::wait_queue_empty(nats_client, "default", Duration::from_secs(30)).await;
-    fleet::wait_all_slots_free(nats_client, WORKERS, Duration::from_secs(30)).await;
-    fleet::wait_only_results_left(nats_client, Duration::from_secs(30)).await;
+    fleet::wait_at_rest(nats_client, "default", WORKERS, Duration::from_secs(30)).await;
     // No decision is left waiting.
     let js = async_nats::jetstream::new(nats_client.clone());
     let decisions = js.get_key_value("GENFLEET_DECISIONS").await.unwrap();
@@ -378,7 +353,7 @@ async fn mixed_traffic_for_minutes_leaves_the_fleet_at_rest_with_nothing_lost() 
         let record: serde_json::Value = serde_json::from_slice(&entry).unwrap_or_default();
         assert_ne!(record["state"], "pending", "{key} still waits: {record}");
     }
-    for worker in &mut workers {
+    for worker in workers.iter_mut() {
         assert!(worker.running(), "{} died", worker.name);
     }
 

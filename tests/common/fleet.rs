@@ -1,7 +1,20 @@
-//! A fleet of real processes for the fault and soak tests: `genfleet worker` and
-//! `genfleet mock-llm` as child processes (so a test can SIGKILL them and read their memory),
-//! and the checks that a fleet has come back to rest: every slot free, no message in flight, no
-//! record left but results.
+//! A fleet for a test ([`Fleet::builder`]), the requests a test sends it, its
+//! real processes for the fault and soak tests (`genfleet worker` and `genfleet mock-llm` as
+//! child processes, so a test can SIGKILL them and read their memory), and the checks that a
+//! fleet has come back to rest: every slot free, no message in flight, no record left but
+//! results.
+
+mod builder;
+mod requests;
+
+// Each test binary uses some of them.
+#[allow(unused_imports)]
+pub use builder::{Fleet, FleetBuilder, calculator};
+#[allow(unused_imports)]
+pub use requests::{
+    RUNNING, RUNNING_OR_UNCLAIMED, RUNNING_UNCLAIMED_OR_UNANSWERED, request, run_when_tools_known,
+    submit_until_accepted, submit_when_tools_known, take_exactly_once, terminal, wait_result,
+};
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -10,8 +23,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use genfleet::bus::client::Client;
-use genfleet::protocol::{ErrorCode, GenerationResult};
 
 /// A child process killed (SIGKILL) and reaped on drop.
 pub struct Proc {
@@ -314,37 +325,28 @@ pub async fn wait_queue_empty(nats: &async_nats::Client, pool: &str, within: Dur
     }
 }
 
-/// The terminal result of `id`, peeked (left stored), waiting (bounded) while it is not ready
-/// or no worker answers.
-pub async fn terminal(client: &Client, id: &str, within: Duration) -> GenerationResult {
-    let deadline = Instant::now() + within;
-    loop {
-        match client.result(id, false).await {
-            Ok(result) => return result,
-            Err(error)
-                if Instant::now() < deadline
-                    && !matches!(
-                        error.code(),
-                        Some(ErrorCode::InvalidRequest) | Some(ErrorCode::Internal)
-                    ) =>
-            {
-                tokio::time::sleep(Duration::from_millis(100)).await
-            }
-            Err(error) => panic!("{id}: no result within {within:?}: {error}"),
-        }
-    }
+/// Waits (bounded, `within` for each check) until the fleet is at rest: the pool's queue holds
+/// nothing, `workers` workers answer with every slot free, and the results bucket holds only
+/// ended requests.
+pub async fn wait_at_rest(nats: &async_nats::Client, pool: &str, workers: usize, within: Duration) {
+    wait_queue_empty(nats, pool, within).await;
+    wait_all_slots_free(nats, workers, within).await;
+    wait_only_results_left(nats, within).await;
 }
 
-/// Reads and releases the result of `id`; a second read must find only the tombstone.
-pub async fn take_exactly_once(client: &Client, id: &str) -> GenerationResult {
-    let result = client
-        .result(id, true)
-        .await
-        .unwrap_or_else(|e| panic!("{id}: {e}"));
-    let again = client.result(id, true).await;
-    assert!(
-        matches!(&again, Err(e) if e.code() == Some(ErrorCode::NotFound)),
-        "{id}: the result was there twice: {again:?}"
-    );
-    result
+/// Waits (bounded) until `count` workers answer the service API; else fails with the logs in
+/// `logs` (worker processes write theirs there).
+pub async fn wait_workers(nats: &async_nats::Client, count: usize, within: Duration, logs: &Path) {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if worker_stats(nats, Duration::from_millis(200)).await.len() >= count {
+            return;
+        }
+    }
+    let mut all = String::new();
+    for entry in std::fs::read_dir(logs).unwrap().flatten() {
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        all.push_str(&format!("--- {}\n{text}\n", entry.path().display()));
+    }
+    panic!("{count} workers did not come up within {within:?}; their logs:\n{all}");
 }
