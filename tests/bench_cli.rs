@@ -1,6 +1,7 @@
 //! `genfleet bench` as users run it: a short run against a fleet it starts itself. No timing
 //! is asserted here (figures belong in docs/benchmarks.md); what is checked is that every phase
-//! ran, every request completed with no event lost, and the report carries its fields.
+//! ran, every request completed with no event lost, and the report carries its fields: the
+//! figures of a phase are checked against each other, never against a speed.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -50,6 +51,31 @@ fn number(report: &Value, pointer: &str) -> f64 {
         .unwrap_or_else(|| panic!("{pointer} is not a number in\n{report:#}"))
 }
 
+/// Two figures that must agree (they come from the same integers).
+fn same(a: f64, b: f64, what: &str) {
+    assert!(
+        (a - b).abs() <= 1e-6 * a.abs().max(1.0),
+        "{what}: {a} ≠ {b}"
+    );
+}
+
+/// Each process's CPU µs per request is its CPU time over the requests the phase completed.
+fn check_cpu_per_request(report: &Value, processes: &str, completed: f64) {
+    let processes = field(report, processes).as_array().unwrap();
+    assert!(!processes.is_empty());
+    for p in processes {
+        let per = p["cpu_us_per_request"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("cpu_us_per_request missing in {p}"));
+        assert!(per >= 0.0);
+        same(
+            per,
+            p["cpu_seconds"].as_f64().unwrap() * 1e6 / completed,
+            "CPU µs per request",
+        );
+    }
+}
+
 async fn gone(url: &str) -> bool {
     let address = url.trim_start_matches("nats://");
     for _ in 0..50 {
@@ -77,6 +103,8 @@ async fn a_local_run_reports_every_phase_as_json() {
         assert_eq!(number(&report, &format!("/floors/{floor}/errors")), 0.0);
         number(&report, &format!("/floors/{floor}/requests_per_sec"));
         number(&report, &format!("/floors/{floor}/latency_ms/p50"));
+        let calls = number(&report, &format!("/floors/{floor}/requests"));
+        check_cpu_per_request(&report, &format!("/floors/{floor}/processes"), calls);
     }
     for phase in ["interactive", "streaming"] {
         let at = |key: &str| format!("/{phase}/{key}");
@@ -115,7 +143,9 @@ async fn a_local_run_reports_every_phase_as_json() {
             .find(|p| p["role"].as_str().unwrap().starts_with("worker "))
             .unwrap_or_else(|| panic!("no worker in {processes:?}"));
         assert!(worker["cpu_seconds"].is_number() && worker["peak_rss_mib"].is_number());
+        check_cpu_per_request(&report, &at("processes"), 20.0);
     }
+    check_cpu_per_request(&report, "/durable/processes", 20.0);
     assert_eq!(number(&report, "/streaming/reply_tokens"), 2000.0);
     assert_eq!(number(&report, "/durable/burst"), 20.0);
     assert_eq!(number(&report, "/durable/completed"), 20.0);
@@ -206,9 +236,11 @@ async fn ctrl_c_stops_everything_the_bench_started() {
 }
 
 #[tokio::test]
-async fn memory_needs_a_local_fleet() {
-    let output = run(&["--mode", "memory"]).await;
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("--local"), "{stderr}");
+async fn flags_that_need_another_kind_of_run_are_refused() {
+    for (args, expected) in [(vec!["--mode", "memory"], "--local")] {
+        let output = run(&args).await;
+        assert!(!output.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
 }

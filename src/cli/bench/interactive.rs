@@ -17,7 +17,8 @@ use serde::Serialize;
 
 use super::budget::Budget;
 use super::latency::{Samples, Summary};
-use super::procstat::{self, ProcessUsage, Watched};
+use super::meter::Meter;
+use super::procstat::ProcessUsage;
 use super::progress::Progress;
 use super::target::Target;
 use super::workload;
@@ -173,16 +174,16 @@ pub async fn warm_up(target: &Target, phase: &str, concurrency: usize, reply_tok
     target.release(ids).await;
 }
 
-/// Runs one phase and reports it. `watched` are the processes whose CPU time is reported.
+/// Runs one phase and reports it, with what it cost as `meter` reads it.
 pub async fn run(
     target: &Target,
     spec: &LoadSpec,
-    watched: &[Watched],
+    meter: &Meter,
     release_results: bool,
 ) -> LoadReport {
     let budget = Arc::new(Budget::new(spec.requests, spec.duration));
     let progress = Progress::start(spec.phase, budget.clone());
-    let cpu = procstat::snapshot(watched);
+    let start = meter.start().await;
     let started = Instant::now();
     let clients = (0..spec.concurrency).map(|client| {
         let budget = budget.clone();
@@ -200,12 +201,13 @@ pub async fn run(
     });
     let tallies = futures_util::future::join_all(clients).await;
     let wall = started.elapsed();
-    let processes = procstat::usage_since(watched, &cpu);
+    let spent = meter.stop(start).await;
     progress.finish();
     let mut tally = Tally::default();
     for t in tallies {
         tally.merge(t);
     }
+    let cost = spent.per_request(tally.completed);
     let secs = wall.as_secs_f64().max(1e-9);
     let report = LoadReport {
         concurrency: spec.concurrency,
@@ -231,7 +233,7 @@ pub async fn run(
         missing_events: tally.missing_events,
         requests_with_gaps: tally.requests_with_gaps,
         delta_mismatches: tally.delta_mismatches,
-        processes,
+        processes: cost.processes,
     };
     if release_results {
         target.release(tally.finished_ids).await;

@@ -4,10 +4,12 @@
 //! Phases (`--mode`): interactive submits at a fixed concurrency, a durable burst on the
 //! queue, a streaming relay of long replies, and (`--local` only) the memory of a worker with
 //! many slots and a real model server behind a worker against the same client calling it
-//! directly (`real-backend`, when `scripts/real-backend.sh` has installed one). In the same run it measures the floors genfleet is compared with: plain NATS
-//! request-reply against an echo responder, and the backend called directly over HTTP. The
-//! result is a set of tables, or one JSON object with `--json`; docs/benchmarks.md explains
-//! the figures and holds the project's own.
+//! directly (`real-backend`, when `scripts/real-backend.sh` has installed one). In the same
+//! run it measures the floors genfleet is compared with: plain NATS request-reply against an
+//! echo responder, and the backend called directly over HTTP.
+//! Each phase reports the CPU time a request cost in each process.
+//! The result is a set of tables, or one JSON object with `--json`; docs/benchmarks.md
+//! explains the figures and holds the project's own.
 
 mod budget;
 mod durable;
@@ -16,6 +18,7 @@ mod interactive;
 mod latency;
 mod local;
 mod memory;
+mod meter;
 mod procstat;
 mod progress;
 mod real;
@@ -30,8 +33,9 @@ use clap::{Args, ValueEnum};
 
 use crate::settings::Settings;
 use local::{LocalFleet, LocalOptions};
+use meter::Meter;
 use procstat::Watched;
-use report::{FleetInfo, Floors, Report, TargetCheck};
+use report::{FleetInfo, Floors, Phases, Report, TargetCheck};
 use target::Target;
 
 #[derive(Debug, Args)]
@@ -217,90 +221,58 @@ async fn bench(
     )
     .await?;
 
-    let mut watched: Vec<Watched> = fleet.as_ref().map(LocalFleet::watched).unwrap_or_default();
-    for (i, pid) in args.worker_pids.iter().enumerate() {
-        watched.insert(
-            i,
-            Watched {
-                role: format!("worker (pid {pid})"),
-                pid: *pid,
-            },
-        );
-    }
-    watched.push(Watched {
-        role: "genfleet bench".into(),
-        pid: std::process::id(),
-    });
     let release = fleet.is_none();
     let mut floors = Floors::default();
-    let mut interactive_report = None;
-    let mut durable_report = None;
-    let mut streaming_report = None;
+    let mut this = Phases::default();
+
+    for phase in [Mode::Interactive, Mode::Durable, Mode::Streaming] {
+        if !args.mode.runs(phase) {
+            continue;
+        }
+        let (name, concurrency, reply_tokens) = match phase {
+            Mode::Streaming => ("streaming", stream_concurrency, args.stream_tokens),
+            Mode::Durable => ("durable", args.concurrency, args.reply_tokens),
+            _ => ("interactive", args.concurrency, args.reply_tokens),
+        };
+        // The phase's load; its floors get the same.
+        let spec = interactive::LoadSpec {
+            phase: name,
+            concurrency,
+            reply_tokens,
+            requests,
+            duration,
+        };
+        let meter = meter_of(fleet.as_ref(), &args.worker_pids);
+        if phase != Mode::Durable {
+            interactive::warm_up(&target, name, concurrency, reply_tokens).await;
+        }
+        match phase {
+            Mode::Interactive => {
+                floors.nats_request_reply =
+                    Some(floors::nats_request_reply(&target, &spec, &meter).await?);
+                floors.backend_http =
+                    Some(floors::backend_http(&backend_url, &model, &spec, &meter).await?);
+            }
+            Mode::Streaming => {
+                floors.backend_http_streaming =
+                    Some(floors::backend_http(&backend_url, &model, &spec, &meter).await?);
+            }
+            _ => {}
+        }
+        match phase {
+            Mode::Durable => {
+                let burst = requests.unwrap_or(args.burst);
+                this.durable =
+                    Some(durable::run(&target, burst, reply_tokens, &meter, release).await?);
+            }
+            Mode::Streaming => {
+                this.streaming = Some(interactive::run(&target, &spec, &meter, release).await);
+            }
+            _ => this.interactive = Some(interactive::run(&target, &spec, &meter, release).await),
+        }
+    }
     let mut memory_report = None;
     let mut real_report = None;
-
-    if args.mode.runs(Mode::Interactive) {
-        interactive::warm_up(&target, "interactive", args.concurrency, args.reply_tokens).await;
-        floors.nats_request_reply = Some(
-            floors::nats_request_reply(
-                &target,
-                args.concurrency,
-                args.reply_tokens,
-                requests,
-                duration,
-                &watched,
-            )
-            .await?,
-        );
-        floors.backend_http = Some(
-            floors::backend_http(
-                &backend_url,
-                &model,
-                args.concurrency,
-                args.reply_tokens,
-                requests,
-                duration,
-                &watched,
-            )
-            .await?,
-        );
-        let spec = interactive::LoadSpec {
-            phase: "interactive",
-            concurrency: args.concurrency,
-            reply_tokens: args.reply_tokens,
-            requests,
-            duration,
-        };
-        interactive_report = Some(interactive::run(&target, &spec, &watched, release).await);
-    }
-    if args.mode.runs(Mode::Durable) {
-        let burst = requests.unwrap_or(args.burst);
-        durable_report =
-            Some(durable::run(&target, burst, args.reply_tokens, &watched, release).await?);
-    }
-    if args.mode.runs(Mode::Streaming) {
-        interactive::warm_up(&target, "streaming", stream_concurrency, args.stream_tokens).await;
-        floors.backend_http_streaming = Some(
-            floors::backend_http(
-                &backend_url,
-                &model,
-                stream_concurrency,
-                args.stream_tokens,
-                requests,
-                duration,
-                &watched,
-            )
-            .await?,
-        );
-        let spec = interactive::LoadSpec {
-            phase: "streaming",
-            concurrency: stream_concurrency,
-            reply_tokens: args.stream_tokens,
-            requests,
-            duration,
-        };
-        streaming_report = Some(interactive::run(&target, &spec, &watched, release).await);
-    }
     if let Some(fleet) = &fleet
         && args.mode.runs(Mode::Memory)
     {
@@ -335,11 +307,7 @@ async fn bench(
         );
     }
 
-    let ratios = report::ratios(
-        &floors,
-        interactive_report.as_ref(),
-        streaming_report.as_ref(),
-    );
+    let ratios = report::ratios(&floors, this.interactive.as_ref(), this.streaming.as_ref());
     let mut notes = Vec::new();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     if cfg!(debug_assertions) {
@@ -385,7 +353,7 @@ async fn bench(
     let targets = targets(
         &conditions,
         &ratios,
-        streaming_report.as_ref(),
+        this.streaming.as_ref(),
         memory_report.as_ref(),
         real_report.as_ref(),
     );
@@ -414,9 +382,7 @@ async fn bench(
             worker_stats,
         },
         floors,
-        interactive: interactive_report,
-        durable: durable_report,
-        streaming: streaming_report,
+        this,
         memory: memory_report,
         real_backend: real_report,
         ratios,
@@ -436,21 +402,22 @@ async fn bench(
 
 /// A phase in which no request completed is a failed run, whatever the figures say.
 fn nothing_completed(report: &Report) -> anyhow::Result<()> {
+    let phases = &report.this;
     for (phase, completed, requests) in [
         (
             "interactive",
-            report.interactive.as_ref().map(|r| r.completed),
-            report.interactive.as_ref().map(|r| r.requests),
+            phases.interactive.as_ref().map(|r| r.completed),
+            phases.interactive.as_ref().map(|r| r.requests),
         ),
         (
             "streaming",
-            report.streaming.as_ref().map(|r| r.completed),
-            report.streaming.as_ref().map(|r| r.requests),
+            phases.streaming.as_ref().map(|r| r.completed),
+            phases.streaming.as_ref().map(|r| r.requests),
         ),
         (
             "durable",
-            report.durable.as_ref().map(|r| r.completed),
-            report.durable.as_ref().map(|r| r.burst),
+            phases.durable.as_ref().map(|r| r.completed),
+            phases.durable.as_ref().map(|r| r.burst),
         ),
     ] {
         if completed == Some(0) && requests.unwrap_or(0) > 0 {
@@ -458,6 +425,26 @@ fn nothing_completed(report: &Report) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// What a phase is measured on: the fleet's processes (--local), the --worker-pid ones and the
+/// bench itself.
+fn meter_of(fleet: Option<&LocalFleet>, worker_pids: &[u32]) -> Meter {
+    let mut watched: Vec<Watched> = fleet.map(LocalFleet::watched).unwrap_or_default();
+    for (i, pid) in worker_pids.iter().enumerate() {
+        watched.insert(
+            i,
+            Watched {
+                role: format!("worker (pid {pid})"),
+                pid: *pid,
+            },
+        );
+    }
+    watched.push(Watched {
+        role: "genfleet bench".into(),
+        pid: std::process::id(),
+    });
+    Meter { watched }
 }
 
 /// What the run was, for judging whether a target's conditions held.

@@ -22,9 +22,9 @@ pub struct Report {
     pub load_average_before: Option<f64>,
     pub fleet: FleetInfo,
     pub floors: Floors,
-    pub interactive: Option<LoadReport>,
-    pub durable: Option<DurableReport>,
-    pub streaming: Option<LoadReport>,
+    /// The load phases.
+    #[serde(flatten)]
+    pub this: Phases,
     pub memory: Option<MemoryReport>,
     /// The real model server, direct and through one worker.
     pub real_backend: Option<RealReport>,
@@ -47,6 +47,14 @@ pub struct FleetInfo {
     pub backend: String,
     /// Where worker CPU and memory figures come from, or why there are none.
     pub worker_stats: String,
+}
+
+/// The load phases of a run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Phases {
+    pub interactive: Option<LoadReport>,
+    pub durable: Option<DurableReport>,
+    pub streaming: Option<LoadReport>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -96,10 +104,6 @@ pub fn ratios(
     let nats = floors.nats_request_reply.as_ref();
     let backend = floors.backend_http.as_ref();
     let genfleet_p50 = interactive.and_then(|i| p50(&i.submit_to_result_ms));
-    let divide = |a: Option<f64>, b: Option<f64>| match (a, b) {
-        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
-        _ => None,
-    };
     Ratios {
         throughput_vs_nats: divide(
             interactive.map(|i| i.requests_per_sec),
@@ -120,7 +124,38 @@ pub fn ratios(
     }
 }
 
+fn divide(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
 impl Report {
+    /// The load phases, each with the prefix its rows carry.
+    fn runs(&self) -> Vec<(&'static str, &Phases)> {
+        vec![("", &self.this)]
+    }
+
+    /// What each floor and phase cost, by the name its rows carry.
+    fn costs(&self) -> Vec<(String, &[ProcessUsage])> {
+        let mut costs: Vec<_> = self
+            .floors
+            .named()
+            .into_iter()
+            .map(|(name, r)| (name.to_string(), r.processes.as_slice()))
+            .collect();
+        for (prefix, phases) in self.runs() {
+            for (name, r) in phases.loads() {
+                costs.push((format!("{prefix}{name}"), &r.processes));
+            }
+            if let Some(d) = &phases.durable {
+                costs.push((format!("{prefix}durable"), &d.processes));
+            }
+        }
+        costs
+    }
+
     /// The readable form: one table per phase, then the ratios and the targets.
     pub fn to_table(&self) -> String {
         let mut out = String::new();
@@ -156,11 +191,12 @@ impl Report {
             );
         }
         let _ = writeln!(out, "worker CPU/RSS: {}", f.worker_stats);
+        let runs = self.runs();
 
         let mut latency = Table::new(&[
             "phase", "conc", "requests", "errors", "req/s", "p50 ms", "p90 ms", "p99 ms", "max ms",
         ]);
-        let mut floor_row = |name: &str, r: &FloorReport| {
+        for (name, r) in self.floors.named() {
             latency.row(latency_row(
                 name,
                 r.concurrency,
@@ -169,56 +205,34 @@ impl Report {
                 r.requests_per_sec,
                 &r.latency_ms,
             ));
-        };
-        if let Some(r) = &self.floors.nats_request_reply {
-            floor_row("floor: NATS request-reply", r);
         }
-        if let Some(r) = &self.floors.backend_http {
-            floor_row("floor: backend HTTP", r);
-        }
-        if let Some(r) = &self.floors.backend_http_streaming {
-            floor_row("floor: backend HTTP (stream)", r);
-        }
-        for (name, r) in [
-            ("interactive", &self.interactive),
-            ("streaming", &self.streaming),
-        ] {
-            if let Some(r) = r {
+        for (prefix, phases) in &runs {
+            for (name, r) in phases.loads() {
+                for (step, summary) in [
+                    ("submit→result", &r.submit_to_result_ms),
+                    ("submit→1st delta", &r.submit_to_first_delta_ms),
+                    ("submit→accepted", &r.submit_to_accepted_ms),
+                ] {
+                    latency.row(latency_row(
+                        &format!("{prefix}{name} {step}"),
+                        r.concurrency,
+                        r.requests,
+                        r.errors,
+                        r.requests_per_sec,
+                        summary,
+                    ));
+                }
+            }
+            if let Some(d) = &phases.durable {
                 latency.row(latency_row(
-                    &format!("{name} submit→result"),
-                    r.concurrency,
-                    r.requests,
-                    r.errors,
-                    r.requests_per_sec,
-                    &r.submit_to_result_ms,
-                ));
-                latency.row(latency_row(
-                    &format!("{name} submit→1st delta"),
-                    r.concurrency,
-                    r.requests,
-                    r.errors,
-                    r.requests_per_sec,
-                    &r.submit_to_first_delta_ms,
-                ));
-                latency.row(latency_row(
-                    &format!("{name} submit→accepted"),
-                    r.concurrency,
-                    r.requests,
-                    r.errors,
-                    r.requests_per_sec,
-                    &r.submit_to_accepted_ms,
+                    &format!("{prefix}durable enqueue→finished"),
+                    0,
+                    d.burst,
+                    d.errors,
+                    d.drain_per_sec,
+                    &d.enqueue_to_finished_ms,
                 ));
             }
-        }
-        if let Some(d) = &self.durable {
-            latency.row(latency_row(
-                "durable enqueue→finished",
-                0,
-                d.burst,
-                d.errors,
-                d.drain_per_sec,
-                &d.enqueue_to_finished_ms,
-            ));
         }
         let _ = writeln!(out, "\n{}", latency.render());
 
@@ -232,13 +246,10 @@ impl Report {
             "NO_SLOT replies",
             "NO_SLOT rate",
         ]);
-        for (name, r) in [
-            ("interactive", &self.interactive),
-            ("streaming", &self.streaming),
-        ] {
-            if let Some(r) = r {
+        for (prefix, phases) in &runs {
+            for (name, r) in phases.loads() {
                 relay.row(vec![
-                    name.to_string(),
+                    format!("{prefix}{name}"),
                     format!("{:.0}", r.tokens_per_sec),
                     r.tokens_relayed.to_string(),
                     r.missing_events.to_string(),
@@ -264,93 +275,37 @@ impl Report {
         if !relay.rows.is_empty() {
             let _ = writeln!(out, "{}", relay.render());
         }
-        for (name, r) in [
-            ("interactive", &self.interactive),
-            ("streaming", &self.streaming),
-        ] {
-            if let Some(r) = r
-                && !r.error_kinds.is_empty()
-            {
-                let kinds: Vec<String> = r
-                    .error_kinds
-                    .iter()
-                    .map(|(k, n)| format!("{k} ×{n}"))
-                    .collect();
-                let _ = writeln!(out, "{name} errors: {}", kinds.join(", "));
+        for (prefix, phases) in &runs {
+            for (name, r) in phases.loads() {
+                if !r.error_kinds.is_empty() {
+                    let kinds: Vec<String> = r
+                        .error_kinds
+                        .iter()
+                        .map(|(k, n)| format!("{k} ×{n}"))
+                        .collect();
+                    let _ = writeln!(out, "{prefix}{name} errors: {}", kinds.join(", "));
+                }
             }
-        }
-        if let Some(d) = &self.durable {
-            let _ = writeln!(
-                out,
-                "durable: {} enqueued in {:.2} s ({:.0}/s, {} refused), all stored after {:.2} s: \
-                 {:.0} results/s, {} completed, {} errors, {} finished events missed\n",
-                d.burst,
-                d.enqueue_secs,
-                d.enqueue_per_sec,
-                d.enqueue_errors,
-                d.drain_secs,
-                d.drain_per_sec,
-                d.completed,
-                d.errors,
-                d.missed_finished_events
-            );
+            if let Some(d) = &phases.durable {
+                let _ = writeln!(
+                    out,
+                    "{prefix}durable: {} enqueued in {:.2} s ({:.0}/s, {} refused), all stored after {:.2} s: \
+                     {:.0} results/s, {} completed, {} errors, {} finished events missed\n",
+                    d.burst,
+                    d.enqueue_secs,
+                    d.enqueue_per_sec,
+                    d.enqueue_errors,
+                    d.drain_secs,
+                    d.drain_per_sec,
+                    d.completed,
+                    d.errors,
+                    d.missed_finished_events
+                );
+            }
         }
 
         if let Some(r) = &self.real_backend {
-            let _ = writeln!(
-                out,
-                "real backend: {} with {}, {} tokens per request",
-                r.server, r.model, r.tokens_per_request
-            );
-            let mut real = Table::new(&[
-                "path",
-                "conc",
-                "requests",
-                "errors",
-                "tokens/s",
-                "1st token p50 ms",
-                "p90 ms",
-                "ratio",
-                "added p50 ms",
-            ]);
-            for level in &r.levels {
-                for (name, f, ratio, added) in [
-                    ("direct client", &level.direct, None, None),
-                    (
-                        "through genfleet",
-                        &level.through_genfleet,
-                        level.tokens_per_sec_ratio,
-                        level.added_first_token_p50_ms,
-                    ),
-                ] {
-                    real.row(vec![
-                        name.to_string(),
-                        level.concurrency.to_string(),
-                        f.requests.to_string(),
-                        f.errors.to_string(),
-                        format!("{:.1}", f.tokens_per_sec),
-                        opt(f.first_token_ms.map(|s| s.p50), 2),
-                        opt(f.first_token_ms.map(|s| s.p90), 2),
-                        ratio.map_or(String::new(), |r| format!("{:.1}%", r * 100.0)),
-                        opt(added, 2),
-                    ]);
-                }
-            }
-            let _ = writeln!(out, "{}", real.render());
-            for level in &r.levels {
-                for (name, f) in [
-                    ("direct", &level.direct),
-                    ("genfleet", &level.through_genfleet),
-                ] {
-                    if let Some(error) = &f.first_error {
-                        let _ = writeln!(
-                            out,
-                            "real backend {name} at concurrency {}: {} errors, the first: {error}",
-                            level.concurrency, f.errors
-                        );
-                    }
-                }
-            }
+            out.push_str(&real_table(r));
         }
 
         let mut cpu = Table::new(&[
@@ -358,6 +313,7 @@ impl Report {
             "process",
             "CPU s",
             "cores",
+            "CPU µs/req",
             "RSS MiB",
             "peak RSS MiB",
         ])
@@ -369,28 +325,14 @@ impl Report {
                     format!("{} ({})", p.role, p.pid),
                     format!("{:.2}", p.cpu_seconds),
                     format!("{:.2}", p.cpu_cores),
+                    opt(p.cpu_us_per_request, 0),
                     opt(p.rss_mib, 1),
                     opt(p.peak_rss_mib, 1),
                 ]);
             }
         };
-        if let Some(r) = &self.floors.nats_request_reply {
-            cpu_rows("floor: NATS", &r.processes);
-        }
-        if let Some(r) = &self.floors.backend_http {
-            cpu_rows("floor: backend", &r.processes);
-        }
-        if let Some(r) = &self.interactive {
-            cpu_rows("interactive", &r.processes);
-        }
-        if let Some(r) = &self.durable {
-            cpu_rows("durable", &r.processes);
-        }
-        if let Some(r) = &self.floors.backend_http_streaming {
-            cpu_rows("floor: backend (stream)", &r.processes);
-        }
-        if let Some(r) = &self.streaming {
-            cpu_rows("streaming", &r.processes);
+        for (phase, processes) in self.costs() {
+            cpu_rows(&phase, processes);
         }
         if !cpu.rows.is_empty() {
             let _ = writeln!(out, "{}", cpu.render());
@@ -440,6 +382,93 @@ impl Report {
         }
         out
     }
+}
+
+impl Floors {
+    /// The floors measured, each with the name its rows carry.
+    fn named(&self) -> Vec<(&'static str, &FloorReport)> {
+        [
+            ("floor: NATS request-reply", &self.nats_request_reply),
+            ("floor: backend HTTP", &self.backend_http),
+            ("floor: backend HTTP (stream)", &self.backend_http_streaming),
+        ]
+        .into_iter()
+        .filter_map(|(name, r)| Some((name, r.as_ref()?)))
+        .collect()
+    }
+}
+
+impl Phases {
+    /// The submit-and-follow phases run, by name.
+    fn loads(&self) -> Vec<(&'static str, &LoadReport)> {
+        [
+            ("interactive", &self.interactive),
+            ("streaming", &self.streaming),
+        ]
+        .into_iter()
+        .filter_map(|(name, r)| Some((name, r.as_ref()?)))
+        .collect()
+    }
+}
+
+/// The real model server, direct and through genfleet.
+fn real_table(r: &RealReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "real backend: {} with {}, {} tokens per request",
+        r.server, r.model, r.tokens_per_request
+    );
+    let mut real = Table::new(&[
+        "path",
+        "conc",
+        "requests",
+        "errors",
+        "tokens/s",
+        "1st token p50 ms",
+        "p90 ms",
+        "ratio",
+        "added p50 ms",
+    ]);
+    for level in &r.levels {
+        for (name, f, ratio, added) in [
+            ("direct client", &level.direct, None, None),
+            (
+                "through genfleet",
+                &level.through_genfleet,
+                level.tokens_per_sec_ratio,
+                level.added_first_token_p50_ms,
+            ),
+        ] {
+            real.row(vec![
+                name.to_string(),
+                level.concurrency.to_string(),
+                f.requests.to_string(),
+                f.errors.to_string(),
+                format!("{:.1}", f.tokens_per_sec),
+                opt(f.first_token_ms.map(|s| s.p50), 2),
+                opt(f.first_token_ms.map(|s| s.p90), 2),
+                ratio.map_or(String::new(), |r| format!("{:.1}%", r * 100.0)),
+                opt(added, 2),
+            ]);
+        }
+    }
+    let _ = writeln!(out, "{}", real.render());
+    for level in &r.levels {
+        for (name, f) in [
+            ("direct", &level.direct),
+            ("genfleet", &level.through_genfleet),
+        ] {
+            if let Some(error) = &f.first_error {
+                let _ = writeln!(
+                    out,
+                    "real backend {name} at concurrency {}: {} errors, the first: {error}",
+                    level.concurrency, f.errors
+                );
+            }
+        }
+    }
+    out
 }
 
 fn latency_row(
