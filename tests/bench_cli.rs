@@ -3,9 +3,13 @@
 //! ran, every request completed with no event lost, and the report carries its fields: the
 //! figures of a phase are checked against each other, never against a speed.
 
+mod common;
+
 use std::process::Stdio;
 use std::time::Duration;
 
+use common::fleet;
+use common::nats::{NatsServer, free_port};
 use serde_json::Value;
 
 fn bench(args: &[&str]) -> tokio::process::Command {
@@ -59,6 +63,49 @@ fn same(a: f64, b: f64, what: &str) {
     );
 }
 
+/// A phase's bus operations: present, divided by the requests it completed, the JetStream
+/// operations the sum of their parts, every request at least one message to the server.
+fn check_bus(report: &Value, phase: &str, direct_gets_counted: bool) {
+    let at = |key: &str| format!("/{phase}/bus/{key}");
+    let completed = number(report, &format!("/{phase}/completed"));
+    let requests = number(report, &at("requests"));
+    assert_eq!(requests, completed, "{phase}");
+    let total = |key: &str| number(report, &at(&format!("totals/{key}")));
+    let per = |key: &str| number(report, &at(&format!("per_request/{key}")));
+    let gets = if direct_gets_counted {
+        total("jetstream_direct_gets")
+    } else {
+        assert_eq!(
+            report.pointer(&at("totals/jetstream_direct_gets")),
+            Some(&Value::Null),
+            "{phase}: direct gets are counted only on the bench's own server"
+        );
+        0.0
+    };
+    same(
+        total("jetstream_operations"),
+        total("jetstream_api_calls")
+            + total("jetstream_stored_messages")
+            + total("jetstream_consumer_acks")
+            + gets,
+        &format!("{phase}: JetStream operations"),
+    );
+    for key in [
+        "jetstream_operations",
+        "jetstream_api_calls",
+        "jetstream_stored_messages",
+        "jetstream_consumer_acks",
+        "nats_msgs_in",
+        "nats_msgs_out",
+        "nats_bytes_in",
+    ] {
+        assert!(total(key) >= 0.0, "{phase} {key}");
+        same(per(key), total(key) / requests, &format!("{phase} {key}"));
+    }
+    // Each request sent the server at least its submit (or its enqueue).
+    assert!(per("nats_msgs_in") >= 1.0, "{phase}: {report:#}");
+}
+
 /// Each process's CPU µs per request is its CPU time over the requests the phase completed.
 fn check_cpu_per_request(report: &Value, processes: &str, completed: f64) {
     let processes = field(report, processes).as_array().unwrap();
@@ -106,6 +153,13 @@ async fn a_local_run_reports_every_phase_as_json() {
         let calls = number(&report, &format!("/floors/{floor}/requests"));
         check_cpu_per_request(&report, &format!("/floors/{floor}/processes"), calls);
     }
+    // A request-reply is two messages into the server: the request and the reply.
+    assert!(
+        number(
+            &report,
+            "/floors/nats_request_reply/bus/per_request/nats_msgs_in"
+        ) >= 2.0
+    );
     for phase in ["interactive", "streaming"] {
         let at = |key: &str| format!("/{phase}/{key}");
         assert_eq!(number(&report, &at("requests")), 20.0, "{phase}");
@@ -144,8 +198,11 @@ async fn a_local_run_reports_every_phase_as_json() {
             .unwrap_or_else(|| panic!("no worker in {processes:?}"));
         assert!(worker["cpu_seconds"].is_number() && worker["peak_rss_mib"].is_number());
         check_cpu_per_request(&report, &at("processes"), 20.0);
+        check_bus(&report, phase, true);
     }
+    check_bus(&report, "durable", true);
     check_cpu_per_request(&report, "/durable/processes", 20.0);
+    assert!(field(&report, "/fleet/nats_monitor").is_string());
     assert_eq!(number(&report, "/streaming/reply_tokens"), 2000.0);
     assert_eq!(number(&report, "/durable/burst"), 20.0);
     assert_eq!(number(&report, "/durable/completed"), 20.0);
@@ -237,10 +294,72 @@ async fn ctrl_c_stops_everything_the_bench_started() {
 
 #[tokio::test]
 async fn flags_that_need_another_kind_of_run_are_refused() {
-    for (args, expected) in [(vec!["--mode", "memory"], "--local")] {
+    for (args, expected) in [
+        (vec!["--mode", "memory"], "--local"),
+        (
+            vec!["--local", "--nats-monitor", "http://127.0.0.1:8222"],
+            "--nats-monitor is for a fleet the bench did not start",
+        ),
+    ] {
         let output = run(&args).await;
         assert!(!output.status.success(), "{args:?}");
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
     }
+}
+
+#[tokio::test]
+async fn a_running_fleet_reports_bus_operations_with_nats_monitor() {
+    let monitor = free_port();
+    let nats = NatsServer::start_with_config(&format!("http: \"127.0.0.1:{monitor}\"")).await;
+    let logs = tempfile::tempdir().unwrap();
+    let script = logs.path().join("mock.toml");
+    std::fs::write(&script, "token_delay_ms = 0\n").unwrap();
+    let (_mock, backend) = fleet::mock_llm("127.0.0.1:0", &script);
+    let env = [("GENFLEET__LLM__BASE_URL", backend.clone())];
+    let _worker = fleet::worker("bench-target", &nats.url(), &env, logs.path());
+    let client = nats.client().await;
+    let ready = async {
+        while fleet::worker_stats(&client, Duration::from_millis(200))
+            .await
+            .is_empty()
+        {}
+    };
+    tokio::time::timeout(Duration::from_secs(30), ready)
+        .await
+        .expect("the worker answers on the bus");
+
+    let measured = |monitor_flag: Option<String>| {
+        let mut command = bench(&["--mode", "interactive", "--requests", "5", "--json"]);
+        command
+            .env("GENFLEET__NATS__URL", nats.url())
+            .env("GENFLEET__LLM__BASE_URL", &backend);
+        if let Some(url) = monitor_flag {
+            command.arg("--nats-monitor").arg(url);
+        }
+        async move {
+            let output = tokio::time::timeout(Duration::from_secs(240), command.output())
+                .await
+                .expect("the bench ends")
+                .expect("the bench runs");
+            let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+            assert!(output.status.success(), "{stderr}");
+            serde_json::from_slice::<Value>(&output.stdout)
+                .unwrap_or_else(|e| panic!("stdout is one JSON object ({e}); stderr:\n{stderr}"))
+        }
+    };
+    let report = measured(Some(format!("http://127.0.0.1:{monitor}"))).await;
+    assert_eq!(number(&report, "/interactive/completed"), 5.0);
+    check_bus(&report, "interactive", false);
+    assert!(
+        field(&report, "/fleet/bus_stats")
+            .as_str()
+            .unwrap()
+            .contains("--nats-monitor")
+    );
+
+    let report = measured(None).await;
+    assert_eq!(number(&report, "/interactive/completed"), 5.0);
+    assert_eq!(report.pointer("/interactive/bus"), Some(&Value::Null));
+    assert_eq!(report.pointer("/fleet/nats_monitor"), Some(&Value::Null));
 }

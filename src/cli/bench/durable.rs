@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use super::latency::{Samples, Summary};
 use super::meter::Meter;
+use super::monitor::BusOps;
 use super::procstat::ProcessUsage;
 use super::progress::Progress;
 use super::target::Target;
@@ -43,6 +44,9 @@ pub struct DurableReport {
     /// From a request's publish to its `finished` event (queue time included).
     pub enqueue_to_finished_ms: Option<Summary>,
     pub processes: Vec<ProcessUsage>,
+    /// Bus operations per completed request (the enqueue included), from nats-server's
+    /// counters.
+    pub bus: Option<BusOps>,
 }
 
 /// When each request of the burst was seen finished, and how it ended.
@@ -205,6 +209,7 @@ pub async fn run(
         missed_finished_events: missed,
         enqueue_to_finished_ms: latencies.summary(),
         processes: cost.processes,
+        bus: cost.bus,
     })
 }
 

@@ -14,6 +14,7 @@ use super::budget::Budget;
 use super::interactive::LoadSpec;
 use super::latency::{Samples, Summary};
 use super::meter::Meter;
+use super::monitor::BusOps;
 use super::procstat::ProcessUsage;
 use super::progress::Progress;
 use super::target::Target;
@@ -36,6 +37,8 @@ pub struct FloorReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub body: Option<String>,
     pub processes: Vec<ProcessUsage>,
+    /// Bus operations per call, from nats-server's counters.
+    pub bus: Option<BusOps>,
 }
 
 /// Request-reply against an echo responder on a subject of this run, with a payload the size
@@ -217,5 +220,6 @@ where
         tokens_per_sec: None,
         body: None,
         processes: cost.processes,
+        bus: cost.bus,
     }
 }

@@ -18,6 +18,7 @@ use serde::Serialize;
 use super::budget::Budget;
 use super::latency::{Samples, Summary};
 use super::meter::Meter;
+use super::monitor::BusOps;
 use super::procstat::ProcessUsage;
 use super::progress::Progress;
 use super::target::Target;
@@ -77,6 +78,8 @@ pub struct LoadReport {
     /// Requests whose deltas, put together, differ from their result's `output`.
     pub delta_mismatches: u64,
     pub processes: Vec<ProcessUsage>,
+    /// Bus operations per completed request, from nats-server's counters.
+    pub bus: Option<BusOps>,
 }
 
 /// How one request went.
@@ -234,6 +237,7 @@ pub async fn run(
         requests_with_gaps: tally.requests_with_gaps,
         delta_mismatches: tally.delta_mismatches,
         processes: cost.processes,
+        bus: cost.bus,
     };
     if release_results {
         target.release(tally.finished_ids).await;

@@ -1,5 +1,5 @@
 //! `genfleet bench --local`: a private fleet on this machine. A nats-server (JetStream, a free
-//! port, a temporary store), the mock backend as its own `genfleet mock-llm` process and each
+//! port, its monitoring port, a temporary store), the mock backend as its own `genfleet mock-llm` process and each
 //! worker as its own `genfleet worker` process, so that the CPU time and memory of each can be
 //! read from `/proc` apart from the load generator's. Everything is killed and the store
 //! removed when the fleet is dropped, also after an error or Ctrl-C.
@@ -14,7 +14,7 @@ use tokio::process::{Child, Command};
 
 use super::procstat::Watched;
 use super::workload;
-use crate::cli::private_nats::{PrivateNats, TempDir, free_port};
+use crate::cli::private_nats::{Monitoring, PrivateNats, TempDir, free_port};
 
 /// How long a process of the fleet may take to come up.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -34,6 +34,8 @@ pub struct LocalOptions {
 
 pub struct LocalFleet {
     pub nats_url: String,
+    /// nats-server's monitoring endpoints (`http://127.0.0.1:PORT`).
+    pub monitor_url: String,
     /// The mock backend's OpenAI base URL (`http://127.0.0.1:PORT/v1`).
     pub backend_url: String,
     pub workers: Vec<LocalWorker>,
@@ -60,8 +62,14 @@ impl LocalWorker {
 impl LocalFleet {
     pub async fn start(options: LocalOptions) -> anyhow::Result<LocalFleet> {
         let dir = TempDir::new("genfleet-bench")?;
-        let nats = PrivateNats::start(options.nats_server.as_deref(), dir.path()).await?;
+        let nats =
+            PrivateNats::start_with(options.nats_server.as_deref(), dir.path(), Monitoring::On)
+                .await?;
         let nats_url = nats.url.clone();
+        let monitor_url = nats
+            .monitor_url
+            .clone()
+            .context("the private nats-server has its monitoring port")?;
 
         let script = dir.path().join("mock-llm.toml");
         std::fs::write(&script, workload::mock_script(options.token_delay_ms))
@@ -80,6 +88,7 @@ impl LocalFleet {
 
         let mut fleet = LocalFleet {
             nats_url,
+            monitor_url,
             backend_url,
             workers: Vec::new(),
             options,

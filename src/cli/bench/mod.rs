@@ -7,7 +7,8 @@
 //! directly (`real-backend`, when `scripts/real-backend.sh` has installed one). In the same
 //! run it measures the floors genfleet is compared with: plain NATS request-reply against an
 //! echo responder, and the backend called directly over HTTP.
-//! Each phase reports the CPU time a request cost in each process.
+//! Each phase reports what a request cost: CPU time per process and, from
+//! nats-server's own counters, bus operations.
 //! The result is a set of tables, or one JSON object with `--json`; docs/benchmarks.md
 //! explains the figures and holds the project's own.
 
@@ -19,6 +20,7 @@ mod latency;
 mod local;
 mod memory;
 mod meter;
+mod monitor;
 mod procstat;
 mod progress;
 mod real;
@@ -27,13 +29,16 @@ mod target;
 mod workload;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::{Args, ValueEnum};
 
 use crate::settings::Settings;
 use local::{LocalFleet, LocalOptions};
 use meter::Meter;
+use monitor::Monitor;
 use procstat::Watched;
 use report::{FleetInfo, Floors, Phases, Report, TargetCheck};
 use target::Target;
@@ -119,6 +124,11 @@ pub struct BenchArgs {
     /// concurrency (1 and 4).
     #[arg(long, default_value_t = 12)]
     pub real_requests: u64,
+    /// nats-server's monitoring endpoint of a fleet the bench did not start (e.g.
+    /// http://127.0.0.1:8222), for the bus operations per request; without it they are not
+    /// reported. --local reads its own server's.
+    #[arg(long, value_name = "URL")]
+    pub nats_monitor: Option<String>,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -158,6 +168,10 @@ pub async fn run(
         "--mode real-backend needs the model server and model: --real-server and --real-model, \
          or GENFLEET_REAL_SERVER and GENFLEET_REAL_MODEL (eval \"$(scripts/real-backend.sh)\" installs \
          them and sets both)"
+    );
+    anyhow::ensure!(
+        !(args.local && args.nats_monitor.is_some()),
+        "--nats-monitor is for a fleet the bench did not start; --local reads its own server's"
     );
     // Installed first: Ctrl-C at any point ends the run, and dropping it stops the fleet.
     let interrupted = super::shutdown_signal();
@@ -221,6 +235,24 @@ async fn bench(
     )
     .await?;
 
+    let monitor = match (&fleet, &args.nats_monitor) {
+        (Some(fleet), _) => Some(
+            Monitor::new(&fleet.monitor_url)?
+                .count_direct_gets(&settings.nats)
+                .await?,
+        ),
+        (None, Some(url)) => Some(Monitor::new(url)?),
+        (None, None) => None,
+    };
+    if let Some(monitor) = &monitor {
+        monitor.read().await.with_context(|| {
+            format!(
+                "nats-server's monitoring at {} gives no usable /varz and /jsz",
+                monitor.url()
+            )
+        })?;
+    }
+    let monitor = monitor.map(Arc::new);
     let release = fleet.is_none();
     let mut floors = Floors::default();
     let mut this = Phases::default();
@@ -242,7 +274,7 @@ async fn bench(
             requests,
             duration,
         };
-        let meter = meter_of(fleet.as_ref(), &args.worker_pids);
+        let meter = meter_of(fleet.as_ref(), &args.worker_pids, &monitor);
         if phase != Mode::Durable {
             interactive::warm_up(&target, name, concurrency, reply_tokens).await;
         }
@@ -342,6 +374,12 @@ async fn bench(
     } else {
         "read from /proc of the --worker-pid processes".to_string()
     };
+    let bus_stats = match (&fleet, &monitor) {
+        (Some(_), _) => "read from the monitoring port of the bench's nats-server (direct gets counted by the bench)",
+        (None, Some(_)) => "read from --nats-monitor (direct gets not counted; other clients of the server count too)",
+        (None, None) => "not available for a fleet the bench did not start; pass --nats-monitor URL",
+    }
+    .to_string();
     let conditions = Conditions {
         local: fleet.is_some(),
         concurrency: args.concurrency,
@@ -380,6 +418,8 @@ async fn bench(
                 "not started by the bench".into()
             },
             worker_stats,
+            nats_monitor: monitor.as_ref().map(|m| m.url().to_string()),
+            bus_stats,
         },
         floors,
         this,
@@ -396,6 +436,9 @@ async fn bench(
     }
     // Closed before the fleet stops, so no client sees its server go away.
     target.close().await;
+    if let Some(monitor) = monitor.and_then(Arc::into_inner) {
+        monitor.close().await;
+    }
     drop(fleet);
     nothing_completed(&report)
 }
@@ -428,8 +471,12 @@ fn nothing_completed(report: &Report) -> anyhow::Result<()> {
 }
 
 /// What a phase is measured on: the fleet's processes (--local), the --worker-pid ones and the
-/// bench itself.
-fn meter_of(fleet: Option<&LocalFleet>, worker_pids: &[u32]) -> Meter {
+/// bench itself, and the server's counters when they can be read.
+fn meter_of(
+    fleet: Option<&LocalFleet>,
+    worker_pids: &[u32],
+    monitor: &Option<Arc<Monitor>>,
+) -> Meter {
     let mut watched: Vec<Watched> = fleet.map(LocalFleet::watched).unwrap_or_default();
     for (i, pid) in worker_pids.iter().enumerate() {
         watched.insert(
@@ -444,7 +491,10 @@ fn meter_of(fleet: Option<&LocalFleet>, worker_pids: &[u32]) -> Meter {
         role: "genfleet bench".into(),
         pid: std::process::id(),
     });
-    Meter { watched }
+    Meter {
+        watched,
+        monitor: monitor.clone(),
+    }
 }
 
 /// What the run was, for judging whether a target's conditions held.

@@ -9,6 +9,7 @@ use super::floors::FloorReport;
 use super::interactive::LoadReport;
 use super::latency::Summary;
 use super::memory::MemoryReport;
+use super::monitor::BusOps;
 use super::procstat::ProcessUsage;
 use super::real::RealReport;
 
@@ -47,6 +48,10 @@ pub struct FleetInfo {
     pub backend: String,
     /// Where worker CPU and memory figures come from, or why there are none.
     pub worker_stats: String,
+    /// The nats-server monitoring endpoint the bus figures are read from.
+    pub nats_monitor: Option<String>,
+    /// What the bus figures count, or why there are none.
+    pub bus_stats: String,
 }
 
 /// The load phases of a run.
@@ -138,19 +143,19 @@ impl Report {
     }
 
     /// What each floor and phase cost, by the name its rows carry.
-    fn costs(&self) -> Vec<(String, &[ProcessUsage])> {
+    fn costs(&self) -> Vec<(String, &[ProcessUsage], &Option<BusOps>)> {
         let mut costs: Vec<_> = self
             .floors
             .named()
             .into_iter()
-            .map(|(name, r)| (name.to_string(), r.processes.as_slice()))
+            .map(|(name, r)| (name.to_string(), r.processes.as_slice(), &r.bus))
             .collect();
         for (prefix, phases) in self.runs() {
             for (name, r) in phases.loads() {
-                costs.push((format!("{prefix}{name}"), &r.processes));
+                costs.push((format!("{prefix}{name}"), &r.processes, &r.bus));
             }
             if let Some(d) = &phases.durable {
-                costs.push((format!("{prefix}durable"), &d.processes));
+                costs.push((format!("{prefix}durable"), &d.processes, &d.bus));
             }
         }
         costs
@@ -191,6 +196,7 @@ impl Report {
             );
         }
         let _ = writeln!(out, "worker CPU/RSS: {}", f.worker_stats);
+        let _ = writeln!(out, "bus operations: {}", f.bus_stats);
         let runs = self.runs();
 
         let mut latency = Table::new(&[
@@ -308,6 +314,45 @@ impl Report {
             out.push_str(&real_table(r));
         }
 
+        let mut bus = Table::new(&[
+            "phase",
+            "requests",
+            "JS ops/req",
+            "API calls",
+            "stored",
+            "direct gets",
+            "acks",
+            "NATS msgs in/req",
+            "API errors",
+        ]);
+        let mut bus_row = |phase: &str, ops: &Option<BusOps>| {
+            if let Some(ops) = ops {
+                let per = ops.per_request.as_ref();
+                let at = |f: fn(&super::monitor::BusRates) -> f64| opt(per.map(f), 2);
+                bus.row(vec![
+                    phase.to_string(),
+                    ops.requests.to_string(),
+                    at(|p| p.jetstream_operations),
+                    at(|p| p.jetstream_api_calls),
+                    at(|p| p.jetstream_stored_messages),
+                    opt(per.and_then(|p| p.jetstream_direct_gets), 2),
+                    at(|p| p.jetstream_consumer_acks),
+                    at(|p| p.nats_msgs_in),
+                    ops.jetstream_api_errors.to_string(),
+                ]);
+            }
+        };
+        for (phase, _, ops) in self.costs() {
+            bus_row(&phase, ops);
+        }
+        if !bus.rows.is_empty() {
+            let _ = writeln!(
+                out,
+                "bus operations per request (API calls, stored, direct gets and acks make the JetStream operations)\n{}",
+                bus.render()
+            );
+        }
+
         let mut cpu = Table::new(&[
             "phase",
             "process",
@@ -331,7 +376,7 @@ impl Report {
                 ]);
             }
         };
-        for (phase, processes) in self.costs() {
+        for (phase, processes, _) in self.costs() {
             cpu_rows(&phase, processes);
         }
         if !cpu.rows.is_empty() {
