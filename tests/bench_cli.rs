@@ -145,6 +145,7 @@ async fn a_local_run_reports_every_phase_as_json() {
     for floor in [
         "nats_request_reply",
         "backend_http",
+        "jetstream_writes",
         "backend_http_streaming",
     ] {
         assert_eq!(number(&report, &format!("/floors/{floor}/errors")), 0.0);
@@ -153,6 +154,21 @@ async fn a_local_run_reports_every_phase_as_json() {
         let calls = number(&report, &format!("/floors/{floor}/requests"));
         check_cpu_per_request(&report, &format!("/floors/{floor}/processes"), calls);
     }
+    // A create and an update per call: two stored messages each (the idle worker's heartbeats
+    // can only add to them).
+    let pairs = number(&report, "/floors/jetstream_writes/requests");
+    assert_eq!(pairs, 20.0);
+    assert_eq!(
+        number(&report, "/floors/jetstream_writes/bus/requests"),
+        pairs
+    );
+    assert!(
+        number(
+            &report,
+            "/floors/jetstream_writes/bus/totals/jetstream_stored_messages"
+        ) >= 2.0 * pairs,
+        "{report:#}"
+    );
     // A request-reply is two messages into the server: the request and the reply.
     assert!(
         number(
@@ -243,6 +259,7 @@ async fn the_table_shows_the_floors_beside_genfleet() {
     for expected in [
         "floor: NATS request-reply",
         "floor: backend HTTP",
+        "floor: JetStream writes",
         "interactive submit→result",
         "interactive submit→1st delta",
         "ratios (genfleet / floor)",

@@ -1,11 +1,13 @@
 //! The floors a run compares genfleet with, measured in the same run with the load of the phase
 //! they are the floor of (its concurrency, reply length and budget):
 //! plain NATS request-reply against a trivial responder that echoes the payload (what one bus
-//! round trip costs), and the backend called directly over HTTP with the request a worker
-//! sends it, read to the last byte (what the model call costs without genfleet).
+//! round trip costs), JetStream writes as a lean request would make them (a KV create, then an
+//! update of the same key), and the backend called directly over HTTP with the request a
+//! worker sends it, read to the last byte (what the model call costs without genfleet).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use serde::Serialize;
@@ -86,6 +88,63 @@ pub async fn nats_request_reply(
         ..report
     })
 }
+
+/// JetStream writes as a lean request would make them: a KV create (the claim), then an update
+/// of the same key at the revision the create returned (the result). One call is the pair,
+/// each write carrying a payload the size of a submit of the load's reply length. The bucket is made
+/// like the results bucket (history 1, `jetstream.replicas`, through its stream as the worker
+/// makes it) but with a short TTL, and deleted afterwards.
+pub async fn jetstream_writes(
+    target: &Target,
+    load: &LoadSpec,
+    meter: &Meter,
+) -> anyhow::Result<FloorReport> {
+    let payload = submit_body(target, load.reply_tokens);
+    let name = format!("genfleet_bench_floor_{}", target.run_id);
+    let admin = async_nats::jetstream::new(target.connection(0).clone());
+    crate::bus::store::ensure_bucket(
+        &admin,
+        &name,
+        1,
+        FLOOR_BUCKET_TTL,
+        target.settings.jetstream.replicas,
+    )
+    .await?;
+    // Each client writes on its own connection, as separate workers would.
+    let mut buckets = Vec::with_capacity(load.concurrency);
+    for client in 0..load.concurrency {
+        buckets.push(
+            async_nats::jetstream::new(target.connection(client).clone())
+                .get_key_value(&name)
+                .await?,
+        );
+    }
+    let keys = AtomicU64::new(0);
+    let call = |client: usize| {
+        let bucket = buckets[client].clone();
+        let key = format!("pair.{}", keys.fetch_add(1, Ordering::Relaxed));
+        let payload = payload.clone();
+        async move {
+            match bucket.create(&key, payload.clone()).await {
+                Ok(revision) => bucket.update(&key, payload, revision).await.is_ok(),
+                Err(_) => false,
+            }
+        }
+    };
+    futures_util::future::join_all((0..load.concurrency).map(call)).await;
+    let report = drive("floor: jetstream", load, meter, call).await;
+    if let Err(error) = admin.delete_stream(format!("KV_{name}")).await {
+        tracing::warn!(message = "the JetStream floor's bucket was not deleted", bucket = %name, %error);
+    }
+    Ok(FloorReport {
+        payload_bytes: payload.len(),
+        ..report
+    })
+}
+
+/// How long a write of the JetStream floor is kept: the bucket is deleted after the floor, and
+/// one left behind by an interrupted run empties itself.
+const FLOOR_BUCKET_TTL: Duration = Duration::from_secs(600);
 
 /// The body of a submit of `reply_tokens`, as the load sends it.
 fn submit_body(target: &Target, reply_tokens: usize) -> bytes::Bytes {

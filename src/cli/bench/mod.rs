@@ -6,7 +6,8 @@
 //! many slots and a real model server behind a worker against the same client calling it
 //! directly (`real-backend`, when `scripts/real-backend.sh` has installed one). In the same
 //! run it measures the floors genfleet is compared with: plain NATS request-reply against an
-//! echo responder, and the backend called directly over HTTP.
+//! echo responder, JetStream writes as a lean request would make them, and the backend called
+//! directly over HTTP.
 //! Each phase reports what a request cost: CPU time per process and, from
 //! nats-server's own counters, bus operations.
 //! The result is a set of tables, or one JSON object with `--json`; docs/benchmarks.md
@@ -284,6 +285,8 @@ async fn bench(
                     Some(floors::nats_request_reply(&target, &spec, &meter).await?);
                 floors.backend_http =
                     Some(floors::backend_http(&backend_url, &model, &spec, &meter).await?);
+                floors.jetstream_writes =
+                    Some(floors::jetstream_writes(&target, &spec, &meter).await?);
             }
             Mode::Streaming => {
                 floors.backend_http_streaming =

@@ -68,6 +68,8 @@ pub struct Floors {
     pub nats_request_reply: Option<FloorReport>,
     /// The backend called directly with the interactive request.
     pub backend_http: Option<FloorReport>,
+    /// KV create-then-update pairs (the writes of a lean request) on the same server.
+    pub jetstream_writes: Option<FloorReport>,
     /// The backend called directly with the streaming request.
     pub backend_http_streaming: Option<FloorReport>,
 }
@@ -435,6 +437,7 @@ impl Floors {
         [
             ("floor: NATS request-reply", &self.nats_request_reply),
             ("floor: backend HTTP", &self.backend_http),
+            ("floor: JetStream writes", &self.jetstream_writes),
             ("floor: backend HTTP (stream)", &self.backend_http_streaming),
         ]
         .into_iter()
