@@ -219,6 +219,7 @@ async fn a_local_run_reports_every_phase_as_json() {
     check_bus(&report, "durable", true);
     check_cpu_per_request(&report, "/durable/processes", 20.0);
     assert!(field(&report, "/fleet/nats_monitor").is_string());
+    assert_eq!(report.pointer("/baseline"), Some(&Value::Null));
     assert_eq!(number(&report, "/streaming/reply_tokens"), 2000.0);
     assert_eq!(number(&report, "/durable/burst"), 20.0);
     assert_eq!(number(&report, "/durable/completed"), 20.0);
@@ -311,8 +312,14 @@ async fn ctrl_c_stops_everything_the_bench_started() {
 
 #[tokio::test]
 async fn flags_that_need_another_kind_of_run_are_refused() {
+    let this = env!("CARGO_BIN_EXE_genfleet");
     for (args, expected) in [
         (vec!["--mode", "memory"], "--local"),
+        (vec!["--baseline", this], "--baseline needs --local"),
+        (
+            vec!["--local", "--baseline", "/nonexistent/genfleet"],
+            "no such file",
+        ),
         (
             vec!["--local", "--nats-monitor", "http://127.0.0.1:8222"],
             "--nats-monitor is for a fleet the bench did not start",
@@ -323,6 +330,93 @@ async fn flags_that_need_another_kind_of_run_are_refused() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
     }
+}
+
+#[tokio::test]
+async fn a_baseline_build_runs_beside_this_one() {
+    // The bench's own executable as the baseline: the two runs must both complete, on workers
+    // of their own, and be reported side by side.
+    let output = run(&[
+        "--local",
+        "--mode",
+        "interactive",
+        "--requests",
+        "10",
+        "--baseline",
+        env!("CARGO_BIN_EXE_genfleet"),
+        "--json",
+    ])
+    .await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("stdout is one JSON object ({e}); stderr:\n{stderr}"));
+    assert_eq!(
+        field(&report, "/baseline/binary").as_str(),
+        Some(env!("CARGO_BIN_EXE_genfleet"))
+    );
+    let worker = |processes: &str| {
+        field(&report, processes)
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["role"].as_str().unwrap().starts_with("worker "))
+            .cloned()
+            .unwrap_or_else(|| panic!("no worker in {processes}"))
+    };
+    let baseline_worker = worker("/baseline/interactive/processes");
+    let this_worker = worker("/interactive/processes");
+    assert_eq!(baseline_worker["role"], "worker bench-baseline-worker-1");
+    assert_eq!(this_worker["role"], "worker bench-worker-1");
+    assert_ne!(baseline_worker["pid"], this_worker["pid"], "fresh workers");
+    for phases in ["/baseline/interactive", "/interactive"] {
+        assert_eq!(number(&report, &format!("{phases}/completed")), 10.0);
+        assert_eq!(number(&report, &format!("{phases}/errors")), 0.0);
+    }
+    check_bus(&report, "baseline/interactive", true);
+    check_bus(&report, "interactive", true);
+
+    let comparison = field(&report, "/baseline/comparison").as_array().unwrap();
+    let row = |figure: &str| {
+        comparison
+            .iter()
+            .find(|c| c["phase"] == "interactive" && c["figure"] == figure)
+            .unwrap_or_else(|| panic!("no {figure} in {comparison:?}"))
+    };
+    let throughput = row("requests/s");
+    same(
+        throughput["baseline"].as_f64().unwrap(),
+        number(&report, "/baseline/interactive/requests_per_sec"),
+        "baseline requests/s",
+    );
+    same(
+        throughput["ratio"].as_f64().unwrap(),
+        throughput["this_build"].as_f64().unwrap() / throughput["baseline"].as_f64().unwrap(),
+        "ratio",
+    );
+    for figure in [
+        "JetStream ops/request",
+        "NATS msgs in/request",
+        "worker CPU µs/request",
+    ] {
+        let r = row(figure);
+        assert!(
+            r["baseline"].is_number() && r["this_build"].is_number(),
+            "{r}"
+        );
+    }
+    // The same build does the same bus operations per request, however fast it ran.
+    same(
+        row("JetStream stored messages/request")["baseline"]
+            .as_f64()
+            .unwrap(),
+        row("JetStream stored messages/request")["this_build"]
+            .as_f64()
+            .unwrap(),
+        "stored messages per request of one build",
+    );
+    let nats_url = field(&report, "/fleet/nats_url").as_str().unwrap();
+    assert!(gone(nats_url).await, "the bench's nats-server is stopped");
 }
 
 #[tokio::test]

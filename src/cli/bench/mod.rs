@@ -9,7 +9,8 @@
 //! echo responder, JetStream writes as a lean request would make them, and the backend called
 //! directly over HTTP.
 //! Each phase reports what a request cost: CPU time per process and, from
-//! nats-server's own counters, bus operations.
+//! nats-server's own counters, bus operations. With `--baseline` the load phases also run on
+//! the workers of another build, side by side.
 //! The result is a set of tables, or one JSON object with `--json`; docs/benchmarks.md
 //! explains the figures and holds the project's own.
 
@@ -37,11 +38,11 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 
 use crate::settings::Settings;
-use local::{LocalFleet, LocalOptions};
+use local::{Build, LocalFleet, LocalOptions};
 use meter::Meter;
 use monitor::Monitor;
 use procstat::Watched;
-use report::{FleetInfo, Floors, Phases, Report, TargetCheck};
+use report::{BaselineReport, FleetInfo, Floors, Phases, Report, TargetCheck};
 use target::Target;
 
 #[derive(Debug, Args)]
@@ -130,6 +131,11 @@ pub struct BenchArgs {
     /// reported. --local reads its own server's.
     #[arg(long, value_name = "URL")]
     pub nats_monitor: Option<String>,
+    /// --local: another genfleet executable to compare this build with. Each load phase runs
+    /// on fresh workers of the baseline (`PATH worker`), then on fresh workers of this build,
+    /// against the same nats-server and mock; both are reported side by side.
+    #[arg(long, value_name = "PATH")]
+    pub baseline: Option<PathBuf>,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -174,6 +180,17 @@ pub async fn run(
         !(args.local && args.nats_monitor.is_some()),
         "--nats-monitor is for a fleet the bench did not start; --local reads its own server's"
     );
+    if let Some(baseline) = &args.baseline {
+        anyhow::ensure!(
+            args.local,
+            "--baseline needs --local (the bench starts the workers of both builds)"
+        );
+        anyhow::ensure!(
+            baseline.is_file(),
+            "--baseline {}: no such file",
+            baseline.display()
+        );
+    }
     // Installed first: Ctrl-C at any point ends the run, and dropping it stops the fleet.
     let interrupted = super::shutdown_signal();
     tokio::select! {
@@ -192,7 +209,7 @@ async fn bench(
         .pool
         .clone()
         .unwrap_or_else(|| settings.worker.pool.clone());
-    let fleet = if args.local {
+    let mut fleet = if args.local {
         eprintln!(
             "starting a local fleet: nats-server, genfleet mock-llm, {} worker(s) × {} slots",
             args.workers, args.slots
@@ -256,7 +273,12 @@ async fn bench(
     let monitor = monitor.map(Arc::new);
     let release = fleet.is_none();
     let mut floors = Floors::default();
-    let mut this = Phases::default();
+    // One run of each load phase per build: this build alone, or the baseline's first.
+    let builds: Vec<Option<Build>> = match &args.baseline {
+        Some(path) => vec![Some(Build::baseline(path.clone())), Some(Build::this()?)],
+        None => vec![None],
+    };
+    let mut runs: Vec<Phases> = vec![Phases::default(); builds.len()];
 
     for phase in [Mode::Interactive, Mode::Durable, Mode::Streaming] {
         if !args.mode.runs(phase) {
@@ -294,18 +316,41 @@ async fn bench(
             }
             _ => {}
         }
-        match phase {
-            Mode::Durable => {
-                let burst = requests.unwrap_or(args.burst);
-                this.durable =
-                    Some(durable::run(&target, burst, reply_tokens, &meter, release).await?);
+        for (build, run) in builds.iter().zip(runs.iter_mut()) {
+            let meter = match (build, fleet.as_mut()) {
+                (Some(build), Some(fleet)) => {
+                    eprintln!("{name}: fresh workers of {}", build.name);
+                    fleet.replace_workers(build).await?;
+                    interactive::warm_up(&target, name, concurrency, reply_tokens).await;
+                    meter_of(Some(fleet), &args.worker_pids, &monitor)
+                }
+                _ => meter.clone(),
+            };
+            match phase {
+                Mode::Durable => {
+                    let burst = requests.unwrap_or(args.burst);
+                    run.durable =
+                        Some(durable::run(&target, burst, reply_tokens, &meter, release).await?);
+                }
+                Mode::Streaming => {
+                    run.streaming = Some(interactive::run(&target, &spec, &meter, release).await);
+                }
+                _ => {
+                    run.interactive = Some(interactive::run(&target, &spec, &meter, release).await)
+                }
             }
-            Mode::Streaming => {
-                this.streaming = Some(interactive::run(&target, &spec, &meter, release).await);
-            }
-            _ => this.interactive = Some(interactive::run(&target, &spec, &meter, release).await),
         }
     }
+    let this = runs.pop().unwrap_or_default();
+    let baseline = args.baseline.as_ref().map(|path| {
+        let phases = runs.pop().unwrap_or_default();
+        BaselineReport {
+            binary: path.display().to_string(),
+            order: BASELINE_ORDER,
+            comparison: report::compare(&phases, &this),
+            phases,
+        }
+    });
     let mut memory_report = None;
     let mut real_report = None;
     if let Some(fleet) = &fleet
@@ -426,6 +471,7 @@ async fn bench(
         },
         floors,
         this,
+        baseline,
         memory: memory_report,
         real_backend: real_report,
         ratios,
@@ -448,30 +494,42 @@ async fn bench(
 
 /// A phase in which no request completed is a failed run, whatever the figures say.
 fn nothing_completed(report: &Report) -> anyhow::Result<()> {
-    let phases = &report.this;
-    for (phase, completed, requests) in [
-        (
-            "interactive",
-            phases.interactive.as_ref().map(|r| r.completed),
-            phases.interactive.as_ref().map(|r| r.requests),
-        ),
-        (
-            "streaming",
-            phases.streaming.as_ref().map(|r| r.completed),
-            phases.streaming.as_ref().map(|r| r.requests),
-        ),
-        (
-            "durable",
-            phases.durable.as_ref().map(|r| r.completed),
-            phases.durable.as_ref().map(|r| r.burst),
-        ),
-    ] {
-        if completed == Some(0) && requests.unwrap_or(0) > 0 {
-            anyhow::bail!("no request of the {phase} phase completed (see the errors above)");
+    let mut runs = vec![("", &report.this)];
+    if let Some(baseline) = &report.baseline {
+        runs.push(("baseline ", &baseline.phases));
+    }
+    for (build, phases) in runs {
+        for (phase, completed, requests) in [
+            (
+                "interactive",
+                phases.interactive.as_ref().map(|r| r.completed),
+                phases.interactive.as_ref().map(|r| r.requests),
+            ),
+            (
+                "streaming",
+                phases.streaming.as_ref().map(|r| r.completed),
+                phases.streaming.as_ref().map(|r| r.requests),
+            ),
+            (
+                "durable",
+                phases.durable.as_ref().map(|r| r.completed),
+                phases.durable.as_ref().map(|r| r.burst),
+            ),
+        ] {
+            if completed == Some(0) && requests.unwrap_or(0) > 0 {
+                anyhow::bail!(
+                    "no request of the {build}{phase} phase completed (see the errors above)"
+                );
+            }
         }
     }
     Ok(())
 }
+
+/// How `--baseline` runs are ordered, as the report says it.
+const BASELINE_ORDER: &str = "each load phase on the baseline's workers, then on this build's; \
+     before each run the workers are stopped and waited for, every stream of the private \
+     nats-server is deleted, and fresh workers start and warm up";
 
 /// What a phase is measured on: the fleet's processes (--local), the --worker-pid ones and the
 /// bench itself, and the server's counters when they can be read.

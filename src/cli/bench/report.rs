@@ -23,9 +23,12 @@ pub struct Report {
     pub load_average_before: Option<f64>,
     pub fleet: FleetInfo,
     pub floors: Floors,
-    /// The load phases.
+    /// The load phases on this build's workers.
     #[serde(flatten)]
     pub this: Phases,
+    /// The same phases on the workers of another build (`--baseline`), and the two side by
+    /// side.
+    pub baseline: Option<BaselineReport>,
     pub memory: Option<MemoryReport>,
     /// The real model server, direct and through one worker.
     pub real_backend: Option<RealReport>,
@@ -54,12 +57,35 @@ pub struct FleetInfo {
     pub bus_stats: String,
 }
 
-/// The load phases of a run.
+/// The load phases of one build.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Phases {
     pub interactive: Option<LoadReport>,
     pub durable: Option<DurableReport>,
     pub streaming: Option<LoadReport>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BaselineReport {
+    /// The executable the baseline's workers ran.
+    pub binary: String,
+    /// How the runs of the two builds were ordered and kept apart.
+    pub order: &'static str,
+    #[serde(flatten)]
+    pub phases: Phases,
+    /// Each figure of both builds, and this build's over the baseline's.
+    pub comparison: Vec<Comparison>,
+}
+
+/// One figure of a phase, measured on both builds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    pub phase: &'static str,
+    pub figure: &'static str,
+    pub baseline: Option<f64>,
+    pub this_build: Option<f64>,
+    /// this build ÷ baseline.
+    pub ratio: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -131,6 +157,105 @@ pub fn ratios(
     }
 }
 
+/// Both builds' figures of each phase the two ran, side by side.
+pub fn compare(baseline: &Phases, this: &Phases) -> Vec<Comparison> {
+    let mut rows = Vec::new();
+    let mut side_by_side = |phase: &'static str, a: Figures, b: Figures| {
+        for ((figure, baseline), (_, this_build)) in a.into_iter().zip(b) {
+            rows.push(Comparison {
+                phase,
+                figure,
+                baseline,
+                this_build,
+                ratio: divide(this_build, baseline),
+            });
+        }
+    };
+    for (phase, a, b) in [
+        ("interactive", &baseline.interactive, &this.interactive),
+        ("streaming", &baseline.streaming, &this.streaming),
+    ] {
+        if let (Some(a), Some(b)) = (a, b) {
+            side_by_side(phase, load_figures(a), load_figures(b));
+        }
+    }
+    if let (Some(a), Some(b)) = (&baseline.durable, &this.durable) {
+        side_by_side("durable", durable_figures(a), durable_figures(b));
+    }
+    rows
+}
+
+/// Named figures of one phase, in the order they are compared.
+type Figures = Vec<(&'static str, Option<f64>)>;
+
+fn load_figures(r: &LoadReport) -> Figures {
+    let mut figures = vec![
+        ("requests/s", Some(r.requests_per_sec)),
+        ("submit→result p50 ms", r.submit_to_result_ms.map(|s| s.p50)),
+        ("submit→result p99 ms", r.submit_to_result_ms.map(|s| s.p99)),
+        (
+            "submit→accepted p50 ms",
+            r.submit_to_accepted_ms.map(|s| s.p50),
+        ),
+    ];
+    figures.extend(cost_figures(r.bus.as_ref(), &r.processes));
+    figures
+}
+
+fn durable_figures(d: &DurableReport) -> Figures {
+    let mut figures = vec![
+        ("results/s", Some(d.drain_per_sec)),
+        (
+            "enqueue→finished p50 ms",
+            d.enqueue_to_finished_ms.map(|s| s.p50),
+        ),
+    ];
+    figures.extend(cost_figures(d.bus.as_ref(), &d.processes));
+    figures
+}
+
+/// What a completed request cost: bus operations, and CPU by process.
+fn cost_figures(bus: Option<&BusOps>, processes: &[ProcessUsage]) -> Figures {
+    let per = bus.and_then(|b| b.per_request.as_ref());
+    let cpu = |role: fn(&str) -> bool| {
+        let of: Vec<f64> = processes
+            .iter()
+            .filter(|p| role(&p.role))
+            .filter_map(|p| p.cpu_us_per_request)
+            .collect();
+        (!of.is_empty()).then(|| of.iter().sum())
+    };
+    vec![
+        ("JetStream ops/request", per.map(|p| p.jetstream_operations)),
+        (
+            "JetStream API calls/request",
+            per.map(|p| p.jetstream_api_calls),
+        ),
+        (
+            "JetStream stored messages/request",
+            per.map(|p| p.jetstream_stored_messages),
+        ),
+        (
+            "JetStream direct gets/request",
+            per.and_then(|p| p.jetstream_direct_gets),
+        ),
+        (
+            "JetStream consumer acks/request",
+            per.map(|p| p.jetstream_consumer_acks),
+        ),
+        ("NATS msgs in/request", per.map(|p| p.nats_msgs_in)),
+        (
+            "worker CPU µs/request",
+            cpu(|role| role.starts_with("worker ")),
+        ),
+        (
+            "nats-server CPU µs/request",
+            cpu(|role| role == "nats-server"),
+        ),
+        ("all processes CPU µs/request", cpu(|_| true)),
+    ]
+}
+
 fn divide(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     match (a, b) {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),
@@ -139,9 +264,14 @@ fn divide(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 }
 
 impl Report {
-    /// The load phases, each with the prefix its rows carry.
+    /// The builds' load phases, each with the prefix its rows carry: the baseline's first.
     fn runs(&self) -> Vec<(&'static str, &Phases)> {
-        vec![("", &self.this)]
+        let mut runs = Vec::new();
+        if let Some(b) = &self.baseline {
+            runs.push(("baseline ", &b.phases));
+        }
+        runs.push(("", &self.this));
+        runs
     }
 
     /// What each floor and phase cost, by the name its rows carry.
@@ -199,6 +329,9 @@ impl Report {
         }
         let _ = writeln!(out, "worker CPU/RSS: {}", f.worker_stats);
         let _ = writeln!(out, "bus operations: {}", f.bus_stats);
+        if let Some(b) = &self.baseline {
+            let _ = writeln!(out, "baseline: {} ({})", b.binary, b.order);
+        }
         let runs = self.runs();
 
         let mut latency = Table::new(&[
@@ -383,6 +516,24 @@ impl Report {
         }
         if !cpu.rows.is_empty() {
             let _ = writeln!(out, "{}", cpu.render());
+        }
+        if let Some(b) = &self.baseline {
+            let mut side =
+                Table::new(&["phase", "figure", "baseline", "this build", "ratio"]).text_columns(2);
+            for c in &b.comparison {
+                side.row(vec![
+                    c.phase.to_string(),
+                    c.figure.to_string(),
+                    opt(c.baseline, 2),
+                    opt(c.this_build, 2),
+                    opt(c.ratio, 3),
+                ]);
+            }
+            let _ = writeln!(
+                out,
+                "this build beside the baseline (ratio: this build ÷ baseline)\n{}",
+                side.render()
+            );
         }
         if let Some(m) = &self.memory {
             let _ = writeln!(
