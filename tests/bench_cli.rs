@@ -1,10 +1,15 @@
 //! `genfleet bench` as users run it: a short run against a fleet it starts itself. No timing
 //! is asserted here (figures belong in docs/benchmarks.md); what is checked is that every phase
-//! ran, every request completed with no event lost, and the report carries its fields.
+//! ran, every request completed with no event lost, and the report carries its fields: the
+//! figures of a phase are checked against each other, never against a speed.
+
+mod common;
 
 use std::process::Stdio;
 use std::time::Duration;
 
+use common::fleet;
+use common::nats::{NatsServer, free_port};
 use serde_json::Value;
 
 fn bench(args: &[&str]) -> tokio::process::Command {
@@ -50,6 +55,74 @@ fn number(report: &Value, pointer: &str) -> f64 {
         .unwrap_or_else(|| panic!("{pointer} is not a number in\n{report:#}"))
 }
 
+/// Two figures that must agree (they come from the same integers).
+fn same(a: f64, b: f64, what: &str) {
+    assert!(
+        (a - b).abs() <= 1e-6 * a.abs().max(1.0),
+        "{what}: {a} ≠ {b}"
+    );
+}
+
+/// A phase's bus operations: present, divided by the requests it completed, the JetStream
+/// operations the sum of their parts, every request at least one message to the server.
+fn check_bus(report: &Value, phase: &str, direct_gets_counted: bool) {
+    let at = |key: &str| format!("/{phase}/bus/{key}");
+    let completed = number(report, &format!("/{phase}/completed"));
+    let requests = number(report, &at("requests"));
+    assert_eq!(requests, completed, "{phase}");
+    let total = |key: &str| number(report, &at(&format!("totals/{key}")));
+    let per = |key: &str| number(report, &at(&format!("per_request/{key}")));
+    let gets = if direct_gets_counted {
+        total("jetstream_direct_gets")
+    } else {
+        assert_eq!(
+            report.pointer(&at("totals/jetstream_direct_gets")),
+            Some(&Value::Null),
+            "{phase}: direct gets are counted only on the bench's own server"
+        );
+        0.0
+    };
+    same(
+        total("jetstream_operations"),
+        total("jetstream_api_calls")
+            + total("jetstream_stored_messages")
+            + total("jetstream_consumer_acks")
+            + gets,
+        &format!("{phase}: JetStream operations"),
+    );
+    for key in [
+        "jetstream_operations",
+        "jetstream_api_calls",
+        "jetstream_stored_messages",
+        "jetstream_consumer_acks",
+        "nats_msgs_in",
+        "nats_msgs_out",
+        "nats_bytes_in",
+    ] {
+        assert!(total(key) >= 0.0, "{phase} {key}");
+        same(per(key), total(key) / requests, &format!("{phase} {key}"));
+    }
+    // Each request sent the server at least its submit (or its enqueue).
+    assert!(per("nats_msgs_in") >= 1.0, "{phase}: {report:#}");
+}
+
+/// Each process's CPU µs per request is its CPU time over the requests the phase completed.
+fn check_cpu_per_request(report: &Value, processes: &str, completed: f64) {
+    let processes = field(report, processes).as_array().unwrap();
+    assert!(!processes.is_empty());
+    for p in processes {
+        let per = p["cpu_us_per_request"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("cpu_us_per_request missing in {p}"));
+        assert!(per >= 0.0);
+        same(
+            per,
+            p["cpu_seconds"].as_f64().unwrap() * 1e6 / completed,
+            "CPU µs per request",
+        );
+    }
+}
+
 async fn gone(url: &str) -> bool {
     let address = url.trim_start_matches("nats://");
     for _ in 0..50 {
@@ -72,12 +145,37 @@ async fn a_local_run_reports_every_phase_as_json() {
     for floor in [
         "nats_request_reply",
         "backend_http",
+        "jetstream_writes",
         "backend_http_streaming",
     ] {
         assert_eq!(number(&report, &format!("/floors/{floor}/errors")), 0.0);
         number(&report, &format!("/floors/{floor}/requests_per_sec"));
         number(&report, &format!("/floors/{floor}/latency_ms/p50"));
+        let calls = number(&report, &format!("/floors/{floor}/requests"));
+        check_cpu_per_request(&report, &format!("/floors/{floor}/processes"), calls);
     }
+    // A create and an update per call: two stored messages each (the idle worker's heartbeats
+    // can only add to them).
+    let pairs = number(&report, "/floors/jetstream_writes/requests");
+    assert_eq!(pairs, 20.0);
+    assert_eq!(
+        number(&report, "/floors/jetstream_writes/bus/requests"),
+        pairs
+    );
+    assert!(
+        number(
+            &report,
+            "/floors/jetstream_writes/bus/totals/jetstream_stored_messages"
+        ) >= 2.0 * pairs,
+        "{report:#}"
+    );
+    // A request-reply is two messages into the server: the request and the reply.
+    assert!(
+        number(
+            &report,
+            "/floors/nats_request_reply/bus/per_request/nats_msgs_in"
+        ) >= 2.0
+    );
     for phase in ["interactive", "streaming"] {
         let at = |key: &str| format!("/{phase}/{key}");
         assert_eq!(number(&report, &at("requests")), 20.0, "{phase}");
@@ -115,7 +213,13 @@ async fn a_local_run_reports_every_phase_as_json() {
             .find(|p| p["role"].as_str().unwrap().starts_with("worker "))
             .unwrap_or_else(|| panic!("no worker in {processes:?}"));
         assert!(worker["cpu_seconds"].is_number() && worker["peak_rss_mib"].is_number());
+        check_cpu_per_request(&report, &at("processes"), 20.0);
+        check_bus(&report, phase, true);
     }
+    check_bus(&report, "durable", true);
+    check_cpu_per_request(&report, "/durable/processes", 20.0);
+    assert!(field(&report, "/fleet/nats_monitor").is_string());
+    assert_eq!(report.pointer("/baseline"), Some(&Value::Null));
     assert_eq!(number(&report, "/streaming/reply_tokens"), 2000.0);
     assert_eq!(number(&report, "/durable/burst"), 20.0);
     assert_eq!(number(&report, "/durable/completed"), 20.0);
@@ -156,6 +260,7 @@ async fn the_table_shows_the_floors_beside_genfleet() {
     for expected in [
         "floor: NATS request-reply",
         "floor: backend HTTP",
+        "floor: JetStream writes",
         "interactive submit→result",
         "interactive submit→1st delta",
         "ratios (genfleet / floor)",
@@ -206,9 +311,166 @@ async fn ctrl_c_stops_everything_the_bench_started() {
 }
 
 #[tokio::test]
-async fn memory_needs_a_local_fleet() {
-    let output = run(&["--mode", "memory"]).await;
-    assert!(!output.status.success());
+async fn flags_that_need_another_kind_of_run_are_refused() {
+    let this = env!("CARGO_BIN_EXE_genfleet");
+    for (args, expected) in [
+        (vec!["--mode", "memory"], "--local"),
+        (vec!["--baseline", this], "--baseline needs --local"),
+        (
+            vec!["--local", "--baseline", "/nonexistent/genfleet"],
+            "no such file",
+        ),
+        (
+            vec!["--local", "--nats-monitor", "http://127.0.0.1:8222"],
+            "--nats-monitor is for a fleet the bench did not start",
+        ),
+    ] {
+        let output = run(&args).await;
+        assert!(!output.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
+
+#[tokio::test]
+async fn a_baseline_build_runs_beside_this_one() {
+    // The bench's own executable as the baseline: the two runs must both complete, on workers
+    // of their own, and be reported side by side.
+    let output = run(&[
+        "--local",
+        "--mode",
+        "interactive",
+        "--requests",
+        "10",
+        "--baseline",
+        env!("CARGO_BIN_EXE_genfleet"),
+        "--json",
+    ])
+    .await;
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("--local"), "{stderr}");
+    assert!(output.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("stdout is one JSON object ({e}); stderr:\n{stderr}"));
+    assert_eq!(
+        field(&report, "/baseline/binary").as_str(),
+        Some(env!("CARGO_BIN_EXE_genfleet"))
+    );
+    let worker = |processes: &str| {
+        field(&report, processes)
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["role"].as_str().unwrap().starts_with("worker "))
+            .cloned()
+            .unwrap_or_else(|| panic!("no worker in {processes}"))
+    };
+    let baseline_worker = worker("/baseline/interactive/processes");
+    let this_worker = worker("/interactive/processes");
+    assert_eq!(baseline_worker["role"], "worker bench-baseline-worker-1");
+    assert_eq!(this_worker["role"], "worker bench-worker-1");
+    assert_ne!(baseline_worker["pid"], this_worker["pid"], "fresh workers");
+    for phases in ["/baseline/interactive", "/interactive"] {
+        assert_eq!(number(&report, &format!("{phases}/completed")), 10.0);
+        assert_eq!(number(&report, &format!("{phases}/errors")), 0.0);
+    }
+    check_bus(&report, "baseline/interactive", true);
+    check_bus(&report, "interactive", true);
+
+    let comparison = field(&report, "/baseline/comparison").as_array().unwrap();
+    let row = |figure: &str| {
+        comparison
+            .iter()
+            .find(|c| c["phase"] == "interactive" && c["figure"] == figure)
+            .unwrap_or_else(|| panic!("no {figure} in {comparison:?}"))
+    };
+    let throughput = row("requests/s");
+    same(
+        throughput["baseline"].as_f64().unwrap(),
+        number(&report, "/baseline/interactive/requests_per_sec"),
+        "baseline requests/s",
+    );
+    same(
+        throughput["ratio"].as_f64().unwrap(),
+        throughput["this_build"].as_f64().unwrap() / throughput["baseline"].as_f64().unwrap(),
+        "ratio",
+    );
+    for figure in [
+        "JetStream ops/request",
+        "NATS msgs in/request",
+        "worker CPU µs/request",
+    ] {
+        let r = row(figure);
+        assert!(
+            r["baseline"].is_number() && r["this_build"].is_number(),
+            "{r}"
+        );
+    }
+    // The same build does the same bus operations per request, however fast it ran.
+    same(
+        row("JetStream stored messages/request")["baseline"]
+            .as_f64()
+            .unwrap(),
+        row("JetStream stored messages/request")["this_build"]
+            .as_f64()
+            .unwrap(),
+        "stored messages per request of one build",
+    );
+    let nats_url = field(&report, "/fleet/nats_url").as_str().unwrap();
+    assert!(gone(nats_url).await, "the bench's nats-server is stopped");
+}
+
+#[tokio::test]
+async fn a_running_fleet_reports_bus_operations_with_nats_monitor() {
+    let monitor = free_port();
+    let nats = NatsServer::start_with_config(&format!("http: \"127.0.0.1:{monitor}\"")).await;
+    let logs = tempfile::tempdir().unwrap();
+    let script = logs.path().join("mock.toml");
+    std::fs::write(&script, "token_delay_ms = 0\n").unwrap();
+    let (_mock, backend) = fleet::mock_llm("127.0.0.1:0", &script);
+    let env = [("GENFLEET__LLM__BASE_URL", backend.clone())];
+    let _worker = fleet::worker("bench-target", &nats.url(), &env, logs.path());
+    let client = nats.client().await;
+    let ready = async {
+        while fleet::worker_stats(&client, Duration::from_millis(200))
+            .await
+            .is_empty()
+        {}
+    };
+    tokio::time::timeout(Duration::from_secs(30), ready)
+        .await
+        .expect("the worker answers on the bus");
+
+    let measured = |monitor_flag: Option<String>| {
+        let mut command = bench(&["--mode", "interactive", "--requests", "5", "--json"]);
+        command
+            .env("GENFLEET__NATS__URL", nats.url())
+            .env("GENFLEET__LLM__BASE_URL", &backend);
+        if let Some(url) = monitor_flag {
+            command.arg("--nats-monitor").arg(url);
+        }
+        async move {
+            let output = tokio::time::timeout(Duration::from_secs(240), command.output())
+                .await
+                .expect("the bench ends")
+                .expect("the bench runs");
+            let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+            assert!(output.status.success(), "{stderr}");
+            serde_json::from_slice::<Value>(&output.stdout)
+                .unwrap_or_else(|e| panic!("stdout is one JSON object ({e}); stderr:\n{stderr}"))
+        }
+    };
+    let report = measured(Some(format!("http://127.0.0.1:{monitor}"))).await;
+    assert_eq!(number(&report, "/interactive/completed"), 5.0);
+    check_bus(&report, "interactive", false);
+    assert!(
+        field(&report, "/fleet/bus_stats")
+            .as_str()
+            .unwrap()
+            .contains("--nats-monitor")
+    );
+
+    let report = measured(None).await;
+    assert_eq!(number(&report, "/interactive/completed"), 5.0);
+    assert_eq!(report.pointer("/interactive/bus"), Some(&Value::Null));
+    assert_eq!(report.pointer("/fleet/nats_monitor"), Some(&Value::Null));
 }

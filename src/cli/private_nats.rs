@@ -16,18 +16,45 @@ pub struct PrivateNats {
     pub url: String,
     /// The binary that runs.
     pub binary: PathBuf,
+    /// `http://127.0.0.1:PORT` of the monitoring endpoints (`/varz`, `/jsz`), when asked for.
+    pub monitor_url: Option<String>,
     child: Child,
+}
+
+/// Whether the server also serves its monitoring endpoints (on loopback, like its clients).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Monitoring {
+    Off,
+    On,
 }
 
 impl PrivateNats {
     /// Starts `nats-server` (or `given`) with its store under `dir`, and waits until it
     /// accepts connections.
     pub async fn start(given: Option<&Path>, dir: &Path) -> anyhow::Result<PrivateNats> {
+        Self::start_with(given, dir, Monitoring::Off).await
+    }
+
+    /// [`PrivateNats::start`], with the monitoring port if asked: `-m` binds the address `-a`
+    /// gives, so it listens on loopback only.
+    pub async fn start_with(
+        given: Option<&Path>,
+        dir: &Path,
+        monitoring: Monitoring,
+    ) -> anyhow::Result<PrivateNats> {
         let binary = find_nats_server(given)?;
         let port = free_port()?;
+        let monitor_port = match monitoring {
+            Monitoring::On => Some(free_port()?),
+            Monitoring::Off => None,
+        };
         let mut command = Command::new(&binary);
+        command.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
+        if let Some(monitor_port) = monitor_port {
+            command.args(["-m", &monitor_port.to_string()]);
+        }
         command
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .args(["-js", "-sd"])
             .arg(dir.join("jetstream"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -43,6 +70,7 @@ impl PrivateNats {
         let nats = PrivateNats {
             url: format!("nats://127.0.0.1:{port}"),
             binary,
+            monitor_url: monitor_port.map(|p| format!("http://127.0.0.1:{p}")),
             child,
         };
         wait_for_nats(&nats.url).await?;

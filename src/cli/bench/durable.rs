@@ -12,7 +12,9 @@ use futures_util::StreamExt;
 use serde::Serialize;
 
 use super::latency::{Samples, Summary};
-use super::procstat::{self, ProcessUsage, Watched};
+use super::meter::Meter;
+use super::monitor::BusOps;
+use super::procstat::ProcessUsage;
 use super::progress::Progress;
 use super::target::Target;
 use super::workload;
@@ -42,6 +44,9 @@ pub struct DurableReport {
     /// From a request's publish to its `finished` event (queue time included).
     pub enqueue_to_finished_ms: Option<Summary>,
     pub processes: Vec<ProcessUsage>,
+    /// Bus operations per completed request (the enqueue included), from nats-server's
+    /// counters.
+    pub bus: Option<BusOps>,
 }
 
 /// When each request of the burst was seen finished, and how it ended.
@@ -51,7 +56,7 @@ pub async fn run(
     target: &Target,
     burst: u64,
     reply_tokens: usize,
-    watched: &[Watched],
+    meter: &Meter,
     release_results: bool,
 ) -> anyhow::Result<DurableReport> {
     let ids: Vec<String> = (0..burst)
@@ -106,7 +111,7 @@ pub async fn run(
         })
     };
 
-    let cpu = procstat::snapshot(watched);
+    let start = meter.start().await;
     let started = Instant::now();
     let jetstream = async_nats::jetstream::new(target.connection(0).clone());
     let enqueued: Vec<Option<Instant>> = futures_util::stream::iter(ids.iter().cloned())
@@ -159,7 +164,7 @@ pub async fn run(
             _ = tokio::time::sleep(Duration::from_millis(50)) => {}
         }
     }
-    let processes = procstat::usage_since(watched, &cpu);
+    let spent = meter.stop(start).await;
     listen.abort();
     bar.finish_and_clear();
 
@@ -187,6 +192,7 @@ pub async fn run(
         }
     }
     let drain_secs = last.duration_since(started).as_secs_f64().max(1e-9);
+    let cost = spent.per_request(completed);
     if release_results {
         target.release(ids).await;
     }
@@ -202,7 +208,8 @@ pub async fn run(
         errors: burst - completed,
         missed_finished_events: missed,
         enqueue_to_finished_ms: latencies.summary(),
-        processes,
+        processes: cost.processes,
+        bus: cost.bus,
     })
 }
 

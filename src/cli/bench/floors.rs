@@ -1,17 +1,23 @@
-//! The floors a run compares genfleet with, measured in the same run at the same concurrency:
+//! The floors a run compares genfleet with, measured in the same run with the load of the phase
+//! they are the floor of (its concurrency, reply length and budget):
 //! plain NATS request-reply against a trivial responder that echoes the payload (what one bus
-//! round trip costs), and the backend called directly over HTTP with the request a worker
-//! sends it, read to the last byte (what the model call costs without genfleet).
+//! round trip costs), JetStream writes as a lean request would make them (a KV create, then an
+//! update of the same key), and the backend called directly over HTTP with the request a
+//! worker sends it, read to the last byte (what the model call costs without genfleet).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use serde::Serialize;
 
 use super::budget::Budget;
+use super::interactive::LoadSpec;
 use super::latency::{Samples, Summary};
-use super::procstat::{self, ProcessUsage, Watched};
+use super::meter::Meter;
+use super::monitor::BusOps;
+use super::procstat::ProcessUsage;
 use super::progress::Progress;
 use super::target::Target;
 use super::workload;
@@ -33,24 +39,18 @@ pub struct FloorReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub body: Option<String>,
     pub processes: Vec<ProcessUsage>,
+    /// Bus operations per call, from nats-server's counters.
+    pub bus: Option<BusOps>,
 }
 
 /// Request-reply against an echo responder on a subject of this run, with a payload the size
-/// of a submit of `reply_tokens`. The responder runs in this process on its own connection.
+/// of a submit of the load's reply length. The responder runs in this process on its own connection.
 pub async fn nats_request_reply(
     target: &Target,
-    concurrency: usize,
-    reply_tokens: usize,
-    requests: Option<u64>,
-    duration: Option<Duration>,
-    watched: &[Watched],
+    load: &LoadSpec,
+    meter: &Meter,
 ) -> anyhow::Result<FloorReport> {
-    let payload: bytes::Bytes = serde_json::to_vec(&workload::request(
-        target.request_id("floor", 0),
-        reply_tokens,
-    ))
-    .expect("requests serialize")
-    .into();
+    let payload = submit_body(target, load.reply_tokens);
     let subject = format!("_genfleet_bench.{}.echo", target.run_id);
     let responder = crate::bus::connect::connect(
         &target.settings.nats,
@@ -77,15 +77,9 @@ pub async fn nats_request_reply(
             nats.send_request(subject, request).await.is_ok()
         }
     };
-    let report = drive(
-        "floor: nats",
-        concurrency,
-        requests,
-        duration,
-        watched,
-        call,
-    )
-    .await;
+    // Warm up: one call per client.
+    futures_util::future::join_all((0..load.concurrency).map(call)).await;
+    let report = drive("floor: nats", load, meter, call).await;
     echo.abort();
     Ok(FloorReport {
         payload_bytes: payload.len(),
@@ -95,22 +89,86 @@ pub async fn nats_request_reply(
     })
 }
 
+/// JetStream writes as a lean request would make them: a KV create (the claim), then an update
+/// of the same key at the revision the create returned (the result). One call is the pair,
+/// each write carrying a payload the size of a submit of the load's reply length. The bucket is made
+/// like the results bucket (history 1, `jetstream.replicas`, through its stream as the worker
+/// makes it) but with a short TTL, and deleted afterwards.
+pub async fn jetstream_writes(
+    target: &Target,
+    load: &LoadSpec,
+    meter: &Meter,
+) -> anyhow::Result<FloorReport> {
+    let payload = submit_body(target, load.reply_tokens);
+    let name = format!("genfleet_bench_floor_{}", target.run_id);
+    let admin = async_nats::jetstream::new(target.connection(0).clone());
+    crate::bus::store::ensure_bucket(
+        &admin,
+        &name,
+        1,
+        FLOOR_BUCKET_TTL,
+        target.settings.jetstream.replicas,
+    )
+    .await?;
+    // Each client writes on its own connection, as separate workers would.
+    let mut buckets = Vec::with_capacity(load.concurrency);
+    for client in 0..load.concurrency {
+        buckets.push(
+            async_nats::jetstream::new(target.connection(client).clone())
+                .get_key_value(&name)
+                .await?,
+        );
+    }
+    let keys = AtomicU64::new(0);
+    let call = |client: usize| {
+        let bucket = buckets[client].clone();
+        let key = format!("pair.{}", keys.fetch_add(1, Ordering::Relaxed));
+        let payload = payload.clone();
+        async move {
+            match bucket.create(&key, payload.clone()).await {
+                Ok(revision) => bucket.update(&key, payload, revision).await.is_ok(),
+                Err(_) => false,
+            }
+        }
+    };
+    futures_util::future::join_all((0..load.concurrency).map(call)).await;
+    let report = drive("floor: jetstream", load, meter, call).await;
+    if let Err(error) = admin.delete_stream(format!("KV_{name}")).await {
+        tracing::warn!(message = "the JetStream floor's bucket was not deleted", bucket = %name, %error);
+    }
+    Ok(FloorReport {
+        payload_bytes: payload.len(),
+        ..report
+    })
+}
+
+/// How long a write of the JetStream floor is kept: the bucket is deleted after the floor, and
+/// one left behind by an interrupted run empties itself.
+const FLOOR_BUCKET_TTL: Duration = Duration::from_secs(600);
+
+/// The body of a submit of `reply_tokens`, as the load sends it.
+fn submit_body(target: &Target, reply_tokens: usize) -> bytes::Bytes {
+    serde_json::to_vec(&workload::request(
+        target.request_id("floor", 0),
+        reply_tokens,
+    ))
+    .expect("requests serialize")
+    .into()
+}
+
 /// The backend called directly: the streaming chat request a worker sends for a request of
-/// `reply_tokens`, timed to the last byte of the response.
+/// the load's reply length, timed to the last byte of the response.
 pub async fn backend_http(
     backend_url: &str,
     model: &str,
-    concurrency: usize,
-    reply_tokens: usize,
-    requests: Option<u64>,
-    duration: Option<Duration>,
-    watched: &[Watched],
+    load: &LoadSpec,
+    meter: &Meter,
 ) -> anyhow::Result<FloorReport> {
     let http = reqwest::Client::builder().build()?;
     let base = backend_url.trim_end_matches('/');
-    let (body, how) = match worker_request(&http, base, reply_tokens).await {
+    let (body, how) = match worker_request(&http, base, load.reply_tokens).await {
         Some(body) => (body, "as sent by the worker"),
-        None => (constructed_request(model, reply_tokens), "constructed"),
+        None => (constructed_request(model, load.reply_tokens), "constructed"),
     };
     let body: bytes::Bytes = body.into();
     let url = format!("{base}/chat/completions");
@@ -126,19 +184,12 @@ pub async fn backend_http(
             }
         }
     };
-    let report = drive(
-        "floor: backend",
-        concurrency,
-        requests,
-        duration,
-        watched,
-        call,
-    )
-    .await;
+    futures_util::future::join_all((0..load.concurrency).map(call)).await;
+    let report = drive("floor: backend", load, meter, call).await;
     let ok = report.requests - report.errors;
     Ok(FloorReport {
         payload_bytes: body.len(),
-        tokens_per_sec: Some((ok * reply_tokens as u64) as f64 / report.duration_secs),
+        tokens_per_sec: Some((ok * load.reply_tokens as u64) as f64 / report.duration_secs),
         body: Some(how.to_string()),
         ..report
     })
@@ -177,26 +228,17 @@ fn constructed_request(model: &str, reply_tokens: usize) -> Vec<u8> {
     .expect("JSON serializes")
 }
 
-/// `concurrency` clients calling `call` in a loop until the budget is spent, after one call
-/// per client to warm up (not counted).
-async fn drive<F, Fut>(
-    label: &str,
-    concurrency: usize,
-    requests: Option<u64>,
-    duration: Option<Duration>,
-    watched: &[Watched],
-    call: F,
-) -> FloorReport
+/// The load's clients calling `call` in a loop until its budget is spent.
+async fn drive<F, Fut>(label: &str, load: &LoadSpec, meter: &Meter, call: F) -> FloorReport
 where
     F: Fn(usize) -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    futures_util::future::join_all((0..concurrency).map(&call)).await;
-    let budget = Arc::new(Budget::new(requests, duration));
+    let budget = Arc::new(Budget::new(load.requests, load.duration));
     let progress = Progress::start(label, budget.clone());
-    let cpu = procstat::snapshot(watched);
+    let start = meter.start().await;
     let started = Instant::now();
-    let clients = (0..concurrency).map(|client| {
+    let clients = (0..load.concurrency).map(|client| {
         let budget = budget.clone();
         let call = &call;
         async move {
@@ -216,7 +258,7 @@ where
     });
     let results = futures_util::future::join_all(clients).await;
     let secs = started.elapsed().as_secs_f64().max(1e-9);
-    let processes = procstat::usage_since(watched, &cpu);
+    let spent = meter.stop(start).await;
     progress.finish();
     let mut samples = Samples::default();
     let mut errors = 0;
@@ -225,8 +267,9 @@ where
         errors += e;
     }
     let ok = samples.len() as u64;
+    let cost = spent.per_request(ok);
     FloorReport {
-        concurrency,
+        concurrency: load.concurrency,
         payload_bytes: 0,
         requests: ok + errors,
         errors,
@@ -235,6 +278,7 @@ where
         latency_ms: samples.summary(),
         tokens_per_sec: None,
         body: None,
-        processes,
+        processes: cost.processes,
+        bus: cost.bus,
     }
 }

@@ -17,7 +17,9 @@ use serde::Serialize;
 
 use super::budget::Budget;
 use super::latency::{Samples, Summary};
-use super::procstat::{self, ProcessUsage, Watched};
+use super::meter::Meter;
+use super::monitor::BusOps;
+use super::procstat::ProcessUsage;
 use super::progress::Progress;
 use super::target::Target;
 use super::workload;
@@ -76,6 +78,8 @@ pub struct LoadReport {
     /// Requests whose deltas, put together, differ from their result's `output`.
     pub delta_mismatches: u64,
     pub processes: Vec<ProcessUsage>,
+    /// Bus operations per completed request, from nats-server's counters.
+    pub bus: Option<BusOps>,
 }
 
 /// How one request went.
@@ -173,16 +177,16 @@ pub async fn warm_up(target: &Target, phase: &str, concurrency: usize, reply_tok
     target.release(ids).await;
 }
 
-/// Runs one phase and reports it. `watched` are the processes whose CPU time is reported.
+/// Runs one phase and reports it, with what it cost as `meter` reads it.
 pub async fn run(
     target: &Target,
     spec: &LoadSpec,
-    watched: &[Watched],
+    meter: &Meter,
     release_results: bool,
 ) -> LoadReport {
     let budget = Arc::new(Budget::new(spec.requests, spec.duration));
     let progress = Progress::start(spec.phase, budget.clone());
-    let cpu = procstat::snapshot(watched);
+    let start = meter.start().await;
     let started = Instant::now();
     let clients = (0..spec.concurrency).map(|client| {
         let budget = budget.clone();
@@ -200,12 +204,13 @@ pub async fn run(
     });
     let tallies = futures_util::future::join_all(clients).await;
     let wall = started.elapsed();
-    let processes = procstat::usage_since(watched, &cpu);
+    let spent = meter.stop(start).await;
     progress.finish();
     let mut tally = Tally::default();
     for t in tallies {
         tally.merge(t);
     }
+    let cost = spent.per_request(tally.completed);
     let secs = wall.as_secs_f64().max(1e-9);
     let report = LoadReport {
         concurrency: spec.concurrency,
@@ -231,7 +236,8 @@ pub async fn run(
         missing_events: tally.missing_events,
         requests_with_gaps: tally.requests_with_gaps,
         delta_mismatches: tally.delta_mismatches,
-        processes,
+        processes: cost.processes,
+        bus: cost.bus,
     };
     if release_results {
         target.release(tally.finished_ids).await;

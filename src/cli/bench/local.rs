@@ -1,7 +1,8 @@
 //! `genfleet bench --local`: a private fleet on this machine. A nats-server (JetStream, a free
-//! port, a temporary store), the mock backend as its own `genfleet mock-llm` process and each
-//! worker as its own `genfleet worker` process, so that the CPU time and memory of each can be
-//! read from `/proc` apart from the load generator's. Everything is killed and the store
+//! port, its monitoring port, a temporary store), the mock backend as its own `genfleet
+//! mock-llm` process and each worker as its own `genfleet worker` process, so that the CPU time
+//! and memory of each can be read from `/proc` apart from the load generator's. The workers can
+//! be replaced by those of another build (`--baseline`). Everything is killed and the store
 //! removed when the fleet is dropped, also after an error or Ctrl-C.
 
 use std::path::{Path, PathBuf};
@@ -9,15 +10,18 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use futures_util::TryStreamExt;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use super::procstat::Watched;
 use super::workload;
-use crate::cli::private_nats::{PrivateNats, TempDir, free_port};
+use crate::cli::private_nats::{Monitoring, PrivateNats, TempDir, free_port};
 
 /// How long a process of the fleet may take to come up.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a worker asked to stop may take to drain and exit before it is killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(50);
 
 /// How the private fleet is made.
@@ -34,6 +38,8 @@ pub struct LocalOptions {
 
 pub struct LocalFleet {
     pub nats_url: String,
+    /// nats-server's monitoring endpoints (`http://127.0.0.1:PORT`).
+    pub monitor_url: String,
     /// The mock backend's OpenAI base URL (`http://127.0.0.1:PORT/v1`).
     pub backend_url: String,
     pub workers: Vec<LocalWorker>,
@@ -55,13 +61,72 @@ impl LocalWorker {
     pub fn pid(&self) -> Option<u32> {
         self.child.id()
     }
+
+    /// Asks the worker to stop (SIGTERM: it drains and leaves the bus) and returns once its
+    /// process has exited; it is killed if it takes longer than [`STOP_TIMEOUT`].
+    pub async fn stop(mut self) {
+        if let Some(pid) = self.child.id() {
+            let asked = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .await
+                .is_ok_and(|status| status.success());
+            if asked
+                && tokio::time::timeout(STOP_TIMEOUT, self.child.wait())
+                    .await
+                    .is_ok()
+            {
+                return;
+            }
+        }
+        // Kills and waits for the process to end.
+        let _ = self.child.kill().await;
+    }
+}
+
+/// A genfleet build whose `worker` command the fleet runs.
+#[derive(Debug, Clone)]
+pub struct Build {
+    /// `this build` or `baseline`, as the report names it.
+    pub name: &'static str,
+    pub exe: PathBuf,
+    /// Its workers are `<prefix><n>`.
+    pub worker_prefix: &'static str,
+}
+
+impl Build {
+    /// The running build: the bench's own executable.
+    pub fn this() -> anyhow::Result<Build> {
+        Ok(Build {
+            name: "this build",
+            exe: current_exe()?,
+            worker_prefix: "bench-worker-",
+        })
+    }
+
+    /// Another build, to compare this one with.
+    pub fn baseline(exe: PathBuf) -> Build {
+        Build {
+            name: "baseline",
+            exe,
+            worker_prefix: "bench-baseline-worker-",
+        }
+    }
 }
 
 impl LocalFleet {
     pub async fn start(options: LocalOptions) -> anyhow::Result<LocalFleet> {
         let dir = TempDir::new("genfleet-bench")?;
-        let nats = PrivateNats::start(options.nats_server.as_deref(), dir.path()).await?;
+        let nats =
+            PrivateNats::start_with(options.nats_server.as_deref(), dir.path(), Monitoring::On)
+                .await?;
         let nats_url = nats.url.clone();
+        let monitor_url = nats
+            .monitor_url
+            .clone()
+            .context("the private nats-server has its monitoring port")?;
 
         let script = dir.path().join("mock-llm.toml");
         std::fs::write(&script, workload::mock_script(options.token_delay_ms))
@@ -80,6 +145,7 @@ impl LocalFleet {
 
         let mut fleet = LocalFleet {
             nats_url,
+            monitor_url,
             backend_url,
             workers: Vec::new(),
             options,
@@ -87,14 +153,52 @@ impl LocalFleet {
             mock,
             dir,
         };
-        for n in 1..=fleet.options.workers {
-            let pool = fleet.options.pool.clone();
-            let worker = fleet
-                .start_worker(&format!("bench-worker-{n}"), &pool, fleet.options.slots)
-                .await?;
-            fleet.workers.push(worker);
-        }
+        fleet.start_workers(&Build::this()?).await?;
         Ok(fleet)
+    }
+
+    /// Replaces the workers by fresh ones of `build`. Every worker is stopped and waited for
+    /// first, then every stream of the private server is deleted (the buckets are streams
+    /// too): the new workers make them again as they start, so a run of one build starts from
+    /// the state a run of the other started from, and neither sees the other's records,
+    /// queue consumer or results.
+    pub async fn replace_workers(&mut self, build: &Build) -> anyhow::Result<()> {
+        for worker in std::mem::take(&mut self.workers) {
+            worker.stop().await;
+        }
+        self.empty_jetstream().await?;
+        self.start_workers(build).await
+    }
+
+    /// Starts `--workers` workers of `build` on the fleet's pool.
+    async fn start_workers(&mut self, build: &Build) -> anyhow::Result<()> {
+        for n in 1..=self.options.workers {
+            let worker = self
+                .spawn_worker(
+                    &build.exe,
+                    &format!("{}{n}", build.worker_prefix),
+                    &self.options.pool,
+                    self.options.slots,
+                    &self.backend_url,
+                )
+                .await
+                .with_context(|| format!("{} ({})", build.name, build.exe.display()))?;
+            self.workers.push(worker);
+        }
+        Ok(())
+    }
+
+    async fn empty_jetstream(&self) -> anyhow::Result<()> {
+        let client = async_nats::connect(self.nats_url.as_str()).await?;
+        let jetstream = async_nats::jetstream::new(client);
+        let names: Vec<String> = jetstream.stream_names().try_collect().await?;
+        for name in names {
+            jetstream
+                .delete_stream(&name)
+                .await
+                .with_context(|| format!("cannot delete stream {name} between runs"))?;
+        }
+        Ok(())
     }
 
     /// Starts one more worker process on the mock backend and waits until it is ready
@@ -114,9 +218,23 @@ impl LocalFleet {
         self.dir.path()
     }
 
-    /// Starts one more worker process on the backend at `backend_url`.
+    /// Starts one more worker process of this build on the backend at `backend_url`.
     pub async fn start_worker_at(
         &self,
+        worker_id: &str,
+        pool: &str,
+        slots: u32,
+        backend_url: &str,
+    ) -> anyhow::Result<LocalWorker> {
+        self.spawn_worker(&current_exe()?, worker_id, pool, slots, backend_url)
+            .await
+    }
+
+    /// `exe worker`, with the arguments and environment every worker of the bench gets, and
+    /// waits until it is ready (`/readyz`).
+    async fn spawn_worker(
+        &self,
+        exe: &Path,
         worker_id: &str,
         pool: &str,
         slots: u32,
@@ -125,7 +243,7 @@ impl LocalFleet {
         let http_addr = format!("127.0.0.1:{}", free_port()?);
         let log_path = self.dir.path().join(format!("{worker_id}.log"));
         let log = std::fs::File::create(&log_path).context("cannot create a worker log")?;
-        let mut command = Command::new(current_exe()?);
+        let mut command = Command::new(exe);
         if let Some(config) = &self.options.config {
             command.arg("--config").arg(config);
         }
@@ -142,7 +260,7 @@ impl LocalFleet {
             .stderr(log)
             .kill_on_drop(true)
             .spawn()
-            .context("cannot start genfleet worker")?;
+            .with_context(|| format!("cannot start {} worker", exe.display()))?;
         let mut worker = LocalWorker {
             worker_id: worker_id.to_string(),
             http_addr,

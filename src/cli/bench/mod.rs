@@ -4,10 +4,15 @@
 //! Phases (`--mode`): interactive submits at a fixed concurrency, a durable burst on the
 //! queue, a streaming relay of long replies, and (`--local` only) the memory of a worker with
 //! many slots and a real model server behind a worker against the same client calling it
-//! directly (`real-backend`, when `scripts/real-backend.sh` has installed one). In the same run it measures the floors genfleet is compared with: plain NATS
-//! request-reply against an echo responder, and the backend called directly over HTTP. The
-//! result is a set of tables, or one JSON object with `--json`; docs/benchmarks.md explains
-//! the figures and holds the project's own.
+//! directly (`real-backend`, when `scripts/real-backend.sh` has installed one). In the same
+//! run it measures the floors genfleet is compared with: plain NATS request-reply against an
+//! echo responder, JetStream writes as a lean request would make them, and the backend called
+//! directly over HTTP.
+//! Each phase reports what a request cost: CPU time per process and, from
+//! nats-server's own counters, bus operations. With `--baseline` the load phases also run on
+//! the workers of another build, side by side.
+//! The result is a set of tables, or one JSON object with `--json`; docs/benchmarks.md
+//! explains the figures and holds the project's own.
 
 mod budget;
 mod durable;
@@ -16,6 +21,8 @@ mod interactive;
 mod latency;
 mod local;
 mod memory;
+mod meter;
+mod monitor;
 mod procstat;
 mod progress;
 mod real;
@@ -24,14 +31,18 @@ mod target;
 mod workload;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::{Args, ValueEnum};
 
 use crate::settings::Settings;
-use local::{LocalFleet, LocalOptions};
+use local::{Build, LocalFleet, LocalOptions};
+use meter::Meter;
+use monitor::Monitor;
 use procstat::Watched;
-use report::{FleetInfo, Floors, Report, TargetCheck};
+use report::{BaselineReport, FleetInfo, Floors, Phases, Report, TargetCheck};
 use target::Target;
 
 #[derive(Debug, Args)]
@@ -115,6 +126,16 @@ pub struct BenchArgs {
     /// concurrency (1 and 4).
     #[arg(long, default_value_t = 12)]
     pub real_requests: u64,
+    /// nats-server's monitoring endpoint of a fleet the bench did not start (e.g.
+    /// http://127.0.0.1:8222), for the bus operations per request; without it they are not
+    /// reported. --local reads its own server's.
+    #[arg(long, value_name = "URL")]
+    pub nats_monitor: Option<String>,
+    /// --local: another genfleet executable to compare this build with. Each load phase runs
+    /// on fresh workers of the baseline (`PATH worker`), then on fresh workers of this build,
+    /// against the same nats-server and mock; both are reported side by side.
+    #[arg(long, value_name = "PATH")]
+    pub baseline: Option<PathBuf>,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -155,6 +176,21 @@ pub async fn run(
          or GENFLEET_REAL_SERVER and GENFLEET_REAL_MODEL (eval \"$(scripts/real-backend.sh)\" installs \
          them and sets both)"
     );
+    anyhow::ensure!(
+        !(args.local && args.nats_monitor.is_some()),
+        "--nats-monitor is for a fleet the bench did not start; --local reads its own server's"
+    );
+    if let Some(baseline) = &args.baseline {
+        anyhow::ensure!(
+            args.local,
+            "--baseline needs --local (the bench starts the workers of both builds)"
+        );
+        anyhow::ensure!(
+            baseline.is_file(),
+            "--baseline {}: no such file",
+            baseline.display()
+        );
+    }
     // Installed first: Ctrl-C at any point ends the run, and dropping it stops the fleet.
     let interrupted = super::shutdown_signal();
     tokio::select! {
@@ -173,7 +209,7 @@ async fn bench(
         .pool
         .clone()
         .unwrap_or_else(|| settings.worker.pool.clone());
-    let fleet = if args.local {
+    let mut fleet = if args.local {
         eprintln!(
             "starting a local fleet: nats-server, genfleet mock-llm, {} worker(s) × {} slots",
             args.workers, args.slots
@@ -217,90 +253,106 @@ async fn bench(
     )
     .await?;
 
-    let mut watched: Vec<Watched> = fleet.as_ref().map(LocalFleet::watched).unwrap_or_default();
-    for (i, pid) in args.worker_pids.iter().enumerate() {
-        watched.insert(
-            i,
-            Watched {
-                role: format!("worker (pid {pid})"),
-                pid: *pid,
-            },
-        );
+    let monitor = match (&fleet, &args.nats_monitor) {
+        (Some(fleet), _) => Some(
+            Monitor::new(&fleet.monitor_url)?
+                .count_direct_gets(&settings.nats)
+                .await?,
+        ),
+        (None, Some(url)) => Some(Monitor::new(url)?),
+        (None, None) => None,
+    };
+    if let Some(monitor) = &monitor {
+        monitor.read().await.with_context(|| {
+            format!(
+                "nats-server's monitoring at {} gives no usable /varz and /jsz",
+                monitor.url()
+            )
+        })?;
     }
-    watched.push(Watched {
-        role: "genfleet bench".into(),
-        pid: std::process::id(),
-    });
+    let monitor = monitor.map(Arc::new);
     let release = fleet.is_none();
     let mut floors = Floors::default();
-    let mut interactive_report = None;
-    let mut durable_report = None;
-    let mut streaming_report = None;
+    // One run of each load phase per build: this build alone, or the baseline's first.
+    let builds: Vec<Option<Build>> = match &args.baseline {
+        Some(path) => vec![Some(Build::baseline(path.clone())), Some(Build::this()?)],
+        None => vec![None],
+    };
+    let mut runs: Vec<Phases> = vec![Phases::default(); builds.len()];
+
+    for phase in [Mode::Interactive, Mode::Durable, Mode::Streaming] {
+        if !args.mode.runs(phase) {
+            continue;
+        }
+        let (name, concurrency, reply_tokens) = match phase {
+            Mode::Streaming => ("streaming", stream_concurrency, args.stream_tokens),
+            Mode::Durable => ("durable", args.concurrency, args.reply_tokens),
+            _ => ("interactive", args.concurrency, args.reply_tokens),
+        };
+        // The phase's load; its floors get the same.
+        let spec = interactive::LoadSpec {
+            phase: name,
+            concurrency,
+            reply_tokens,
+            requests,
+            duration,
+        };
+        let meter = meter_of(fleet.as_ref(), &args.worker_pids, &monitor);
+        if phase != Mode::Durable {
+            interactive::warm_up(&target, name, concurrency, reply_tokens).await;
+        }
+        match phase {
+            Mode::Interactive => {
+                floors.nats_request_reply =
+                    Some(floors::nats_request_reply(&target, &spec, &meter).await?);
+                floors.backend_http =
+                    Some(floors::backend_http(&backend_url, &model, &spec, &meter).await?);
+                floors.jetstream_writes =
+                    Some(floors::jetstream_writes(&target, &spec, &meter).await?);
+            }
+            Mode::Streaming => {
+                floors.backend_http_streaming =
+                    Some(floors::backend_http(&backend_url, &model, &spec, &meter).await?);
+            }
+            _ => {}
+        }
+        for (build, run) in builds.iter().zip(runs.iter_mut()) {
+            let meter = match (build, fleet.as_mut()) {
+                (Some(build), Some(fleet)) => {
+                    eprintln!("{name}: fresh workers of {}", build.name);
+                    fleet.replace_workers(build).await?;
+                    interactive::warm_up(&target, name, concurrency, reply_tokens).await;
+                    meter_of(Some(fleet), &args.worker_pids, &monitor)
+                }
+                _ => meter.clone(),
+            };
+            match phase {
+                Mode::Durable => {
+                    let burst = requests.unwrap_or(args.burst);
+                    run.durable =
+                        Some(durable::run(&target, burst, reply_tokens, &meter, release).await?);
+                }
+                Mode::Streaming => {
+                    run.streaming = Some(interactive::run(&target, &spec, &meter, release).await);
+                }
+                _ => {
+                    run.interactive = Some(interactive::run(&target, &spec, &meter, release).await)
+                }
+            }
+        }
+    }
+    let this = runs.pop().unwrap_or_default();
+    let baseline = args.baseline.as_ref().map(|path| {
+        let phases = runs.pop().unwrap_or_default();
+        BaselineReport {
+            binary: path.display().to_string(),
+            order: BASELINE_ORDER,
+            comparison: report::compare(&phases, &this),
+            phases,
+        }
+    });
     let mut memory_report = None;
     let mut real_report = None;
-
-    if args.mode.runs(Mode::Interactive) {
-        interactive::warm_up(&target, "interactive", args.concurrency, args.reply_tokens).await;
-        floors.nats_request_reply = Some(
-            floors::nats_request_reply(
-                &target,
-                args.concurrency,
-                args.reply_tokens,
-                requests,
-                duration,
-                &watched,
-            )
-            .await?,
-        );
-        floors.backend_http = Some(
-            floors::backend_http(
-                &backend_url,
-                &model,
-                args.concurrency,
-                args.reply_tokens,
-                requests,
-                duration,
-                &watched,
-            )
-            .await?,
-        );
-        let spec = interactive::LoadSpec {
-            phase: "interactive",
-            concurrency: args.concurrency,
-            reply_tokens: args.reply_tokens,
-            requests,
-            duration,
-        };
-        interactive_report = Some(interactive::run(&target, &spec, &watched, release).await);
-    }
-    if args.mode.runs(Mode::Durable) {
-        let burst = requests.unwrap_or(args.burst);
-        durable_report =
-            Some(durable::run(&target, burst, args.reply_tokens, &watched, release).await?);
-    }
-    if args.mode.runs(Mode::Streaming) {
-        interactive::warm_up(&target, "streaming", stream_concurrency, args.stream_tokens).await;
-        floors.backend_http_streaming = Some(
-            floors::backend_http(
-                &backend_url,
-                &model,
-                stream_concurrency,
-                args.stream_tokens,
-                requests,
-                duration,
-                &watched,
-            )
-            .await?,
-        );
-        let spec = interactive::LoadSpec {
-            phase: "streaming",
-            concurrency: stream_concurrency,
-            reply_tokens: args.stream_tokens,
-            requests,
-            duration,
-        };
-        streaming_report = Some(interactive::run(&target, &spec, &watched, release).await);
-    }
     if let Some(fleet) = &fleet
         && args.mode.runs(Mode::Memory)
     {
@@ -335,11 +387,7 @@ async fn bench(
         );
     }
 
-    let ratios = report::ratios(
-        &floors,
-        interactive_report.as_ref(),
-        streaming_report.as_ref(),
-    );
+    let ratios = report::ratios(&floors, this.interactive.as_ref(), this.streaming.as_ref());
     let mut notes = Vec::new();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     if cfg!(debug_assertions) {
@@ -374,6 +422,12 @@ async fn bench(
     } else {
         "read from /proc of the --worker-pid processes".to_string()
     };
+    let bus_stats = match (&fleet, &monitor) {
+        (Some(_), _) => "read from the monitoring port of the bench's nats-server (direct gets counted by the bench)",
+        (None, Some(_)) => "read from --nats-monitor (direct gets not counted; other clients of the server count too)",
+        (None, None) => "not available for a fleet the bench did not start; pass --nats-monitor URL",
+    }
+    .to_string();
     let conditions = Conditions {
         local: fleet.is_some(),
         concurrency: args.concurrency,
@@ -385,7 +439,7 @@ async fn bench(
     let targets = targets(
         &conditions,
         &ratios,
-        streaming_report.as_ref(),
+        this.streaming.as_ref(),
         memory_report.as_ref(),
         real_report.as_ref(),
     );
@@ -412,11 +466,12 @@ async fn bench(
                 "not started by the bench".into()
             },
             worker_stats,
+            nats_monitor: monitor.as_ref().map(|m| m.url().to_string()),
+            bus_stats,
         },
         floors,
-        interactive: interactive_report,
-        durable: durable_report,
-        streaming: streaming_report,
+        this,
+        baseline,
         memory: memory_report,
         real_backend: real_report,
         ratios,
@@ -430,34 +485,77 @@ async fn bench(
     }
     // Closed before the fleet stops, so no client sees its server go away.
     target.close().await;
+    if let Some(monitor) = monitor.and_then(Arc::into_inner) {
+        monitor.close().await;
+    }
     drop(fleet);
     nothing_completed(&report)
 }
 
 /// A phase in which no request completed is a failed run, whatever the figures say.
 fn nothing_completed(report: &Report) -> anyhow::Result<()> {
-    for (phase, completed, requests) in [
-        (
-            "interactive",
-            report.interactive.as_ref().map(|r| r.completed),
-            report.interactive.as_ref().map(|r| r.requests),
-        ),
-        (
-            "streaming",
-            report.streaming.as_ref().map(|r| r.completed),
-            report.streaming.as_ref().map(|r| r.requests),
-        ),
-        (
-            "durable",
-            report.durable.as_ref().map(|r| r.completed),
-            report.durable.as_ref().map(|r| r.burst),
-        ),
-    ] {
-        if completed == Some(0) && requests.unwrap_or(0) > 0 {
-            anyhow::bail!("no request of the {phase} phase completed (see the errors above)");
+    let mut runs = vec![("", &report.this)];
+    if let Some(baseline) = &report.baseline {
+        runs.push(("baseline ", &baseline.phases));
+    }
+    for (build, phases) in runs {
+        for (phase, completed, requests) in [
+            (
+                "interactive",
+                phases.interactive.as_ref().map(|r| r.completed),
+                phases.interactive.as_ref().map(|r| r.requests),
+            ),
+            (
+                "streaming",
+                phases.streaming.as_ref().map(|r| r.completed),
+                phases.streaming.as_ref().map(|r| r.requests),
+            ),
+            (
+                "durable",
+                phases.durable.as_ref().map(|r| r.completed),
+                phases.durable.as_ref().map(|r| r.burst),
+            ),
+        ] {
+            if completed == Some(0) && requests.unwrap_or(0) > 0 {
+                anyhow::bail!(
+                    "no request of the {build}{phase} phase completed (see the errors above)"
+                );
+            }
         }
     }
     Ok(())
+}
+
+/// How `--baseline` runs are ordered, as the report says it.
+const BASELINE_ORDER: &str = "each load phase on the baseline's workers, then on this build's; \
+     before each run the workers are stopped and waited for, every stream of the private \
+     nats-server is deleted, and fresh workers start and warm up";
+
+/// What a phase is measured on: the fleet's processes (--local), the --worker-pid ones and the
+/// bench itself, and the server's counters when they can be read.
+fn meter_of(
+    fleet: Option<&LocalFleet>,
+    worker_pids: &[u32],
+    monitor: &Option<Arc<Monitor>>,
+) -> Meter {
+    let mut watched: Vec<Watched> = fleet.map(LocalFleet::watched).unwrap_or_default();
+    for (i, pid) in worker_pids.iter().enumerate() {
+        watched.insert(
+            i,
+            Watched {
+                role: format!("worker (pid {pid})"),
+                pid: *pid,
+            },
+        );
+    }
+    watched.push(Watched {
+        role: "genfleet bench".into(),
+        pid: std::process::id(),
+    });
+    Meter {
+        watched,
+        monitor: monitor.clone(),
+    }
 }
 
 /// What the run was, for judging whether a target's conditions held.

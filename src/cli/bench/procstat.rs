@@ -32,6 +32,8 @@ pub struct ProcessUsage {
     pub cpu_seconds: f64,
     /// CPU seconds per wall-clock second: 1.0 is one core kept busy.
     pub cpu_cores: f64,
+    /// CPU microseconds per request completed in the phase; absent when none completed.
+    pub cpu_us_per_request: Option<f64>,
     /// Resident set size at the end of the phase, MiB.
     pub rss_mib: Option<f64>,
     /// Peak resident set size since the process started (VmHWM), MiB.
@@ -60,6 +62,7 @@ pub fn usage_since(watched: &[Watched], before: &CpuSnapshot) -> Vec<ProcessUsag
                 pid: w.pid,
                 cpu_seconds: seconds,
                 cpu_cores: seconds / wall,
+                cpu_us_per_request: None,
                 rss_mib: memory.map(|m| kib_to_mib(m.rss_kib)),
                 peak_rss_mib: memory.map(|m| kib_to_mib(m.peak_rss_kib)),
             })

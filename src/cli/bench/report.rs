@@ -9,6 +9,7 @@ use super::floors::FloorReport;
 use super::interactive::LoadReport;
 use super::latency::Summary;
 use super::memory::MemoryReport;
+use super::monitor::BusOps;
 use super::procstat::ProcessUsage;
 use super::real::RealReport;
 
@@ -22,9 +23,12 @@ pub struct Report {
     pub load_average_before: Option<f64>,
     pub fleet: FleetInfo,
     pub floors: Floors,
-    pub interactive: Option<LoadReport>,
-    pub durable: Option<DurableReport>,
-    pub streaming: Option<LoadReport>,
+    /// The load phases on this build's workers.
+    #[serde(flatten)]
+    pub this: Phases,
+    /// The same phases on the workers of another build (`--baseline`), and the two side by
+    /// side.
+    pub baseline: Option<BaselineReport>,
     pub memory: Option<MemoryReport>,
     /// The real model server, direct and through one worker.
     pub real_backend: Option<RealReport>,
@@ -47,6 +51,41 @@ pub struct FleetInfo {
     pub backend: String,
     /// Where worker CPU and memory figures come from, or why there are none.
     pub worker_stats: String,
+    /// The nats-server monitoring endpoint the bus figures are read from.
+    pub nats_monitor: Option<String>,
+    /// What the bus figures count, or why there are none.
+    pub bus_stats: String,
+}
+
+/// The load phases of one build.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Phases {
+    pub interactive: Option<LoadReport>,
+    pub durable: Option<DurableReport>,
+    pub streaming: Option<LoadReport>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BaselineReport {
+    /// The executable the baseline's workers ran.
+    pub binary: String,
+    /// How the runs of the two builds were ordered and kept apart.
+    pub order: &'static str,
+    #[serde(flatten)]
+    pub phases: Phases,
+    /// Each figure of both builds, and this build's over the baseline's.
+    pub comparison: Vec<Comparison>,
+}
+
+/// One figure of a phase, measured on both builds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    pub phase: &'static str,
+    pub figure: &'static str,
+    pub baseline: Option<f64>,
+    pub this_build: Option<f64>,
+    /// this build ÷ baseline.
+    pub ratio: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -55,6 +94,8 @@ pub struct Floors {
     pub nats_request_reply: Option<FloorReport>,
     /// The backend called directly with the interactive request.
     pub backend_http: Option<FloorReport>,
+    /// KV create-then-update pairs (the writes of a lean request) on the same server.
+    pub jetstream_writes: Option<FloorReport>,
     /// The backend called directly with the streaming request.
     pub backend_http_streaming: Option<FloorReport>,
 }
@@ -96,10 +137,6 @@ pub fn ratios(
     let nats = floors.nats_request_reply.as_ref();
     let backend = floors.backend_http.as_ref();
     let genfleet_p50 = interactive.and_then(|i| p50(&i.submit_to_result_ms));
-    let divide = |a: Option<f64>, b: Option<f64>| match (a, b) {
-        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
-        _ => None,
-    };
     Ratios {
         throughput_vs_nats: divide(
             interactive.map(|i| i.requests_per_sec),
@@ -120,7 +157,142 @@ pub fn ratios(
     }
 }
 
+/// Both builds' figures of each phase the two ran, side by side.
+pub fn compare(baseline: &Phases, this: &Phases) -> Vec<Comparison> {
+    let mut rows = Vec::new();
+    let mut side_by_side = |phase: &'static str, a: Figures, b: Figures| {
+        for ((figure, baseline), (_, this_build)) in a.into_iter().zip(b) {
+            rows.push(Comparison {
+                phase,
+                figure,
+                baseline,
+                this_build,
+                ratio: divide(this_build, baseline),
+            });
+        }
+    };
+    for (phase, a, b) in [
+        ("interactive", &baseline.interactive, &this.interactive),
+        ("streaming", &baseline.streaming, &this.streaming),
+    ] {
+        if let (Some(a), Some(b)) = (a, b) {
+            side_by_side(phase, load_figures(a), load_figures(b));
+        }
+    }
+    if let (Some(a), Some(b)) = (&baseline.durable, &this.durable) {
+        side_by_side("durable", durable_figures(a), durable_figures(b));
+    }
+    rows
+}
+
+/// Named figures of one phase, in the order they are compared.
+type Figures = Vec<(&'static str, Option<f64>)>;
+
+fn load_figures(r: &LoadReport) -> Figures {
+    let mut figures = vec![
+        ("requests/s", Some(r.requests_per_sec)),
+        ("submit→result p50 ms", r.submit_to_result_ms.map(|s| s.p50)),
+        ("submit→result p99 ms", r.submit_to_result_ms.map(|s| s.p99)),
+        (
+            "submit→accepted p50 ms",
+            r.submit_to_accepted_ms.map(|s| s.p50),
+        ),
+    ];
+    figures.extend(cost_figures(r.bus.as_ref(), &r.processes));
+    figures
+}
+
+fn durable_figures(d: &DurableReport) -> Figures {
+    let mut figures = vec![
+        ("results/s", Some(d.drain_per_sec)),
+        (
+            "enqueue→finished p50 ms",
+            d.enqueue_to_finished_ms.map(|s| s.p50),
+        ),
+    ];
+    figures.extend(cost_figures(d.bus.as_ref(), &d.processes));
+    figures
+}
+
+/// What a completed request cost: bus operations, and CPU by process.
+fn cost_figures(bus: Option<&BusOps>, processes: &[ProcessUsage]) -> Figures {
+    let per = bus.and_then(|b| b.per_request.as_ref());
+    let cpu = |role: fn(&str) -> bool| {
+        let of: Vec<f64> = processes
+            .iter()
+            .filter(|p| role(&p.role))
+            .filter_map(|p| p.cpu_us_per_request)
+            .collect();
+        (!of.is_empty()).then(|| of.iter().sum())
+    };
+    vec![
+        ("JetStream ops/request", per.map(|p| p.jetstream_operations)),
+        (
+            "JetStream API calls/request",
+            per.map(|p| p.jetstream_api_calls),
+        ),
+        (
+            "JetStream stored messages/request",
+            per.map(|p| p.jetstream_stored_messages),
+        ),
+        (
+            "JetStream direct gets/request",
+            per.and_then(|p| p.jetstream_direct_gets),
+        ),
+        (
+            "JetStream consumer acks/request",
+            per.map(|p| p.jetstream_consumer_acks),
+        ),
+        ("NATS msgs in/request", per.map(|p| p.nats_msgs_in)),
+        (
+            "worker CPU µs/request",
+            cpu(|role| role.starts_with("worker ")),
+        ),
+        (
+            "nats-server CPU µs/request",
+            cpu(|role| role == "nats-server"),
+        ),
+        ("all processes CPU µs/request", cpu(|_| true)),
+    ]
+}
+
+fn divide(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
 impl Report {
+    /// The builds' load phases, each with the prefix its rows carry: the baseline's first.
+    fn runs(&self) -> Vec<(&'static str, &Phases)> {
+        let mut runs = Vec::new();
+        if let Some(b) = &self.baseline {
+            runs.push(("baseline ", &b.phases));
+        }
+        runs.push(("", &self.this));
+        runs
+    }
+
+    /// What each floor and phase cost, by the name its rows carry.
+    fn costs(&self) -> Vec<(String, &[ProcessUsage], &Option<BusOps>)> {
+        let mut costs: Vec<_> = self
+            .floors
+            .named()
+            .into_iter()
+            .map(|(name, r)| (name.to_string(), r.processes.as_slice(), &r.bus))
+            .collect();
+        for (prefix, phases) in self.runs() {
+            for (name, r) in phases.loads() {
+                costs.push((format!("{prefix}{name}"), &r.processes, &r.bus));
+            }
+            if let Some(d) = &phases.durable {
+                costs.push((format!("{prefix}durable"), &d.processes, &d.bus));
+            }
+        }
+        costs
+    }
+
     /// The readable form: one table per phase, then the ratios and the targets.
     pub fn to_table(&self) -> String {
         let mut out = String::new();
@@ -156,11 +328,16 @@ impl Report {
             );
         }
         let _ = writeln!(out, "worker CPU/RSS: {}", f.worker_stats);
+        let _ = writeln!(out, "bus operations: {}", f.bus_stats);
+        if let Some(b) = &self.baseline {
+            let _ = writeln!(out, "baseline: {} ({})", b.binary, b.order);
+        }
+        let runs = self.runs();
 
         let mut latency = Table::new(&[
             "phase", "conc", "requests", "errors", "req/s", "p50 ms", "p90 ms", "p99 ms", "max ms",
         ]);
-        let mut floor_row = |name: &str, r: &FloorReport| {
+        for (name, r) in self.floors.named() {
             latency.row(latency_row(
                 name,
                 r.concurrency,
@@ -169,56 +346,34 @@ impl Report {
                 r.requests_per_sec,
                 &r.latency_ms,
             ));
-        };
-        if let Some(r) = &self.floors.nats_request_reply {
-            floor_row("floor: NATS request-reply", r);
         }
-        if let Some(r) = &self.floors.backend_http {
-            floor_row("floor: backend HTTP", r);
-        }
-        if let Some(r) = &self.floors.backend_http_streaming {
-            floor_row("floor: backend HTTP (stream)", r);
-        }
-        for (name, r) in [
-            ("interactive", &self.interactive),
-            ("streaming", &self.streaming),
-        ] {
-            if let Some(r) = r {
+        for (prefix, phases) in &runs {
+            for (name, r) in phases.loads() {
+                for (step, summary) in [
+                    ("submit→result", &r.submit_to_result_ms),
+                    ("submit→1st delta", &r.submit_to_first_delta_ms),
+                    ("submit→accepted", &r.submit_to_accepted_ms),
+                ] {
+                    latency.row(latency_row(
+                        &format!("{prefix}{name} {step}"),
+                        r.concurrency,
+                        r.requests,
+                        r.errors,
+                        r.requests_per_sec,
+                        summary,
+                    ));
+                }
+            }
+            if let Some(d) = &phases.durable {
                 latency.row(latency_row(
-                    &format!("{name} submit→result"),
-                    r.concurrency,
-                    r.requests,
-                    r.errors,
-                    r.requests_per_sec,
-                    &r.submit_to_result_ms,
-                ));
-                latency.row(latency_row(
-                    &format!("{name} submit→1st delta"),
-                    r.concurrency,
-                    r.requests,
-                    r.errors,
-                    r.requests_per_sec,
-                    &r.submit_to_first_delta_ms,
-                ));
-                latency.row(latency_row(
-                    &format!("{name} submit→accepted"),
-                    r.concurrency,
-                    r.requests,
-                    r.errors,
-                    r.requests_per_sec,
-                    &r.submit_to_accepted_ms,
+                    &format!("{prefix}durable enqueue→finished"),
+                    0,
+                    d.burst,
+                    d.errors,
+                    d.drain_per_sec,
+                    &d.enqueue_to_finished_ms,
                 ));
             }
-        }
-        if let Some(d) = &self.durable {
-            latency.row(latency_row(
-                "durable enqueue→finished",
-                0,
-                d.burst,
-                d.errors,
-                d.drain_per_sec,
-                &d.enqueue_to_finished_ms,
-            ));
         }
         let _ = writeln!(out, "\n{}", latency.render());
 
@@ -232,13 +387,10 @@ impl Report {
             "NO_SLOT replies",
             "NO_SLOT rate",
         ]);
-        for (name, r) in [
-            ("interactive", &self.interactive),
-            ("streaming", &self.streaming),
-        ] {
-            if let Some(r) = r {
+        for (prefix, phases) in &runs {
+            for (name, r) in phases.loads() {
                 relay.row(vec![
-                    name.to_string(),
+                    format!("{prefix}{name}"),
                     format!("{:.0}", r.tokens_per_sec),
                     r.tokens_relayed.to_string(),
                     r.missing_events.to_string(),
@@ -264,93 +416,76 @@ impl Report {
         if !relay.rows.is_empty() {
             let _ = writeln!(out, "{}", relay.render());
         }
-        for (name, r) in [
-            ("interactive", &self.interactive),
-            ("streaming", &self.streaming),
-        ] {
-            if let Some(r) = r
-                && !r.error_kinds.is_empty()
-            {
-                let kinds: Vec<String> = r
-                    .error_kinds
-                    .iter()
-                    .map(|(k, n)| format!("{k} ×{n}"))
-                    .collect();
-                let _ = writeln!(out, "{name} errors: {}", kinds.join(", "));
+        for (prefix, phases) in &runs {
+            for (name, r) in phases.loads() {
+                if !r.error_kinds.is_empty() {
+                    let kinds: Vec<String> = r
+                        .error_kinds
+                        .iter()
+                        .map(|(k, n)| format!("{k} ×{n}"))
+                        .collect();
+                    let _ = writeln!(out, "{prefix}{name} errors: {}", kinds.join(", "));
+                }
             }
-        }
-        if let Some(d) = &self.durable {
-            let _ = writeln!(
-                out,
-                "durable: {} enqueued in {:.2} s ({:.0}/s, {} refused), all stored after {:.2} s: \
-                 {:.0} results/s, {} completed, {} errors, {} finished events missed\n",
-                d.burst,
-                d.enqueue_secs,
-                d.enqueue_per_sec,
-                d.enqueue_errors,
-                d.drain_secs,
-                d.drain_per_sec,
-                d.completed,
-                d.errors,
-                d.missed_finished_events
-            );
+            if let Some(d) = &phases.durable {
+                let _ = writeln!(
+                    out,
+                    "{prefix}durable: {} enqueued in {:.2} s ({:.0}/s, {} refused), all stored after {:.2} s: \
+                     {:.0} results/s, {} completed, {} errors, {} finished events missed\n",
+                    d.burst,
+                    d.enqueue_secs,
+                    d.enqueue_per_sec,
+                    d.enqueue_errors,
+                    d.drain_secs,
+                    d.drain_per_sec,
+                    d.completed,
+                    d.errors,
+                    d.missed_finished_events
+                );
+            }
         }
 
         if let Some(r) = &self.real_backend {
+            out.push_str(&real_table(r));
+        }
+
+        let mut bus = Table::new(&[
+            "phase",
+            "requests",
+            "JS ops/req",
+            "API calls",
+            "stored",
+            "direct gets",
+            "acks",
+            "NATS msgs in/req",
+            "API errors",
+        ]);
+        let mut bus_row = |phase: &str, ops: &Option<BusOps>| {
+            if let Some(ops) = ops {
+                let per = ops.per_request.as_ref();
+                let at = |f: fn(&super::monitor::BusRates) -> f64| opt(per.map(f), 2);
+                bus.row(vec![
+                    phase.to_string(),
+                    ops.requests.to_string(),
+                    at(|p| p.jetstream_operations),
+                    at(|p| p.jetstream_api_calls),
+                    at(|p| p.jetstream_stored_messages),
+                    opt(per.and_then(|p| p.jetstream_direct_gets), 2),
+                    at(|p| p.jetstream_consumer_acks),
+                    at(|p| p.nats_msgs_in),
+                    ops.jetstream_api_errors.to_string(),
+                ]);
+            }
+        };
+        for (phase, _, ops) in self.costs() {
+            bus_row(&phase, ops);
+        }
+        if !bus.rows.is_empty() {
             let _ = writeln!(
                 out,
-                "real backend: {} with {}, {} tokens per request",
-                r.server, r.model, r.tokens_per_request
+                "bus operations per request (API calls, stored, direct gets and acks make the JetStream operations)\n{}",
+                bus.render()
             );
-            let mut real = Table::new(&[
-                "path",
-                "conc",
-                "requests",
-                "errors",
-                "tokens/s",
-                "1st token p50 ms",
-                "p90 ms",
-                "ratio",
-                "added p50 ms",
-            ]);
-            for level in &r.levels {
-                for (name, f, ratio, added) in [
-                    ("direct client", &level.direct, None, None),
-                    (
-                        "through genfleet",
-                        &level.through_genfleet,
-                        level.tokens_per_sec_ratio,
-                        level.added_first_token_p50_ms,
-                    ),
-                ] {
-                    real.row(vec![
-                        name.to_string(),
-                        level.concurrency.to_string(),
-                        f.requests.to_string(),
-                        f.errors.to_string(),
-                        format!("{:.1}", f.tokens_per_sec),
-                        opt(f.first_token_ms.map(|s| s.p50), 2),
-                        opt(f.first_token_ms.map(|s| s.p90), 2),
-                        ratio.map_or(String::new(), |r| format!("{:.1}%", r * 100.0)),
-                        opt(added, 2),
-                    ]);
-                }
-            }
-            let _ = writeln!(out, "{}", real.render());
-            for level in &r.levels {
-                for (name, f) in [
-                    ("direct", &level.direct),
-                    ("genfleet", &level.through_genfleet),
-                ] {
-                    if let Some(error) = &f.first_error {
-                        let _ = writeln!(
-                            out,
-                            "real backend {name} at concurrency {}: {} errors, the first: {error}",
-                            level.concurrency, f.errors
-                        );
-                    }
-                }
-            }
         }
 
         let mut cpu = Table::new(&[
@@ -358,6 +493,7 @@ impl Report {
             "process",
             "CPU s",
             "cores",
+            "CPU µs/req",
             "RSS MiB",
             "peak RSS MiB",
         ])
@@ -369,31 +505,35 @@ impl Report {
                     format!("{} ({})", p.role, p.pid),
                     format!("{:.2}", p.cpu_seconds),
                     format!("{:.2}", p.cpu_cores),
+                    opt(p.cpu_us_per_request, 0),
                     opt(p.rss_mib, 1),
                     opt(p.peak_rss_mib, 1),
                 ]);
             }
         };
-        if let Some(r) = &self.floors.nats_request_reply {
-            cpu_rows("floor: NATS", &r.processes);
-        }
-        if let Some(r) = &self.floors.backend_http {
-            cpu_rows("floor: backend", &r.processes);
-        }
-        if let Some(r) = &self.interactive {
-            cpu_rows("interactive", &r.processes);
-        }
-        if let Some(r) = &self.durable {
-            cpu_rows("durable", &r.processes);
-        }
-        if let Some(r) = &self.floors.backend_http_streaming {
-            cpu_rows("floor: backend (stream)", &r.processes);
-        }
-        if let Some(r) = &self.streaming {
-            cpu_rows("streaming", &r.processes);
+        for (phase, processes, _) in self.costs() {
+            cpu_rows(&phase, processes);
         }
         if !cpu.rows.is_empty() {
             let _ = writeln!(out, "{}", cpu.render());
+        }
+        if let Some(b) = &self.baseline {
+            let mut side =
+                Table::new(&["phase", "figure", "baseline", "this build", "ratio"]).text_columns(2);
+            for c in &b.comparison {
+                side.row(vec![
+                    c.phase.to_string(),
+                    c.figure.to_string(),
+                    opt(c.baseline, 2),
+                    opt(c.this_build, 2),
+                    opt(c.ratio, 3),
+                ]);
+            }
+            let _ = writeln!(
+                out,
+                "this build beside the baseline (ratio: this build ÷ baseline)\n{}",
+                side.render()
+            );
         }
         if let Some(m) = &self.memory {
             let _ = writeln!(
@@ -440,6 +580,94 @@ impl Report {
         }
         out
     }
+}
+
+impl Floors {
+    /// The floors measured, each with the name its rows carry.
+    fn named(&self) -> Vec<(&'static str, &FloorReport)> {
+        [
+            ("floor: NATS request-reply", &self.nats_request_reply),
+            ("floor: backend HTTP", &self.backend_http),
+            ("floor: JetStream writes", &self.jetstream_writes),
+            ("floor: backend HTTP (stream)", &self.backend_http_streaming),
+        ]
+        .into_iter()
+        .filter_map(|(name, r)| Some((name, r.as_ref()?)))
+        .collect()
+    }
+}
+
+impl Phases {
+    /// The submit-and-follow phases run, by name.
+    fn loads(&self) -> Vec<(&'static str, &LoadReport)> {
+        [
+            ("interactive", &self.interactive),
+            ("streaming", &self.streaming),
+        ]
+        .into_iter()
+        .filter_map(|(name, r)| Some((name, r.as_ref()?)))
+        .collect()
+    }
+}
+
+/// The real model server, direct and through genfleet.
+fn real_table(r: &RealReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "real backend: {} with {}, {} tokens per request",
+        r.server, r.model, r.tokens_per_request
+    );
+    let mut real = Table::new(&[
+        "path",
+        "conc",
+        "requests",
+        "errors",
+        "tokens/s",
+        "1st token p50 ms",
+        "p90 ms",
+        "ratio",
+        "added p50 ms",
+    ]);
+    for level in &r.levels {
+        for (name, f, ratio, added) in [
+            ("direct client", &level.direct, None, None),
+            (
+                "through genfleet",
+                &level.through_genfleet,
+                level.tokens_per_sec_ratio,
+                level.added_first_token_p50_ms,
+            ),
+        ] {
+            real.row(vec![
+                name.to_string(),
+                level.concurrency.to_string(),
+                f.requests.to_string(),
+                f.errors.to_string(),
+                format!("{:.1}", f.tokens_per_sec),
+                opt(f.first_token_ms.map(|s| s.p50), 2),
+                opt(f.first_token_ms.map(|s| s.p90), 2),
+                ratio.map_or(String::new(), |r| format!("{:.1}%", r * 100.0)),
+                opt(added, 2),
+            ]);
+        }
+    }
+    let _ = writeln!(out, "{}", real.render());
+    for level in &r.levels {
+        for (name, f) in [
+            ("direct", &level.direct),
+            ("genfleet", &level.through_genfleet),
+        ] {
+            if let Some(error) = &f.first_error {
+                let _ = writeln!(
+                    out,
+                    "real backend {name} at concurrency {}: {} errors, the first: {error}",
+                    level.concurrency, f.errors
+                );
+            }
+        }
+    }
+    out
 }
 
 fn latency_row(
