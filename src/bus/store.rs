@@ -386,18 +386,7 @@ impl Stores {
         let record = RequestRecord::Live { live: live.clone() };
         let mut write = Write::Create;
         for _ in 0..CONTENDED_TRIES {
-            let written = match write {
-                Write::Create => self
-                    .results
-                    .create(record_key(id), record.encode())
-                    .await
-                    .map_err(Conflict::from),
-                Write::Update(revision) => self
-                    .results
-                    .update(record_key(id), record.encode(), revision)
-                    .await
-                    .map_err(Conflict::from),
-            };
+            let written = self.write(id, record.encode(), write).await;
             match written {
                 Ok(revision) => return Ok(DurableClaim::Claimed(revision)),
                 Err(Conflict::Other(reason)) => {
@@ -492,18 +481,7 @@ impl Stores {
         let body = RequestRecord::Result(Box::new(result.clone())).encode();
         let mut write = claimed.map_or(Write::Create, Write::Update);
         for _ in 0..CONTENDED_TRIES {
-            let written = match write {
-                Write::Create => self
-                    .results
-                    .create(record_key(id), body.clone())
-                    .await
-                    .map_err(Conflict::from),
-                Write::Update(revision) => self
-                    .results
-                    .update(record_key(id), body.clone(), revision)
-                    .await
-                    .map_err(Conflict::from),
-            };
+            let written = self.write(id, body.clone(), write).await;
             match written {
                 Ok(_) => return Ok(Stored::Stored),
                 Err(Conflict::Other(reason)) => {
@@ -524,6 +502,24 @@ impl Stores {
             request_id: id.clone(),
             tries: CONTENDED_TRIES,
         })
+    }
+
+    /// One write of a request's record: a create-if-absent, or a compare-and-set.
+    async fn write(
+        &self,
+        request_id: &str,
+        body: bytes::Bytes,
+        write: Write,
+    ) -> Result<u64, Conflict> {
+        let key = record_key(request_id);
+        match write {
+            Write::Create => self.results.create(key, body).await.map_err(Conflict::from),
+            Write::Update(revision) => self
+                .results
+                .update(key, body, revision)
+                .await
+                .map_err(Conflict::from),
+        }
     }
 
     /// A request's record with its revision.
