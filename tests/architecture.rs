@@ -738,3 +738,105 @@ fn a_violation_names_the_file_the_line_the_import_and_the_rule() {
          protocol"
     );
 }
+
+/// The sibling modules a file of `bus/` names through `super::` (grouped `use super::{a, b}`
+/// included), from its code without comments and strings.
+fn bus_siblings(source: &str, modules: &[String]) -> Vec<String> {
+    let code = code_only(source);
+    let mut found = Vec::new();
+    let mut rest = code.as_str();
+    while let Some(at) = rest.find("super::") {
+        rest = &rest[at + "super::".len()..];
+        let names: Vec<&str> = if let Some(group) = rest.strip_prefix('{') {
+            let end = group.find('}').unwrap_or(group.len());
+            group[..end]
+                .split(',')
+                .map(|item| item.trim().split("::").next().unwrap_or_default().trim())
+                .collect()
+        } else {
+            let end = rest
+                .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            vec![&rest[..end]]
+        };
+        for name in names {
+            if modules.iter().any(|m| m == name) && !found.iter().any(|f| f == name) {
+                found.push(name.to_string());
+            }
+        }
+    }
+    found
+}
+
+/// A cycle in `graph` (module → modules it imports), if any, as the path around it.
+fn cycle(graph: &std::collections::BTreeMap<String, Vec<String>>) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &std::collections::BTreeMap<String, Vec<String>>,
+        path: &mut Vec<String>,
+        done: &mut std::collections::BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|p| p == node) {
+            let mut around = path[at..].to_vec();
+            around.push(node.to_string());
+            return Some(around);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_string());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(found) = visit(next, graph, path, done) {
+                return Some(found);
+            }
+        }
+        path.pop();
+        done.insert(node.to_string());
+        None
+    }
+    let mut done = std::collections::BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|node| visit(node, graph, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn the_files_of_the_bus_import_each_other_without_a_loop() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/bus");
+    let files: Vec<PathBuf> = rust_files(&dir)
+        .into_iter()
+        .filter(|f| f.parent() == Some(dir.as_path()) && !f.ends_with("mod.rs"))
+        .collect();
+    let modules: Vec<String> = files
+        .iter()
+        .map(|f| f.file_stem().unwrap().to_string_lossy().into_owned())
+        .collect();
+    let graph: std::collections::BTreeMap<String, Vec<String>> = files
+        .iter()
+        .zip(&modules)
+        .map(|(file, module)| {
+            let source = std::fs::read_to_string(file).unwrap();
+            let siblings = bus_siblings(&source, &modules)
+                .into_iter()
+                .filter(|s| s != module)
+                .collect();
+            (module.clone(), siblings)
+        })
+        .collect();
+    // It sees the imports that are there.
+    assert!(
+        graph["submit"].contains(&"admission".to_string()),
+        "{graph:?}"
+    );
+    assert!(graph["wiring"].len() >= 8, "{graph:?}");
+    if let Some(around) = cycle(&graph) {
+        panic!(
+            "the files of src/bus import each other in a loop: {}",
+            around.join(" → ")
+        );
+    }
+    // The check itself finds a planted loop.
+    let mut planted = graph.clone();
+    planted.get_mut("store").unwrap().push("submit".to_string());
+    assert!(cycle(&planted).is_some());
+}
