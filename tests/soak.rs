@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::fleet::{self, Fleet, request};
 use genfleet::bus::client::Client;
-use genfleet::bus::decisions::DecisionAnswer;
+use genfleet::protocol::DecisionAnswer;
 use genfleet::protocol::{ErrorCode, Reason, RequestState};
 
 const SCRIPT: &str = r#"

@@ -5,10 +5,11 @@ use std::sync::Arc;
 
 use futures_util::StreamExt;
 
-use super::decisions::{DecisionAnswer, DecisionRecord, DecisionReply};
 use super::reply::{decode, guarded, respond};
 use super::shared::{Shared, hold_of, spawn_handler};
 use super::subjects::Subjects;
+use crate::protocol::DecisionAnswer;
+use crate::protocol::decision::{DecisionRecord, DecisionReply};
 use crate::protocol::{DecisionBlock, Signal, WireError};
 
 /// Largest answer body read.

@@ -8,7 +8,6 @@
 use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::kv;
-use serde::{Deserialize, Serialize};
 
 use super::BusError;
 use super::store::ensure_bucket;
@@ -23,6 +22,10 @@ use super::history::History;
 use crate::engine::history::{HistoryEntry, HistoryOutcome};
 use crate::observe::Metrics;
 use crate::protocol::chain::ChainState;
+pub use crate::protocol::decision::{
+    Answer, CHAIN_HEADER, CHAIN_STATE_HEADER, ChainMark, DecisionRecord, DecisionReply,
+    PARENT_HEADER, ROOT_HEADER,
+};
 use crate::protocol::ids::{new_id, now_rfc3339};
 use crate::protocol::task::{
     DECISION_NOTE_PREFIX, GUIDANCE_NOTE_PREFIX, task_message_index, task_text,
@@ -30,71 +33,10 @@ use crate::protocol::task::{
 use crate::protocol::text::clip_bytes;
 pub use crate::protocol::{DecisionAnswer, DecisionOutcome};
 use crate::protocol::{
-    DecisionBlock, DecisionKind, ErrorCode, Event, EventBody, GenerationRequest, Message, Severity,
-    Signal, SignalSource, SignalType, WireError,
+    DecisionKind, ErrorCode, Event, EventBody, GenerationRequest, Message, Severity, Signal,
+    SignalSource, SignalType, WireError,
 };
 use crate::settings::Settings;
-
-/// Queue message headers that place a continuation in its chain (the request body stays the
-/// caller-facing request).
-pub const PARENT_HEADER: &str = "Genfleet-Parent-Request-Id";
-pub const ROOT_HEADER: &str = "Genfleet-Root-Request-Id";
-pub const CHAIN_HEADER: &str = "Genfleet-Chain-Position";
-/// What the continuation carries from earlier in its chain (compact JSON of [`ChainState`]).
-pub const CHAIN_STATE_HEADER: &str = "Genfleet-Chain-State";
-
-/// The record of a decision in the bucket (documented in docs/protocol.md).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DecisionRecord {
-    pub decision_id: String,
-    pub request_id: String,
-    pub root_request_id: String,
-    pub chain_position: u32,
-    pub pool: String,
-    pub decision: DecisionBlock,
-    /// The signal as published.
-    pub signal: Signal,
-    /// The request that asked, to restate it in the continuation.
-    pub request: GenerationRequest,
-    /// The `seq` the `continued` (or `chain_ended`) event takes on the asking request's
-    /// events subject.
-    pub continued_seq: u64,
-    /// What the asking request carried from earlier in its chain.
-    #[serde(default)]
-    pub chain: ChainState,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub answer: Option<Answer>,
-    /// Set when the decision expired unanswered (DECISION_EXPIRED).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub expired_at: Option<String>,
-}
-
-impl DecisionRecord {
-    /// Still waiting for an answer: neither answered nor expired.
-    pub fn is_pending(&self) -> bool {
-        self.answer.is_none() && self.expired_at.is_none()
-    }
-}
-
-/// The answer a decision got, as recorded: the manager's choice and what came of it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Answer {
-    #[serde(flatten)]
-    pub choice: DecisionAnswer,
-    pub outcome: DecisionOutcome,
-    /// The continuation it started (`continued` only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub continuation_request_id: Option<String>,
-    pub decided_at: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DecisionReply {
-    pub decision_id: String,
-    pub continuation_request_id: Option<String>,
-    /// `continued`, or `skipped` / `aborted` for the options that end a chain.
-    pub outcome: DecisionOutcome,
-}
 
 pub struct Decisions {
     pub bucket: kv::Store,
@@ -660,15 +602,6 @@ impl Decisions {
             tracing::warn!(message = "an answered decision was not kept in the history", %error, decision_id = %record.decision_id);
         }
     }
-}
-
-/// What became of the decision a request raised, kept beside its result.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ChainMark {
-    pub decision_id: String,
-    pub outcome: DecisionOutcome,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub continuation_request_id: Option<String>,
 }
 
 fn mark_key(request_id: &str) -> String {

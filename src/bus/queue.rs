@@ -13,13 +13,13 @@ use tokio::sync::watch;
 
 use super::BusError;
 use super::admission::{self, Claim};
-use super::decisions::{CHAIN_HEADER, CHAIN_STATE_HEADER, PARENT_HEADER, ROOT_HEADER};
 use super::finish::recorded;
 use super::reply::header;
 use super::shared::{Shared, hold_of};
 use super::store::{DurableClaim, LiveRecord, StoreError, Stored};
 use super::subjects::Subjects;
 use crate::actors::{Capacity, Placement};
+use crate::protocol::decision::{CHAIN_HEADER, CHAIN_STATE_HEADER, PARENT_HEADER, ROOT_HEADER};
 use crate::protocol::ids::is_valid_request_id;
 use crate::protocol::{
     ChainState, ErrorCode, GenerationRequest, GenerationResult, Reason, RequestState, WireError,

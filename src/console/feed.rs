@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 
 use super::state::{FeedSignal, InboxItem, Links, WorkerView};
 use super::{Push, Shared};
-use crate::bus::decisions::DecisionRecord;
+use crate::protocol::decision::DecisionRecord;
 use crate::protocol::ids::now_rfc3339;
 use crate::protocol::{Event, Signal};
 

@@ -414,7 +414,7 @@ async fn decide(
                     .ok()
                     .flatten()
                     .and_then(|v| {
-                        serde_json::from_slice::<crate::bus::decisions::DecisionRecord>(&v).ok()
+                        serde_json::from_slice::<crate::protocol::decision::DecisionRecord>(&v).ok()
                     })
                     .and_then(|r| r.answer)
                     .and_then(|a| a.choice.decided_by),

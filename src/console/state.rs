@@ -11,7 +11,7 @@ use std::time::Instant;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::bus::decisions::{Answer, DecisionRecord};
+use crate::protocol::decision::{Answer, DecisionRecord};
 use crate::protocol::task::task_text;
 use crate::protocol::text::clip_chars_counted;
 use crate::protocol::{

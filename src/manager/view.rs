@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 
 use serde_json::{Map, Value};
 
-use crate::bus::decisions::DecisionRecord;
+use crate::protocol::decision::DecisionRecord;
 use crate::protocol::text::{clip_chars_counted, one_line};
 use crate::protocol::{DecisionBlock, DecisionKind, Signal};
 

@@ -3,6 +3,7 @@
 pub mod answer;
 pub mod chain;
 pub mod codec;
+pub mod decision;
 pub mod error;
 pub mod event;
 pub mod finished;

@@ -2,8 +2,8 @@
 
 use std::fmt::Write;
 
-use crate::bus::decisions::DecisionReply;
 use crate::protocol::StatusReply;
+use crate::protocol::decision::DecisionReply;
 use crate::protocol::{DecisionOutcome, GenerationResult, Reason, RequestState, Timings, Usage};
 
 /// `genfleet status`: the state, and for a finished request how it ended, from its summary.
