@@ -38,6 +38,23 @@ use crate::protocol::{
 };
 use crate::settings::Settings;
 
+/// A decision could not be read, written or followed: one variant per operation.
+#[derive(Debug, thiserror::Error)]
+pub enum DecisionStoreError {
+    #[error("cannot store the decision: {0}")]
+    Record(String),
+    #[error("cannot read the decision: {0}")]
+    Read(String),
+    #[error("unreadable decision record: {0}")]
+    Unreadable(String),
+    #[error("cannot expire the decision: {0}")]
+    Expire(String),
+    #[error("cannot follow the decisions bucket: {0}")]
+    Follow(String),
+    #[error("the queue did not take the continuation: {0}")]
+    Continuation(String),
+}
+
 pub struct Decisions {
     pub bucket: kv::Store,
     /// The results bucket, where a request's mark (`cont.<request_id>`) says what became of
@@ -92,27 +109,30 @@ impl Decisions {
     }
 
     /// Stores a pending decision before its signal goes out.
-    pub async fn record(&self, record: &DecisionRecord) -> Result<(), BusError> {
+    pub async fn record(&self, record: &DecisionRecord) -> Result<(), DecisionStoreError> {
         let body = serde_json::to_vec(record).expect("records serialize");
         self.bucket
             .create(&record.decision_id, body.into())
             .await
             .map(|_| ())
-            .map_err(|e| BusError::Store(format!("cannot store the decision: {e}")))
+            .map_err(|e| DecisionStoreError::Record(e.to_string()))
     }
 
     /// A decision's record and its revision.
-    pub async fn get(&self, decision_id: &str) -> Result<Option<(DecisionRecord, u64)>, BusError> {
+    pub async fn get(
+        &self,
+        decision_id: &str,
+    ) -> Result<Option<(DecisionRecord, u64)>, DecisionStoreError> {
         let entry = self
             .bucket
             .entry(decision_id)
             .await
-            .map_err(|e| BusError::Store(e.to_string()))?;
+            .map_err(|e| DecisionStoreError::Read(e.to_string()))?;
         let Some(entry) = entry.filter(|e| e.operation == kv::Operation::Put) else {
             return Ok(None);
         };
         let record = serde_json::from_slice(&entry.value)
-            .map_err(|e| BusError::Store(format!("unreadable decision record: {e}")))?;
+            .map_err(|e| DecisionStoreError::Unreadable(e.to_string()))?;
         Ok(Some((record, entry.revision)))
     }
 
@@ -235,7 +255,7 @@ impl Decisions {
         worker_id: &str,
         decision_id: &str,
         why: &str,
-    ) -> Result<Option<DecisionRecord>, BusError> {
+    ) -> Result<Option<DecisionRecord>, DecisionStoreError> {
         loop {
             let Some((mut record, revision)) = self.get(decision_id).await? else {
                 return Ok(None);
@@ -256,7 +276,7 @@ impl Decisions {
                     return Ok(Some(record));
                 }
                 Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => continue,
-                Err(e) => return Err(BusError::Store(format!("cannot expire the decision: {e}"))),
+                Err(e) => return Err(DecisionStoreError::Expire(e.to_string())),
             }
         }
     }
@@ -278,12 +298,12 @@ impl Decisions {
         &self,
         client: &async_nats::Client,
         worker_id: &str,
-    ) -> Result<(), BusError> {
+    ) -> Result<(), DecisionStoreError> {
         let mut watch = self
             .bucket
             .watch_all_from_revision(1)
             .await
-            .map_err(|e| BusError::Store(e.to_string()))?;
+            .map_err(|e| DecisionStoreError::Follow(e.to_string()))?;
         // decision id -> when it expires; only pending decisions with an expiry.
         let mut pending: HashMap<String, SystemTime> = HashMap::new();
         let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -292,7 +312,7 @@ impl Decisions {
             tokio::select! {
                 entry = watch.next() => {
                     let Some(entry) = entry else { return Ok(()) };
-                    let entry = entry.map_err(|e| BusError::Store(e.to_string()))?;
+                    let entry = entry.map_err(|e| DecisionStoreError::Follow(e.to_string()))?;
                     let record = (entry.operation == kv::Operation::Put)
                         .then(|| serde_json::from_slice::<DecisionRecord>(&entry.value).ok())
                         .flatten();
@@ -388,7 +408,7 @@ impl Decisions {
         client: &async_nats::Client,
         record: &DecisionRecord,
         answer: &Answer,
-    ) -> Result<(), BusError> {
+    ) -> Result<(), DecisionStoreError> {
         let Some(id) = &answer.continuation_request_id else {
             return Ok(());
         };
@@ -413,9 +433,9 @@ impl Decisions {
                 .into(),
         )
         .await
-        .map_err(|e| BusError::Store(e.to_string()))?
+        .map_err(|e| DecisionStoreError::Continuation(e.to_string()))?
         .await
-        .map_err(|e| BusError::Store(format!("the queue did not take the continuation: {e}")))?;
+        .map_err(|e| DecisionStoreError::Continuation(e.to_string()))?;
         Ok(())
     }
 

@@ -19,6 +19,19 @@ use crate::settings::Settings;
 /// How long reading the history for one escalation may take.
 const READ_WAIT: Duration = Duration::from_secs(2);
 
+/// The history could not be read or written: one variant per operation.
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    #[error("cannot keep the decision in the history: {0}")]
+    Keep(String),
+    #[error("cannot read the history: {0}")]
+    Read(String),
+    #[error("cannot give the history entry its outcome: {0}")]
+    SetOutcome(String),
+    #[error("the history entry {0} kept changing")]
+    Contended(String),
+}
+
 #[derive(Clone)]
 pub struct History {
     bucket: kv::Store,
@@ -71,13 +84,13 @@ impl History {
     }
 
     /// Keeps an answered decision.
-    pub async fn record(&self, entry: &HistoryEntry) -> Result<(), BusError> {
+    pub async fn record(&self, entry: &HistoryEntry) -> Result<(), HistoryError> {
         let body = serde_json::to_vec(entry).expect("history entries serialize");
         self.bucket
             .put(key(&entry.code, &entry.decision_id), body.into())
             .await
             .map(|_| ())
-            .map_err(|e| BusError::Store(format!("cannot keep the decision in the history: {e}")))
+            .map_err(|e| HistoryError::Keep(e.to_string()))
     }
 
     /// One entry.
@@ -85,12 +98,12 @@ impl History {
         &self,
         code: &str,
         decision_id: &str,
-    ) -> Result<Option<HistoryEntry>, BusError> {
+    ) -> Result<Option<HistoryEntry>, HistoryError> {
         let value = self
             .bucket
             .get(key(code, decision_id))
             .await
-            .map_err(|e| BusError::Store(e.to_string()))?;
+            .map_err(|e| HistoryError::Read(e.to_string()))?;
         Ok(value.and_then(|v| serde_json::from_slice(&v).ok()))
     }
 
@@ -100,14 +113,14 @@ impl History {
         code: &str,
         decision_id: &str,
         result: &GenerationResult,
-    ) -> Result<(), BusError> {
+    ) -> Result<(), HistoryError> {
         let key = key(code, decision_id);
         for _ in 0..3 {
             let Some(entry) = self
                 .bucket
                 .entry(&key)
                 .await
-                .map_err(|e| BusError::Store(e.to_string()))?
+                .map_err(|e| HistoryError::SetOutcome(e.to_string()))?
                 .filter(|e| e.operation == kv::Operation::Put)
             else {
                 // Aged out of the history: nothing to fill in.
@@ -129,17 +142,15 @@ impl History {
             match self.bucket.update(&key, body.into(), entry.revision).await {
                 Ok(_) => return Ok(()),
                 Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => continue,
-                Err(e) => return Err(BusError::Store(e.to_string())),
+                Err(e) => return Err(HistoryError::SetOutcome(e.to_string())),
             }
         }
-        Err(BusError::Store(format!(
-            "the history entry {key} kept changing"
-        )))
+        Err(HistoryError::Contended(key))
     }
 
     /// Every entry of one code (the newest value of each), at most `scan_max`.
-    pub async fn entries_of(&self, code: &str) -> Result<Vec<HistoryEntry>, BusError> {
-        let store = |e: String| BusError::Store(format!("cannot read the history: {e}"));
+    pub async fn entries_of(&self, code: &str) -> Result<Vec<HistoryEntry>, HistoryError> {
+        let store = HistoryError::Read;
         let consumer = self
             .stream
             .create_consumer(consumer::pull::OrderedConfig {

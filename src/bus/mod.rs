@@ -38,6 +38,4 @@ pub mod worker;
 pub enum BusError {
     #[error("{0}")]
     Setup(String),
-    #[error("{0}")]
-    Store(String),
 }

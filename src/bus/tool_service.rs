@@ -96,7 +96,7 @@ impl ToolService {
         bucket
             .put(&definition.name, body.into())
             .await
-            .map_err(|e| BusError::Store(format!("cannot register {}: {e}", definition.name)))?;
+            .map_err(|e| BusError::Setup(format!("cannot register {}: {e}", definition.name)))?;
         tracing::info!(message = "tool registered and serving", tool = %definition.name);
         Ok(ToolService {
             name: definition.name,
@@ -110,12 +110,15 @@ impl ToolService {
     }
 
     /// Removes the registration and stops serving.
-    pub async fn withdraw(self) -> Result<(), BusError> {
+    pub async fn withdraw(self) -> Result<(), WithdrawError> {
         self.task.abort();
         self.bucket
             .delete(&self.name)
             .await
-            .map_err(|e| BusError::Store(format!("cannot withdraw {}: {e}", self.name)))
+            .map_err(|source| WithdrawError {
+                name: self.name.clone(),
+                source,
+            })
     }
 }
 
@@ -123,4 +126,13 @@ impl Drop for ToolService {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// A tool's registration could not be taken back.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot withdraw {name}: {source}")]
+pub struct WithdrawError {
+    pub name: String,
+    #[source]
+    pub source: async_nats::jetstream::kv::DeleteError,
 }
