@@ -243,7 +243,15 @@ fn request(id: &str) -> GenerationRequest {
 }
 
 async fn submit(handle: &SupervisorHandle, id: &str) -> Result<(), ErrorCode> {
-    let request = handle.checker.check(request(id)).map_err(|e| e.code)?;
+    submit_checked(handle, request(id)).await
+}
+
+/// Checks a request as the bus does, then submits it.
+async fn submit_checked(
+    handle: &SupervisorHandle,
+    request: GenerationRequest,
+) -> Result<(), ErrorCode> {
+    let request = handle.checker.check(request).map_err(|e| e.code)?;
     handle
         .addr
         .send(Submit {
@@ -637,16 +645,7 @@ async fn cancellation_reaches_a_tool_call_through_the_actors() {
 }
 
 async fn submit_request(handle: &SupervisorHandle, request: GenerationRequest) {
-    let request = handle.checker.check(request).unwrap();
-    handle
-        .addr
-        .send(Submit {
-            request,
-            placement: Placement::default(),
-        })
-        .await
-        .unwrap()
-        .unwrap();
+    submit_checked(handle, request).await.unwrap();
 }
 
 /// Cancels a running request, checks the reply came with CANCELLED, and reads the result.

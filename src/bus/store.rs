@@ -382,36 +382,25 @@ impl Stores {
     /// redelivery finds the record of the run before it, and takes it over (compare-and-set) or,
     /// when the request already ended, leaves it.
     pub async fn claim_durable(&self, live: &LiveRecord) -> Result<DurableClaim, StoreError> {
-        let id = &live.request_id;
         let record = RequestRecord::Live { live: live.clone() };
-        let mut write = Write::Create;
-        for _ in 0..CONTENDED_TRIES {
-            let written = self.write(id, record.encode(), write).await;
-            match written {
-                Ok(revision) => return Ok(DurableClaim::Claimed(revision)),
-                Err(Conflict::Other(reason)) => {
-                    return Err(StoreError::Write {
-                        request_id: id.clone(),
-                        reason,
-                    });
-                }
-                Err(Conflict::Changed) => {}
-            }
-            write = match self.record(id).await? {
-                None => Write::Create,
+        self.write_until(
+            &live.request_id,
+            record.encode(),
+            Write::Create,
+            |found| match found {
+                None => Next::Write(Write::Create),
                 Some((RequestRecord::Live { live: held }, revision)) => {
                     if held.worker_id == live.worker_id {
-                        return Ok(DurableClaim::OnRecordHere(revision));
+                        Next::Answer(DurableClaim::OnRecordHere(revision))
+                    } else {
+                        Next::Write(Write::Update(revision))
                     }
-                    Write::Update(revision)
                 }
-                Some(_) => return Ok(DurableClaim::Ended),
-            };
-        }
-        Err(StoreError::Contended {
-            request_id: id.clone(),
-            tries: CONTENDED_TRIES,
-        })
+                Some(_) => Next::Answer(DurableClaim::Ended),
+            },
+            DurableClaim::Claimed,
+        )
+        .await
     }
 
     /// Rewrites a running request's live record (its state changed, or to keep it within the
@@ -421,38 +410,22 @@ impl Stores {
         live: &LiveRecord,
         revision: u64,
     ) -> Result<Option<u64>, StoreError> {
-        let id = &live.request_id;
         let record = RequestRecord::Live { live: live.clone() };
-        let mut revision = revision;
-        for _ in 0..CONTENDED_TRIES {
-            match self
-                .results
-                .update(record_key(id), record.encode(), revision)
-                .await
-                .map_err(Conflict::from)
-            {
-                Ok(revision) => return Ok(Some(revision)),
-                Err(Conflict::Other(reason)) => {
-                    return Err(StoreError::Write {
-                        request_id: id.clone(),
-                        reason,
-                    });
-                }
-                Err(Conflict::Changed) => {}
-            }
-            match self.record(id).await? {
+        self.write_until(
+            &live.request_id,
+            record.encode(),
+            Write::Update(revision),
+            |found| match found {
                 Some((RequestRecord::Live { live: held }, now))
                     if held.worker_id == live.worker_id =>
                 {
-                    revision = now
+                    Next::Write(Write::Update(now))
                 }
-                _ => return Ok(None),
-            }
-        }
-        Err(StoreError::Contended {
-            request_id: id.clone(),
-            tries: CONTENDED_TRIES,
-        })
+                _ => Next::Answer(None),
+            },
+            Some,
+        )
+        .await
     }
 
     /// Gives a claim back (the request was refused after all), if the record is still the
@@ -477,29 +450,54 @@ impl Stores {
         result: &GenerationResult,
         claimed: Option<u64>,
     ) -> Result<Stored, StoreError> {
-        let id = &result.request_id;
         let body = RequestRecord::Result(Box::new(result.clone())).encode();
-        let mut write = claimed.map_or(Write::Create, Write::Update);
+        self.write_until(
+            &result.request_id,
+            body,
+            claimed.map_or(Write::Create, Write::Update),
+            |found| match found {
+                None => Next::Write(Write::Create),
+                Some((RequestRecord::Live { .. }, revision)) => {
+                    Next::Write(Write::Update(revision))
+                }
+                Some(_) => Next::Answer(Stored::AlreadyStored),
+            },
+            |_| Stored::Stored,
+        )
+        .await
+    }
+
+    /// Writes a request's record, compare-and-set, until a write lands (`landed` makes the
+    /// answer from its revision) or `next` answers instead: after each write that finds the
+    /// record changed, the record is read again and `next` says what to write now, or what
+    /// to answer. Bounded by [`CONTENDED_TRIES`].
+    async fn write_until<T>(
+        &self,
+        request_id: &str,
+        body: bytes::Bytes,
+        first: Write,
+        next: impl Fn(Option<(RequestRecord, u64)>) -> Next<T>,
+        landed: impl Fn(u64) -> T,
+    ) -> Result<T, StoreError> {
+        let mut write = first;
         for _ in 0..CONTENDED_TRIES {
-            let written = self.write(id, body.clone(), write).await;
-            match written {
-                Ok(_) => return Ok(Stored::Stored),
+            match self.write(request_id, body.clone(), write).await {
+                Ok(revision) => return Ok(landed(revision)),
                 Err(Conflict::Other(reason)) => {
                     return Err(StoreError::Write {
-                        request_id: id.clone(),
+                        request_id: request_id.to_string(),
                         reason,
                     });
                 }
                 Err(Conflict::Changed) => {}
             }
-            write = match self.record(id).await? {
-                None => Write::Create,
-                Some((RequestRecord::Live { .. }, revision)) => Write::Update(revision),
-                Some(_) => return Ok(Stored::AlreadyStored),
+            write = match next(self.record(request_id).await?) {
+                Next::Write(write) => write,
+                Next::Answer(answer) => return Ok(answer),
             };
         }
         Err(StoreError::Contended {
-            request_id: id.clone(),
+            request_id: request_id.to_string(),
             tries: CONTENDED_TRIES,
         })
     }
@@ -581,9 +579,16 @@ impl Stores {
     }
 }
 
+#[derive(Clone, Copy)]
 enum Write {
     Create,
     Update(u64),
+}
+
+/// What follows a write that found the record changed.
+enum Next<T> {
+    Write(Write),
+    Answer(T),
 }
 
 /// A compare-and-set write that failed: the record changed, or the store failed.
