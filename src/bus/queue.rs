@@ -178,7 +178,7 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
         durable: true,
     };
     // A request that already ended (or whose result was read) never runs again.
-    let revision = match shared.stores.claim_durable(&live).await {
+    let revision = match claim(shared, &message, &live).await {
         Ok(DurableClaim::Claimed(revision)) => revision,
         Ok(DurableClaim::Ended) => {
             let _ = message.ack().await;
@@ -250,6 +250,33 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
                 Some(revision),
             )
             .await
+        }
+    }
+}
+
+/// How long a claim is tried again while the results bucket does not answer (a JetStream
+/// cluster electing a leader takes seconds).
+const CLAIM_FOR: Duration = Duration::from_secs(20);
+
+/// Claims a durable request's record, trying again while the store fails, with the delivery
+/// kept alive meanwhile: a message handed back at once would spend its deliveries in a few
+/// seconds of a leader election and be given up as `worker_lost`.
+async fn claim(
+    shared: &Shared,
+    message: &jetstream::Message,
+    live: &LiveRecord,
+) -> Result<DurableClaim, StoreError> {
+    let started = tokio::time::Instant::now();
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match shared.stores.claim_durable(live).await {
+            Err(error) if started.elapsed() + pause < CLAIM_FOR => {
+                tracing::debug!(message = "claiming a durable request failed; trying again", %error, request_id = %live.request_id);
+                let _ = message.ack_with(AckKind::Progress).await;
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            claimed => return claimed,
         }
     }
 }
