@@ -33,10 +33,11 @@ pub struct PhaseCost {
 }
 
 impl Meter {
-    /// Reads the counters as a phase starts: the server's first (an HTTP round trip), the CPU
-    /// times last, so the CPU window holds the phase alone.
+    /// Reads the counters as a phase starts: the server's first, once they settle (the last
+    /// writes of what ran before, a warm-up's, land a little after it ended), the CPU times
+    /// last, so the CPU window holds the phase alone.
     pub async fn start(&self) -> Start {
-        let bus = self.read_bus(false).await;
+        let bus = self.read_bus().await;
         Start {
             cpu: procstat::snapshot(&self.watched),
             bus,
@@ -48,20 +49,15 @@ impl Meter {
     pub async fn stop(&self, start: Start) -> Spent {
         let processes = procstat::usage_since(&self.watched, &start.cpu);
         let bus = match start.bus {
-            Some(before) => self.read_bus(true).await.map(|after| (before, after)),
+            Some(before) => self.read_bus().await.map(|after| (before, after)),
             None => None,
         };
         Spent { processes, bus }
     }
 
-    async fn read_bus(&self, settled: bool) -> Option<BusSnapshot> {
+    async fn read_bus(&self) -> Option<BusSnapshot> {
         let monitor = self.monitor.as_ref()?;
-        let read = if settled {
-            monitor.read_settled().await
-        } else {
-            monitor.read().await
-        };
-        read.map_err(|error| {
+        monitor.read_settled().await.map_err(|error| {
             tracing::warn!(message = "no bus figures for this phase", error = %format!("{error:#}"));
         })
         .ok()

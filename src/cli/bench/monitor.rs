@@ -16,6 +16,10 @@
 //! - a KV get is a direct get (`$JS.API.DIRECT.GET.<stream>`, the buckets allow it) and moves
 //!   none of the JetStream counters, only `in_msgs` and `out_msgs`. The bench counts them itself
 //!   by listening on that subject, on a server it started.
+//!
+//! The workers' heartbeats (a KV put every `worker.heartbeat_ms` per worker, whatever the load)
+//! are counted apart, in `heartbeat_writes`: how many fall in a phase depends on how long it
+//! ran, not on its requests.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,6 +30,8 @@ use anyhow::Context;
 use futures_util::StreamExt;
 use serde::Serialize;
 use serde_json::Value;
+
+use crate::bus::heartbeat::WORKERS_BUCKET;
 
 /// The subject every direct get is a request on.
 const DIRECT_GET_SUBJECTS: &str = "$JS.API.DIRECT.GET.>";
@@ -143,8 +149,10 @@ pub struct BusSnapshot {
     in_bytes: u64,
     api_total: u64,
     api_errors: u64,
-    /// Last sequence of each stream, by account, name and creation time.
+    /// Last sequence of each stream, by account, name and creation time (the heartbeats'
+    /// bucket apart, in `heartbeat_last_seq`).
     stream_last_seq: BTreeMap<String, u64>,
+    heartbeat_last_seq: BTreeMap<String, u64>,
     /// Acknowledged deliveries of each explicit-ack consumer, keyed the same way.
     consumer_acked: BTreeMap<String, u64>,
     direct_gets: Option<u64>,
@@ -180,7 +188,13 @@ impl BusSnapshot {
                     text(&stream, "/created")
                 );
                 if let Some(last) = number(&stream, "/state/last_seq") {
-                    snapshot.stream_last_seq.insert(stream_key.clone(), last);
+                    let streams =
+                        if text(&stream, "/name").strip_prefix("KV_") == Some(WORKERS_BUCKET) {
+                            &mut snapshot.heartbeat_last_seq
+                        } else {
+                            &mut snapshot.stream_last_seq
+                        };
+                    streams.insert(stream_key.clone(), last);
                 }
                 for consumer in list(&stream, "consumer_detail").unwrap_or_default() {
                     if text(&consumer, "/config/ack_policy") != "explicit" {
@@ -211,6 +225,7 @@ impl BusSnapshot {
         };
         let api_calls = self.api_total.saturating_sub(before.api_total);
         let stored = grown(&self.stream_last_seq, &before.stream_last_seq);
+        let heartbeats = grown(&self.heartbeat_last_seq, &before.heartbeat_last_seq);
         let acks = grown(&self.consumer_acked, &before.consumer_acked);
         let direct_gets = self
             .direct_gets
@@ -225,6 +240,7 @@ impl BusSnapshot {
             nats_msgs_in: self.in_msgs.saturating_sub(before.in_msgs),
             nats_msgs_out: self.out_msgs.saturating_sub(before.out_msgs),
             nats_bytes_in: self.in_bytes.saturating_sub(before.in_bytes),
+            heartbeat_writes: heartbeats,
         };
         BusOps {
             requests,
@@ -264,6 +280,9 @@ pub struct BusCounts {
     pub nats_msgs_in: u64,
     pub nats_msgs_out: u64,
     pub nats_bytes_in: u64,
+    /// The workers' heartbeats stored in the phase (in no other figure but `nats_msgs_in`):
+    /// a cost of the fleet's time, not of its requests, so never divided by them.
+    pub heartbeat_writes: u64,
 }
 
 /// [`BusCounts`] per request.
@@ -310,6 +329,8 @@ mod tests {
                 "stream_detail": [
                     {"name": "KV_results", "created": "2026-11-24T16:54:59.1Z",
                      "state": {"messages": 3, "last_seq": kv_last}},
+                    {"name": "KV_GENFLEET_WORKERS", "created": "2026-11-24T16:54:59.1Z",
+                     "state": {"messages": 1, "last_seq": api_total * 3}},
                     {"name": "QUEUE", "created": queue_created,
                      "state": {"messages": 0, "last_seq": 7},
                      "consumer_detail": [
@@ -346,6 +367,8 @@ mod tests {
             (5, 20, 10, Some(10))
         );
         assert_eq!(t.jetstream_operations, 45);
+        // Heartbeats apart, in no per-request figure.
+        assert_eq!(t.heartbeat_writes, 15);
         assert_eq!(
             (t.nats_msgs_in, t.nats_msgs_out, t.nats_bytes_in),
             (60, 120, 6000)
