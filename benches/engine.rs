@@ -133,6 +133,7 @@ fn bios(c: &mut Criterion) {
         b.iter(|| {
             black_box(DefaultBios.bios(&BiosContext {
                 tools: &controls,
+                caller_tools: &[],
                 control_tools: &controls,
                 tool_mode: ToolMode::Text,
                 iterations_remaining: 3,

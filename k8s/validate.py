@@ -14,7 +14,7 @@ component on top of the base), or under the directories given, it:
    ServiceAccounts, named ports, autoscaler targets), and genfleet's own rules: settings keys
    that exist in config/default.toml (genfleet refuses unknown keys), values of the right type,
    files that are mounted, a termination grace period that covers the drain, probes on the
-   worker's HTTP port, KEDA's stream and consumer names matching the pool, manager rules.
+   worker's and the gateway's HTTP port, KEDA's stream and consumer names matching the pool, manager rules.
 
 It also checks k8s/nats/values.yaml (YAML, the chart's top-level keys, the settings genfleet
 relies on). Exit status 0 when all is valid, 1 with one line per problem otherwise.
@@ -55,6 +55,7 @@ PATH_SETTINGS = {
     ("nats", "tls_key_file"),
     ("tools", "definitions_dir"),
     ("manager", "rules_file"),
+    ("gateway", "api_keys_file"),
 }
 
 # The Kubernetes schemas carry no enumerations (the API documents them in prose), so a value
@@ -757,7 +758,7 @@ def check_genfleet(workload, pod, container, command, words, named, namespace, d
                     "GENFLEET__SECTION__KEY)")
 
     for section, key in sorted(PATH_SETTINGS):
-        value = settings[section][key]
+        value = settings.get(section, {}).get(key)
         if isinstance(value, str) and value and not value.startswith("<from"):
             read_mounted(value, f"{section}.{key}")
     if nats_servers is not None and settings["jetstream"]["replicas"] > nats_servers:
@@ -788,6 +789,19 @@ def check_genfleet(workload, pod, container, command, words, named, namespace, d
                     f"least the preStop pause ({pause} s) + worker.drain_timeout_ms ({drain:g} s)"
                     f" + worker.cancel_wait_ms ({cancel:g} s) + {FLUSH_SECONDS} s of flush")
         report.pools[workload["metadata"]["name"]] = settings
+    if command == "gateway":
+        listen = option_value(words, "--listen") or settings.get("gateway", {}).get("listen", "")
+        port = int(listen.rsplit(":", 1)[1]) if ":" in listen else None
+        ports = {p.get("name"): p.get("containerPort") for p in container.get("ports", [])}
+        if listen.startswith("127.") or listen.startswith("[::1]") or listen.startswith("localhost"):
+            problem(f"the gateway listens on {listen}, loopback: the Service cannot reach it")
+        if ports.get("http") != port:
+            problem(f"the gateway listens on {listen} but the container port named http is "
+                    f"{ports.get('http')}")
+        for probe_name, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+            probe = (container.get(probe_name) or {}).get("httpGet") or {}
+            if probe.get("path") != path or probe.get("port") not in ("http", port):
+                problem(f"{probe_name} should be an HTTP GET of {path} on the http port")
     if command == "manager":
         rules = option_value(words, "--rules") or settings["manager"]["rules_file"]
         if rules and not rules.startswith("<from"):

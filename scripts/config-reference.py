@@ -44,7 +44,7 @@ for section, key, value, desc in rows:
     if section != current:
         out += ["", f"## [{section}]", "", "| key | default | environment | what |", "|---|---|---|---|"]
         current = section
-    env = f"GENFLEET__{section.upper()}__{key.upper()}"
+    env = f"GENFLEET__{section.upper().replace('.', '__')}__{key.upper()}"
     value = value.replace("|", "\\|")
     desc = desc.replace("|", "\\|")
     out.append(f"| `{section}.{key}` | `{value}` | `{env}` | {desc} |")

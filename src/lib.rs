@@ -10,6 +10,7 @@ pub mod bus;
 pub mod cli;
 pub mod console;
 pub mod engine;
+pub mod gateway;
 pub mod llm;
 pub mod manager;
 pub mod observe;

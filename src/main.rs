@@ -4,13 +4,24 @@ use genfleet::cli::Cli;
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    genfleet::telemetry::init(cli.log_format, cli.default_log_level());
-    match cli.run() {
+    let traces = cli.traces();
+    let telemetry =
+        match genfleet::telemetry::init(cli.log_format, cli.default_log_level(), traces.as_ref()) {
+            Ok(telemetry) => telemetry,
+            Err(error) => {
+                eprintln!("genfleet: {error}");
+                return std::process::ExitCode::FAILURE;
+            }
+        };
+    let code = match cli.run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             // One line: the error and its causes.
             eprintln!("genfleet: {error:#}");
             std::process::ExitCode::FAILURE
         }
-    }
+    };
+    // After the command's own shutdown (a worker's drain): the last spans are sent.
+    telemetry.shutdown();
+    code
 }

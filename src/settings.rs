@@ -39,6 +39,20 @@ pub struct Settings {
     pub http: HttpSettings,
     pub manager: ManagerSettings,
     pub console: ConsoleSettings,
+    pub gateway: GatewaySettings,
+    pub telemetry: TelemetrySettings,
+}
+
+/// Traces exported over OTLP/HTTP (see docs/operations.md#traces). The standard `OTEL_*`
+/// variables are read over this section when a process starts.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetrySettings {
+    pub enabled: bool,
+    pub endpoint: String,
+    pub protocol: String,
+    pub service_name: String,
+    pub max_queue_size: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -153,6 +167,39 @@ pub struct WorkerSettings {
     pub max_retained_results: usize,
     pub heartbeat_ms: u64,
     pub lost_after_ms: u64,
+    #[serde(default)]
+    pub reserved_slots: ReservedSlots,
+    #[serde(default)]
+    pub tenants: TenantSettings,
+}
+
+/// Slots kept free for higher priority bands (`worker.reserved_slots`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReservedSlots {
+    /// Slots only `high` requests may take.
+    pub high: u32,
+    /// Slots only `high` and `normal` requests may take.
+    pub normal: u32,
+}
+
+impl ReservedSlots {
+    /// The free slots a request of `band` must leave to the bands above it.
+    pub fn above(&self, band: crate::protocol::Priority) -> u32 {
+        match band {
+            crate::protocol::Priority::High => 0,
+            crate::protocol::Priority::Normal => self.high,
+            crate::protocol::Priority::Low => self.high + self.normal,
+        }
+    }
+}
+
+/// Limits per tenant (`worker.tenants`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TenantSettings {
+    /// Running requests of one tenant on this worker at most; 0 is no limit.
+    pub max_running: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -368,6 +415,7 @@ pub struct ConsoleSettings {
     pub token: String,
     pub max_inbox: usize,
     pub max_signals: usize,
+    pub max_requests: usize,
     pub max_clients: usize,
     pub fleet_refresh_ms: u64,
 }
@@ -397,6 +445,7 @@ impl ConsoleSettings {
         for (key, value, max) in [
             ("console.max_inbox", self.max_inbox, 100_000),
             ("console.max_signals", self.max_signals, 100_000),
+            ("console.max_requests", self.max_requests, 100_000),
             ("console.max_clients", self.max_clients, 10_000),
         ] {
             if value == 0 || value > max {
@@ -425,8 +474,124 @@ impl std::fmt::Debug for ConsoleSettings {
             )
             .field("max_inbox", &self.max_inbox)
             .field("max_signals", &self.max_signals)
+            .field("max_requests", &self.max_requests)
             .field("max_clients", &self.max_clients)
             .field("fleet_refresh_ms", &self.fleet_refresh_ms)
+            .finish()
+    }
+}
+
+/// `genfleet gateway`, the OpenAI-compatible front door (see docs/gateway.md).
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewaySettings {
+    pub listen: String,
+    /// Serve a listen address beyond loopback with no API key configured.
+    pub allow_unauthenticated: bool,
+    /// Keys by their SHA-256 (hex), each with the tenant it stands for.
+    pub api_keys: Vec<GatewayKey>,
+    /// A file of more keys: one `<sha256-hex> <tenant>` a line, `#` comments.
+    pub api_keys_file: String,
+    /// Model names callers use, each to a pool and the backend model name.
+    pub models: std::collections::BTreeMap<String, GatewayModel>,
+    pub queue_wait_ms: u64,
+    pub decision_wait_ms: u64,
+    pub max_request_ms: u64,
+    pub drain_ms: u64,
+    pub max_body_bytes: usize,
+    pub pools_refresh_ms: u64,
+}
+
+/// One API key of the gateway, by its hash: the key itself is never configured.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayKey {
+    pub sha256: String,
+    pub tenant: String,
+}
+
+/// Where a model name of the gateway goes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayModel {
+    pub pool: String,
+    /// The backend's model name (`model` of the generation request); empty: the worker's own.
+    #[serde(default)]
+    pub model: String,
+}
+
+impl GatewayKey {
+    /// Checks the hash's shape and the tenant's name; `at` names where the key was read.
+    pub fn validate(&self, at: &str) -> Result<(), SettingsError> {
+        if self.sha256.len() != 64 || !self.sha256.chars().all(|c| c.is_ascii_hexdigit()) {
+            return Err(SettingsError(format!(
+                "{at}: sha256 must be 64 hexadecimal characters (the SHA-256 of the key, e.g. \
+                 printf %s \"$KEY\" | sha256sum)"
+            )));
+        }
+        if !crate::protocol::schedule::is_valid_tenant(&self.tenant) {
+            return Err(SettingsError(format!(
+                "{at}: tenant {:?} must be 1-{} characters of A-Z, a-z, 0-9, '_' or '-' (it is \
+                 the tenant token of the subjects the gateway submits on)",
+                one_line(&self.tenant),
+                crate::protocol::schedule::MAX_TENANT_LEN
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl GatewaySettings {
+    /// Checked by the gateway itself, so that a worker never refuses to start over them.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        let fail = |msg: String| Err(SettingsError(msg));
+        if self.listen.parse::<std::net::SocketAddr>().is_err() {
+            return fail(format!(
+                "gateway.listen {:?} is not an address like 127.0.0.1:8081",
+                self.listen
+            ));
+        }
+        for (i, key) in self.api_keys.iter().enumerate() {
+            key.validate(&format!("gateway.api_keys[{i}]"))?;
+        }
+        for (name, model) in &self.models {
+            if name.is_empty() || name.chars().any(char::is_control) {
+                return fail(format!("gateway.models: {name:?} is not a model name"));
+            }
+            if !is_valid_name(&model.pool) {
+                return fail(format!(
+                    "gateway.models.{name}.pool {:?} is not a pool name",
+                    model.pool
+                ));
+            }
+        }
+        for (key, value) in [
+            ("gateway.pools_refresh_ms", self.pools_refresh_ms),
+            ("gateway.max_body_bytes", self.max_body_bytes as u64),
+        ] {
+            if value == 0 {
+                return fail(format!("{key} must be at least 1"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Written by hand so that no key hash reaches a log line through `{:?}`.
+impl std::fmt::Debug for GatewaySettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewaySettings")
+            .field("listen", &self.listen)
+            .field("allow_unauthenticated", &self.allow_unauthenticated)
+            .field("api_keys", &format!("<{} keys>", self.api_keys.len()))
+            .field("api_keys_file", &self.api_keys_file)
+            .field("models", &self.models)
+            .field("queue_wait_ms", &self.queue_wait_ms)
+            .field("decision_wait_ms", &self.decision_wait_ms)
+            .field("max_request_ms", &self.max_request_ms)
+            .field("drain_ms", &self.drain_ms)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("pools_refresh_ms", &self.pools_refresh_ms)
             .finish()
     }
 }
@@ -524,6 +689,13 @@ impl Settings {
         let fail = |msg: String| Err(SettingsError(msg));
         if self.worker.slots == 0 {
             return fail("worker.slots must be at least 1".into());
+        }
+        let reserved = self.worker.reserved_slots;
+        if reserved.high.saturating_add(reserved.normal) >= self.worker.slots {
+            return fail(format!(
+                "worker.reserved_slots (high {} + normal {}) must leave at least one of the {} worker.slots to every band",
+                reserved.high, reserved.normal, self.worker.slots
+            ));
         }
         if !is_valid_name(&self.worker.pool) {
             return fail(format!(
@@ -630,6 +802,18 @@ impl Settings {
                 self.http.listen
             ));
         }
+        if !matches!(
+            self.telemetry.protocol.as_str(),
+            "http/protobuf" | "http/json"
+        ) {
+            return fail(format!(
+                "telemetry.protocol {:?} must be http/protobuf or http/json",
+                self.telemetry.protocol
+            ));
+        }
+        if self.telemetry.max_queue_size == 0 {
+            return fail("telemetry.max_queue_size must be at least 1".into());
+        }
         if self.limits.max_tool_result_bytes < 256 {
             return fail("limits.max_tool_result_bytes must be at least 256".into());
         }
@@ -720,15 +904,43 @@ mod tests {
 
     /// Every setting of config/default.toml, given a wrong value in a file and in the
     /// environment, is refused with a message that names it and what it must be.
+    /// Tables of the defaults whose keys are names the user chooses.
+    const USER_KEYED_TABLES: &[&str] = &["gateway.models"];
+
     #[test]
     fn every_setting_given_a_wrong_value_is_refused_in_its_own_words() {
         let defaults: toml::Table = toml::from_str(DEFAULT_TOML).unwrap();
+        // A table within a section (`[worker.reserved_slots]`) is walked as a section.
+        let mut sections: Vec<(String, toml::Value)> = Vec::new();
+        for (name, table) in &defaults {
+            let mut flat = toml::Table::new();
+            for (key, value) in table.as_table().unwrap() {
+                match value {
+                    // Tables keyed by the user's own names (the gateway's model names) have no
+                    // fixed keys to walk.
+                    toml::Value::Table(_)
+                        if USER_KEYED_TABLES.contains(&format!("{name}.{key}").as_str()) => {}
+                    toml::Value::Table(_) => {
+                        sections.push((format!("{name}.{key}"), value.clone()))
+                    }
+                    _ => {
+                        flat.insert(key.clone(), value.clone());
+                    }
+                }
+            }
+            sections.push((name.clone(), toml::Value::Table(flat)));
+        }
         let mut walked = 0;
-        for (section, table) in &defaults {
+        for (section, table) in &sections {
+            let named = if section.contains('.') {
+                format!("`{section}`")
+            } else {
+                format!("`[{section}]`")
+            };
             refused_in_words(
                 &format!("{section} = 3"),
                 load_toml(&format!("{section} = 3\n")),
-                &format!("`[{section}]`"),
+                &named,
                 "must be a table",
             );
             refused_in_words(
@@ -743,7 +955,7 @@ mod tests {
                 let quoted = format!("`{name}`");
                 let env_key = format!(
                     "GENFLEET__{}__{}",
-                    section.to_uppercase(),
+                    section.to_uppercase().replace('.', "__"),
                     key.to_uppercase()
                 );
                 let enumerated = ENUMERATIONS.iter().find(|(k, _)| *k == name);
@@ -769,6 +981,7 @@ mod tests {
                             (&["{ a = 1 }", "[1]"], "", "text".into())
                         }
                         (toml::Value::Array(_), _) => (&["3", "\"x\""], "", "a list".into()),
+                        (toml::Value::Table(_), _) => (&["3", "\"x\""], "", "a table".into()),
                         (other, _) => panic!("{name}: a default of an unexpected kind: {other}"),
                     };
                 for wrong in wrong_in_file {
@@ -838,6 +1051,10 @@ mod tests {
             ("[llm]\nbase_url = \"ftp://x\"\n", "llm.base_url"),
             ("[llm]\ntool_mode = \"telepathy\"\n", "telepathy"),
             ("[worker]\npool = \"a.b\"\n", "worker.pool"),
+            (
+                "[worker]\nslots = 2\n[worker.reserved_slots]\nhigh = 1\nnormal = 1\n",
+                "worker.reserved_slots",
+            ),
         ] {
             let err = load_toml(toml).unwrap_err().to_string();
             assert!(err.contains(needle), "{toml}: {err}");

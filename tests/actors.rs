@@ -19,8 +19,10 @@ use genfleet::llm::{
     ChatRequest, ChatStream, FinishReason, LlmBackend, LlmError, StreamEvent, ToolCallDelta,
 };
 use genfleet::protocol::{
-    ErrorCode, Event, EventBody, GenerationRequest, Reason, RequestLimits, RequestState, Role,
+    ErrorCode, Event, EventBody, GenerationRequest, Priority, Reason, RequestLimits, RequestState,
+    Role,
 };
+use genfleet::settings::ReservedSlots;
 use genfleet::tools::ToolCatalog;
 use proptest::prelude::*;
 use tokio::sync::{mpsc, watch};
@@ -194,6 +196,10 @@ fn tools() -> ToolCatalog {
 }
 
 fn fixture(slots: u32) -> Fixture {
+    fixture_with(config(slots))
+}
+
+fn fixture_with(config: SupervisorConfig) -> Fixture {
     let backend = Arc::new(GatedBackend::default());
     let runner = Arc::new(common::ScriptedTools::default());
     runner.set(
@@ -216,7 +222,7 @@ fn fixture(slots: u32) -> Fixture {
     );
     engine.set_catalog(tools());
     let (tx, events) = mpsc::channel(4096);
-    let handle = Supervisor::start(config(slots), Arc::new(engine), Some(tx));
+    let handle = Supervisor::start(config, Arc::new(engine), Some(tx));
     Fixture {
         backend,
         handle,
@@ -232,6 +238,8 @@ fn config(slots: u32) -> SupervisorConfig {
         max_retained_results: 10_000,
         cancel_wait: Duration::from_secs(5),
         limits: RequestLimits::default(),
+        reserved: ReservedSlots::default(),
+        tenant_max_running: 0,
     }
 }
 
@@ -257,6 +265,30 @@ async fn submit_checked(
         .send(Submit {
             request,
             placement: Placement::default(),
+        })
+        .await
+        .unwrap()
+        .map(|_| ())
+        .map_err(|e| e.code)
+}
+
+/// Submits interactively in `band`, as `tenant`.
+async fn submit_as(
+    handle: &SupervisorHandle,
+    id: &str,
+    band: Priority,
+    tenant: Option<&str>,
+) -> Result<(), ErrorCode> {
+    let request = handle.checker.check(request(id)).map_err(|e| e.code)?;
+    handle
+        .addr
+        .send(Submit {
+            request,
+            placement: Placement {
+                band,
+                tenant: tenant.map(str::to_string),
+                ..Placement::default()
+            },
         })
         .await
         .unwrap()
@@ -318,6 +350,93 @@ async fn submit_with_no_free_slot_is_refused_at_once() {
     let mut capacity = f.handle.capacity.clone();
     capacity.wait_for(|c| c.free() == 1).await.unwrap();
     submit(&f.handle, "c").await.unwrap();
+    f.backend.open_all();
+    quiesce(&f.handle).await;
+}
+
+#[actix::test]
+async fn reserved_slots_keep_room_that_only_higher_bands_take() {
+    let f = fixture_with(SupervisorConfig {
+        reserved: ReservedSlots { high: 1, normal: 1 },
+        ..config(4)
+    });
+    for id in ["l1", "l2", "l3", "n1", "n2", "h1", "h2"] {
+        f.backend.script(id, Behaviour::Partial);
+    }
+    // Four free: low may take two, leaving the normal and high reserves.
+    assert_eq!(
+        submit_as(&f.handle, "l1", Priority::Low, None).await,
+        Ok(())
+    );
+    assert_eq!(
+        submit_as(&f.handle, "l2", Priority::Low, None).await,
+        Ok(())
+    );
+    assert_eq!(
+        submit_as(&f.handle, "l3", Priority::Low, None).await,
+        Err(ErrorCode::NoSlotAvailable)
+    );
+    // Normal takes the normal reserve, never the high one.
+    assert_eq!(
+        submit_as(&f.handle, "n1", Priority::Normal, None).await,
+        Ok(())
+    );
+    assert_eq!(
+        submit_as(&f.handle, "n2", Priority::Normal, None).await,
+        Err(ErrorCode::NoSlotAvailable)
+    );
+    assert_eq!(
+        submit_as(&f.handle, "h1", Priority::High, None).await,
+        Ok(())
+    );
+    assert_eq!(
+        submit_as(&f.handle, "h2", Priority::High, None).await,
+        Err(ErrorCode::NoSlotAvailable)
+    );
+    f.backend.open_all();
+    quiesce(&f.handle).await;
+}
+
+#[actix::test]
+async fn a_tenant_at_its_limit_is_refused_with_tenant_limit() {
+    let f = fixture_with(SupervisorConfig {
+        tenant_max_running: 1,
+        ..config(4)
+    });
+    for id in ["a1", "a2", "b1", "d1", "d2"] {
+        f.backend.script(id, Behaviour::Partial);
+    }
+    assert_eq!(
+        submit_as(&f.handle, "a1", Priority::Normal, Some("a")).await,
+        Ok(())
+    );
+    assert_eq!(
+        submit_as(&f.handle, "a2", Priority::Normal, Some("a")).await,
+        Err(ErrorCode::TenantLimit)
+    );
+    assert_eq!(
+        submit_as(&f.handle, "b1", Priority::Normal, Some("b")).await,
+        Ok(())
+    );
+    // The default tenant has the same limit.
+    assert_eq!(
+        submit_as(&f.handle, "d1", Priority::Normal, None).await,
+        Ok(())
+    );
+    assert_eq!(
+        submit_as(&f.handle, "d2", Priority::Normal, None).await,
+        Err(ErrorCode::TenantLimit)
+    );
+    // A slot freed by the tenant is its own again.
+    f.backend.open("a1");
+    finished(&f.handle.addr, "a1").await;
+    let mut capacity = f.handle.capacity.clone();
+    capacity.wait_for(|c| c.busy == 2).await.unwrap();
+    f.backend.script("a2", Behaviour::Partial);
+    assert_eq!(
+        submit_as(&f.handle, "a2", Priority::Normal, Some("a")).await,
+        Ok(())
+    );
     f.backend.open_all();
     quiesce(&f.handle).await;
 }

@@ -62,12 +62,19 @@ const LAYERS: &[Layer] = &[
     },
     Layer {
         name: "engine",
-        may_import: &["protocol", "settings", "llm", "tools"],
+        may_import: &["protocol", "telemetry", "settings", "llm", "tools"],
         must_not_use: NO_NATS_NO_ACTIX,
     },
     Layer {
         name: "actors",
-        may_import: &["protocol", "settings", "llm", "tools", "engine"],
+        may_import: &[
+            "protocol",
+            "telemetry",
+            "settings",
+            "llm",
+            "tools",
+            "engine",
+        ],
         must_not_use: &["async_nats"],
     },
     Layer {
@@ -78,7 +85,14 @@ const LAYERS: &[Layer] = &[
     Layer {
         name: "bus",
         may_import: &[
-            "protocol", "settings", "llm", "tools", "engine", "actors", "observe",
+            "protocol",
+            "telemetry",
+            "settings",
+            "llm",
+            "tools",
+            "engine",
+            "actors",
+            "observe",
         ],
         must_not_use: &[],
     },
@@ -90,6 +104,11 @@ const LAYERS: &[Layer] = &[
     Layer {
         name: "console",
         may_import: &["protocol", "settings", "bus"],
+        must_not_use: &["actix"],
+    },
+    Layer {
+        name: "gateway",
+        may_import: &["protocol", "settings", "telemetry", "observe", "bus"],
         must_not_use: &["actix"],
     },
     Layer {
@@ -106,6 +125,7 @@ const LAYERS: &[Layer] = &[
             "bus",
             "manager",
             "console",
+            "gateway",
         ],
         must_not_use: &[],
     },

@@ -158,6 +158,7 @@ fn weather_tool() -> ToolSpec {
         name: "get_weather".into(),
         description: "The weather in a city".into(),
         parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+        strict: None,
     }
 }
 

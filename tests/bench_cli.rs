@@ -227,6 +227,23 @@ async fn a_local_run_reports_every_phase_as_json() {
     number(&report, "/durable/enqueue_to_finished_ms/p50");
     number(&report, "/memory/idle_rss_mib");
     number(&report, "/memory/per_request_kib");
+    // --requests 20 bounds the scheduling phase too: 4 conversations of 5 turns per pass.
+    for pass in ["with_affinity", "without_affinity"] {
+        assert_eq!(
+            number(&report, &format!("/scheduling/{pass}/requests")),
+            20.0
+        );
+        assert_eq!(
+            number(&report, &format!("/scheduling/{pass}/completed")),
+            20.0
+        );
+        number(&report, &format!("/scheduling/{pass}/first_token_ms/p50"));
+    }
+    // With affinity every later turn found its conversation in its backend's cache or its
+    // worker busy.
+    let held = number(&report, "/scheduling/with_affinity/held");
+    let busy = number(&report, "/scheduling/with_affinity/fell_back_busy");
+    assert_eq!(held + busy, 16.0, "{report:#}");
     for ratio in [
         "throughput_vs_nats",
         "p50_vs_nats",
@@ -237,7 +254,8 @@ async fn a_local_run_reports_every_phase_as_json() {
         number(&report, &format!("/ratios/{ratio}"));
     }
     let targets = field(&report, "/targets").as_array().unwrap();
-    assert_eq!(targets.len(), 5);
+    // The five of the load phases and memory, and the two of scheduling.
+    assert_eq!(targets.len(), 7);
     assert!(
         targets.iter().all(|t| t["value"].is_number()),
         "{targets:?}"
@@ -270,6 +288,138 @@ async fn the_table_shows_the_floors_beside_genfleet() {
             stdout.contains(expected),
             "{expected:?} missing from\n{stdout}"
         );
+    }
+}
+
+#[tokio::test]
+async fn the_fairness_phase_reports_both_tenants_waits_and_both_throughputs() {
+    let output = run(&[
+        "--local",
+        "--mode",
+        "fairness",
+        "--burst",
+        "200",
+        "--duration-secs",
+        "1",
+        "--concurrency",
+        "2",
+        "--slots",
+        "4",
+        "--json",
+    ])
+    .await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("stdout is one JSON object ({e}); stderr:\n{stderr}"));
+    assert_eq!(number(&report, "/light_requests"), 20.0);
+    assert_eq!(number(&report, "/flood_requests"), 200.0);
+    for key in [
+        "/idle_wait_p50_ms",
+        "/flooded_wait_p50_ms",
+        "/flood_wait_p50_ms",
+    ] {
+        assert!(number(&report, key) >= 0.0, "{key}: {report}");
+    }
+    // Every turn completed requests on both paths.
+    assert!(number(&report, "/v1_per_sec") > 0.0, "{report}");
+    assert!(number(&report, "/tenant_band_per_sec") > 0.0, "{report}");
+}
+
+#[tokio::test]
+async fn the_gateway_phase_reports_the_gateway_beside_the_bus_and_the_mock() {
+    let output = run(&[
+        "--local",
+        "--mode",
+        "gateway",
+        "--requests",
+        "12",
+        "--concurrency",
+        "3",
+        "--slots",
+        "8",
+        "--json",
+    ])
+    .await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("stdout is one JSON object ({e}); stderr:\n{stderr}"));
+    assert!(
+        field(&report, "/gateway_url")
+            .as_str()
+            .unwrap()
+            .starts_with("http://127.0.0.1:"),
+        "{report}"
+    );
+    let levels = field(&report, "/levels").as_array().unwrap();
+    let concurrencies: Vec<f64> = levels.iter().map(|l| number(l, "/concurrency")).collect();
+    assert_eq!(concurrencies, vec![1.0, 3.0]);
+    for (i, level) in levels.iter().enumerate() {
+        for path in ["through_gateway", "through_bus", "backend_direct"] {
+            let at = |key: &str| format!("/levels/{i}/{path}/{key}");
+            // Every request of every path completed, with the asked answer.
+            assert_eq!(number(&report, &at("requests")), 12.0, "{path}");
+            assert_eq!(number(&report, &at("completed")), 12.0, "{path}");
+            assert_eq!(number(&report, &at("errors")), 0.0, "{path}");
+            assert!(number(&report, &at("requests_per_sec")) > 0.0, "{path}");
+            same(number(&report, &at("latency_ms/count")), 12.0, "samples");
+            let p50 = number(&report, &at("latency_ms/p50"));
+            let p99 = number(&report, &at("latency_ms/p99"));
+            assert!(0.0 < p50 && p50 <= p99, "{path}: {p50} {p99}");
+            let processes = field(&report, &at("processes")).as_array().unwrap();
+            let roles: Vec<&str> = processes
+                .iter()
+                .map(|p| p["role"].as_str().unwrap())
+                .collect();
+            assert!(roles.contains(&"genfleet gateway"), "{roles:?}");
+            assert!(roles.contains(&"mock-llm"), "{roles:?}");
+        }
+        let gateway = number(
+            &report,
+            &format!("/levels/{i}/through_gateway/latency_ms/p50"),
+        );
+        let bus = number(&report, &format!("/levels/{i}/through_bus/latency_ms/p50"));
+        same(
+            number(level, "/gateway_added_p50_ms"),
+            gateway - bus,
+            "added p50",
+        );
+        number(level, "/gateway_added_p99_ms");
+        assert!(number(level, "/gateway_throughput_vs_bus") > 0.0);
+    }
+    // Both targets are reported; at concurrency 3 the throughput one is not measured.
+    let targets = field(&report, "/targets").as_array().unwrap();
+    assert_eq!(targets.len(), 2, "{report}");
+    assert!(targets[0]["value"].is_number(), "{report}");
+    assert_eq!(targets[0]["conditions_met"], Value::Bool(true));
+    assert!(targets[1]["value"].is_null(), "{report}");
+    assert_eq!(targets[1]["conditions_met"], Value::Bool(false));
+
+    // The table carries the same figures.
+    let output = run(&[
+        "--local",
+        "--mode",
+        "gateway",
+        "--requests",
+        "4",
+        "--concurrency",
+        "2",
+    ])
+    .await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let table = String::from_utf8_lossy(&output.stdout);
+    for expected in [
+        "HTTP → gateway → fleet → mock",
+        "Rust client → bus → fleet → mock",
+        "HTTP → mock",
+        "added p50",
+        "gateway added p50 over the bus path",
+        "gateway throughput vs the bus path",
+        "genfleet gateway (",
+    ] {
+        assert!(table.contains(expected), "{expected} missing from\n{table}");
     }
 }
 
@@ -315,6 +465,8 @@ async fn flags_that_need_another_kind_of_run_are_refused() {
     let this = env!("CARGO_BIN_EXE_genfleet");
     for (args, expected) in [
         (vec!["--mode", "memory"], "--local"),
+        (vec!["--mode", "scheduling"], "--local"),
+        (vec!["--mode", "gateway"], "--local"),
         (vec!["--baseline", this], "--baseline needs --local"),
         (
             vec!["--local", "--baseline", "/nonexistent/genfleet"],

@@ -1179,6 +1179,8 @@ async fn submit_sets_the_common_request_fields_from_flags() {
             "team=ops",
             "--metadata",
             "priority=3",
+            "--affinity",
+            "chat-7",
             "hello",
         ],
     )
@@ -1186,6 +1188,12 @@ async fn submit_sets_the_common_request_fields_from_flags() {
     assert!(ok, "{stderr}");
     let result: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(result["request_id"], "flagged");
+    // A single command knows no worker for the key: it went to the pool, and says so.
+    assert_eq!(
+        result["affinity"],
+        json!({"key": "chat-7", "held": false}),
+        "{result}"
+    );
     assert_eq!(result["job_name"], "nightly");
     assert_eq!(result["metadata"], json!({"team": "ops", "priority": 3}));
     let asked = &f.mock().requests()[0];
@@ -1195,4 +1203,55 @@ async fn submit_sets_the_common_request_fields_from_flags() {
     assert!(prompt.contains("Be brief."), "{prompt}");
     let (ok, _, stderr) = genfleet(&f, &["submit", "--metadata", "novalue", "hi"]).await;
     assert!(!ok && stderr.contains("is not KEY=VALUE"), "{stderr}");
+}
+
+/// A one-slot worker whose capacity flips between free and full with every request: each of
+/// many concurrent submits is answered (accepted, NO_SLOT_AVAILABLE, or no responders while the
+/// worker is out of the group), none is lost on its way to a subscription being left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known gap: a submit on its way to a worker leaving the pool's queue group is lost \
+            (about 1 run in 3 loses one of 400); docs/protocol.md, Submit"]
+async fn every_submit_is_answered_while_capacity_flips() {
+    let f = fleet("[[rules]]\nreply = \"ok\"\ndelay_ms = 5\n", 1, 1).await;
+    let nats = f.client.nats().clone();
+    let (mut accepted, mut refused, mut absent, mut lost) = (0, 0, 0, Vec::new());
+    for wave in 0..20 {
+        let replies = futures_util::future::join_all((0..20).map(|i| {
+            let nats = nats.clone();
+            async move {
+                let id = format!("flip-{wave}-{i}");
+                let body = serde_json::to_vec(&req(&id, "x")).unwrap();
+                let request = async_nats::Request::new()
+                    .payload(body.into())
+                    .timeout(Some(Duration::from_secs(20)));
+                (id, nats.send_request("gen.submit.default", request).await)
+            }
+        }))
+        .await;
+        for (id, reply) in replies {
+            match reply {
+                Ok(reply) => {
+                    let value: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
+                    match value["error"]["code"].as_str() {
+                        None => accepted += 1,
+                        Some("NO_SLOT_AVAILABLE") => refused += 1,
+                        Some(other) => panic!("{id}: {other}: {value}"),
+                    }
+                }
+                Err(error) if error.kind() == async_nats::RequestErrorKind::NoResponders => {
+                    absent += 1
+                }
+                Err(error) => lost.push(format!("{id}: {error}")),
+            }
+        }
+    }
+    eprintln!(
+        "{accepted} accepted, {refused} refused, {absent} no responders, {} lost",
+        lost.len()
+    );
+    assert!(
+        lost.is_empty(),
+        "{} submits never answered ({accepted} accepted, {refused} refused, {absent} no responders): {lost:?}",
+        lost.len()
+    );
 }

@@ -24,7 +24,9 @@ const TOKEN: &str = "console-test-token-0123456789";
 
 /// The model computes with the calculator, then asks where the report goes; a continuation
 /// files it. "Sum the numbers" never passes its check (an escalation); "slowly" streams for a
-/// few seconds; "Fail loudly" meets a backend that answers HTTP 500.
+/// few seconds; "until cancelled" streams for a minute, longer than any wait of the tests, so
+/// it is still running when a test cancels it; "Fail loudly" meets a backend that answers
+/// HTTP 500.
 const SCRIPT: &str = r#"
 token_delay_ms = 2
 
@@ -42,6 +44,12 @@ when_last_user_contains = "slowly"
 reply = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen twenty twenty-one twenty-two twenty-three twenty-four twenty-five twenty-six twenty-seven twenty-eight twenty-nine thirty"
 chunk = "word"
 delay_ms = 120
+
+[[rules]]
+when_last_user_contains = "until cancelled"
+reply = "tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick tick"
+chunk = "word"
+delay_ms = 1000
 
 [[rules]]
 when_last_user_contains = "Fail loudly"
@@ -124,13 +132,25 @@ impl Fleet {
         id
     }
 
-    /// Runs a request the backend refuses, and reads (so releases) its FAILED result, as its
-    /// caller would.
+    /// Starts a request that runs for a minute unless cancelled.
+    async fn start_long(&self) -> String {
+        let mut request = GenerationRequest::user("Tick until cancelled.");
+        let id = genfleet::protocol::ids::new_id();
+        request.request_id = Some(id.clone());
+        request.job_name = Some("ticker".into());
+        request.metadata.insert("tenant".into(), json!("globex"));
+        self.client.submit("default", &request).await.unwrap();
+        id
+    }
+
+    /// Runs a request the backend refuses (for tenant `acme`), and reads (so releases) its
+    /// FAILED result, as its caller would.
     async fn run_failing(&self) -> String {
         let mut request = GenerationRequest::user("Fail loudly, please.");
         let id = genfleet::protocol::ids::new_id();
         request.request_id = Some(id.clone());
         request.job_name = Some("doomed".into());
+        request.metadata.insert("tenant".into(), json!("acme"));
         let result = self.client.run("default", request, WAIT).await.unwrap();
         assert_eq!(result.state, genfleet::protocol::RequestState::Failed);
         id
@@ -807,6 +827,226 @@ async fn a_request_is_followed_live_and_its_result_only_peeked() {
     c.stop().await;
 }
 
+impl Running {
+    async fn get(&self, path: &str) -> (u16, Value) {
+        let response = http().get(self.url(path)).send().await.unwrap();
+        (response.status().as_u16(), response.json().await.unwrap())
+    }
+
+    /// Waits until the list answer to `query` holds.
+    async fn until_listed(&self, query: &str, what: &str, holds: impl Fn(&Value) -> bool) -> Value {
+        let started = Instant::now();
+        loop {
+            let (status, page) = self.get(&format!("/api/requests?{query}")).await;
+            assert_eq!(status, 200, "{page}");
+            if holds(&page) {
+                return page;
+            }
+            assert!(started.elapsed() < WAIT, "{what}; the list: {page:#}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until the request's timeline holds.
+    async fn until_timeline(&self, id: &str, what: &str, holds: impl Fn(&Value) -> bool) -> Value {
+        let started = Instant::now();
+        loop {
+            let (status, detail) = self.get(&format!("/api/requests/{id}/timeline")).await;
+            if status == 200 && holds(&detail) {
+                return detail;
+            }
+            assert!(started.elapsed() < WAIT, "{what}; the timeline: {detail:#}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn cancel(&self, id: &str, token: Option<&str>) -> (u16, Value) {
+        let mut request = http()
+            .post(self.url(&format!("/api/requests/{id}/cancel")))
+            .json(&json!({"user": "ann"}));
+        if let Some(token) = token {
+            request = request.header("x-genfleet-token", token);
+        }
+        let response = request.send().await.unwrap();
+        (response.status().as_u16(), response.json().await.unwrap())
+    }
+}
+
+fn listed(page: &Value) -> Vec<&str> {
+    page["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["request_id"].as_str().unwrap())
+        .collect()
+}
+
+fn kinds(detail: &Value) -> Vec<&str> {
+    detail["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_requests_list_is_filtered_each_request_has_a_timeline_and_one_is_cancelled() {
+    let f = fleet().await;
+    let c = console(&f.settings, TOKEN, false).await;
+    // A request that calls the calculator and asks a decision; one for a tenant that fails.
+    let (asking, decision) = f.raise_decision().await;
+    let failed = f.run_failing().await;
+    let page = c
+        .until_listed("", "both requests are listed", |p| {
+            let ids = listed(p);
+            ids.contains(&asking.as_str()) && ids.contains(&failed.as_str())
+        })
+        .await;
+    assert_eq!(page["max"], 2000);
+    assert!(
+        page["pools"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("default"))
+    );
+    for (query, wanted, not) in [
+        ("state=FAILED", &failed, &asking),
+        ("state=completed", &asking, &failed),
+        ("tenant=acm", &failed, &asking),
+        ("job=console-rep", &asking, &failed),
+        ("pool=default", &asking, &"none".to_string()),
+        (
+            &format!("id={}", &failed[failed.len() - 6..]),
+            &failed,
+            &asking,
+        ),
+    ] {
+        let page = c
+            .until_listed(query, query, |p| listed(p).contains(&wanted.as_str()))
+            .await;
+        assert!(!listed(&page).contains(&not.as_str()), "{query}: {page:#}");
+    }
+    let (status, refused) = c.get("/api/requests?colour=red").await;
+    assert_eq!(status, 400, "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("colour")
+    );
+
+    // The asking request's timeline: started, its turns, the tool call, the decision.
+    let detail = c
+        .until_timeline(&asking, "the decision is in the timeline", |d| {
+            kinds(d).contains(&"decision") && kinds(d).contains(&"finished")
+        })
+        .await;
+    let shown = kinds(&detail);
+    for kind in [
+        "started",
+        "turn",
+        "tool_call",
+        "tool_result",
+        "decision",
+        "finished",
+    ] {
+        assert!(shown.contains(&kind), "{kind} missing: {detail:#}");
+    }
+    assert_eq!(detail["pool"], "default");
+    assert_eq!(detail["decision_id"], decision.as_str());
+    assert!(detail["tool_calls"].as_u64().unwrap() >= 1);
+    // Answered: the answer and the continuation are in it, linked.
+    let (status, reply) = c
+        .answer(&decision, json!({"user": "ann", "option_id": "email"}))
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    let continuation = reply["continuation_request_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let detail = c
+        .until_timeline(&asking, "the answer is in the timeline", |d| {
+            d["timeline"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|e| e["kind"] == "answered" && e["request_id"] == continuation.as_str())
+        })
+        .await;
+    assert_eq!(detail["continuation_request_id"], continuation.as_str());
+    let next = c
+        .until_timeline(&continuation, "the continuation finishes", |d| {
+            d["state"] == "COMPLETED"
+        })
+        .await;
+    assert_eq!(next["parent_request_id"], asking.as_str());
+    assert_eq!(next["chain_position"], 2);
+
+    // A running request is cancelled through the console, with the token only.
+    let slow = f.start_long().await;
+    c.until_listed("state=RUNNING", "the long request runs", |p| {
+        listed(p).contains(&slow.as_str())
+    })
+    .await;
+    c.until_timeline(&slow, "the model's turn begins", |d| {
+        kinds(d).contains(&"turn")
+    })
+    .await;
+    let (status, reply) = c.cancel(&slow, None).await;
+    assert_eq!(
+        (status, reply["error"]["code"].as_str()),
+        (403, Some("UNAUTHORIZED"))
+    );
+    let (status, reply) = c.cancel(&slow, Some(TOKEN)).await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(
+        (reply["state"].as_str(), reply["cancelled_by"].as_str()),
+        (Some("CANCELLED"), Some("human:ann"))
+    );
+    let (status, reply) = c.cancel(&slow, Some(TOKEN)).await;
+    assert_eq!(
+        (status, reply["error"]["code"].as_str()),
+        (409, Some("ALREADY_FINISHED"))
+    );
+    let detail = c
+        .until_timeline(&slow, "the cancel is in the timeline", |d| {
+            d["state"] == "CANCELLED" && kinds(d).contains(&"finished")
+        })
+        .await;
+    let shown = kinds(&detail);
+    for kind in ["started", "turn", "cancel", "finished"] {
+        assert!(shown.contains(&kind), "{kind} missing: {detail:#}");
+    }
+    let (status, unseen) = c.get("/api/requests/never-seen-here/timeline").await;
+    assert_eq!(
+        (status, unseen["error"]["code"].as_str()),
+        (404, Some("NOT_FOUND"))
+    );
+
+    // The pool's series counts what finished.
+    let snapshot = c
+        .until("the series count the finished requests", |s| {
+            s["fleet"]["series"]["pools"]
+                .as_array()
+                .is_some_and(|pools| {
+                    pools.iter().any(|p| {
+                        p["pool"] == "default"
+                            && p["points"]
+                                .as_array()
+                                .unwrap()
+                                .iter()
+                                .map(|x| x["finished"].as_u64().unwrap())
+                                .sum::<u64>()
+                                >= 4
+                    })
+                })
+        })
+        .await;
+    assert_eq!(snapshot["fleet"]["series"]["bucket_ms"], 10_000);
+    c.stop().await;
+}
+
 #[tokio::test]
 async fn the_page_is_embedded_with_a_strict_policy_and_streams_are_capped() {
     let f = fleet().await;
@@ -1049,6 +1289,9 @@ async fn the_console_in_a_browser() {
     for shot in [
         "inbox",
         "request",
+        "requests",
+        "requests-narrow",
+        "request-cancelled",
         "fleet",
         "signals",
         "inbox-narrow",
@@ -1073,6 +1316,7 @@ async fn browser_step(f: &Fleet, step: &Value) -> Value {
             json!({"request_id": request_id, "decision_id": decision_id})
         }
         "slow" => json!({"request_id": f.start_slow(step["request_id"].as_str()).await}),
+        "long" => json!({"request_id": f.start_long().await}),
         "failed" => json!({"request_id": f.run_failing().await}),
         "answer" => match f.record(decision_id).await.answer {
             Some(answer) => json!(answer),

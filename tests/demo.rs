@@ -62,7 +62,12 @@ async fn the_demo_shows_the_tool_call_the_decision_the_answer_and_the_result() {
         "chain position 2",
         "finished: COMPLETED stop",
         "Report filed as the manager decided.",
-        "stopped: manager, tool service, worker, mock backend, nats-server",
+        "started genfleet gateway: OpenAI's chat completions API at http://127.0.0.1:",
+        "curl http://127.0.0.1:",
+        "/v1/chat/completions -H 'Content-Type: application/json' -d '{",
+        "assistant: Hello from the fleet: a genfleet worker answered this through the gateway.",
+        "finish_reason stop",
+        "stopped: gateway, manager, tool service, worker, mock backend, nats-server",
     ] {
         assert!(
             stdout.contains(expected),

@@ -18,10 +18,19 @@ fn every_configuration_key_is_documented() {
     .unwrap();
     let mut missing = Vec::new();
     for (section, table) in &defaults {
-        for key in table.as_table().expect("sections are tables").keys() {
-            let name = format!("`{section}.{key}`");
-            if !reference.contains(&name) {
-                missing.push(name);
+        for (key, value) in table.as_table().expect("sections are tables") {
+            // A table within a section (`[worker.reserved_slots]`) is documented key by key.
+            let names: Vec<String> = match value.as_table() {
+                Some(inner) => inner
+                    .keys()
+                    .map(|k| format!("`{section}.{key}.{k}`"))
+                    .collect(),
+                None => vec![format!("`{section}.{key}`")],
+            };
+            for name in names {
+                if !reference.contains(&name) {
+                    missing.push(name);
+                }
             }
         }
     }
@@ -54,19 +63,34 @@ fn readme_by_hand() -> Vec<String> {
         .collect()
 }
 
-/// A command line as the shell splits it (double quotes group words).
+/// The README's Python snippet that follows its by-hand block.
+fn readme_python() -> String {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let from = readme
+        .find("By hand, against a NATS you run")
+        .expect("the README has its by-hand section");
+    let block = &readme[from..];
+    let start = block.find("```python\n").expect("a python block") + "```python\n".len();
+    let end = start + block[start..].find("```").expect("the block ends");
+    block[start..end].to_string()
+}
+
+/// A command line as the shell splits it (double or single quotes group words; within single
+/// quotes a double quote is a character).
 fn words(line: &str) -> Vec<String> {
     let mut words = Vec::new();
     let mut word = String::new();
-    let mut quoted = false;
+    let mut quote: Option<char> = None;
     let mut any = false;
     for c in line.chars() {
         match c {
-            '"' => {
-                quoted = !quoted;
+            '"' | '\'' if quote.is_none() => {
+                quote = Some(c);
                 any = true;
             }
-            ' ' if !quoted => {
+            c if quote == Some(c) => quote = None,
+            ' ' if quote.is_none() => {
                 if any {
                     words.push(std::mem::take(&mut word));
                     any = false;
@@ -93,6 +117,7 @@ fn the_readmes_by_hand_flow_runs_as_written() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let nats = runtime.block_on(NatsServer::start());
     let backend_port = free_port();
+    let gateway_port = free_port();
     let env: Vec<(String, String)> = [
         ("GENFLEET__NATS__URL", nats.url()),
         (
@@ -101,6 +126,10 @@ fn the_readmes_by_hand_flow_runs_as_written() {
         ),
         ("GENFLEET__HTTP__LISTEN", "127.0.0.1:0".into()),
         ("GENFLEET__CONSOLE__LISTEN", "127.0.0.1:0".into()),
+        (
+            "GENFLEET__GATEWAY__LISTEN",
+            format!("127.0.0.1:{gateway_port}"),
+        ),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -122,6 +151,15 @@ fn the_readmes_by_hand_flow_runs_as_written() {
             let (key, value) = assignment.split_once('=').unwrap();
             line_env.push((key.to_string(), value.to_string()));
         }
+        if words[0] == "curl" {
+            // Sent as curl sends it (curl may be missing here): the URL, the headers, the body.
+            ran.push((
+                "curl".into(),
+                curl(&runtime, &words, gateway_port),
+                String::new(),
+            ));
+            continue;
+        }
         assert_eq!(
             words[..2],
             ["cargo", "run"],
@@ -139,6 +177,7 @@ fn the_readmes_by_hand_flow_runs_as_written() {
             "tool-demo" => Some("tool-demo serving"),
             "manager" => Some("following signals.>"),
             "console" => Some("console listening on"),
+            "gateway" => Some("gateway listening on"),
             _ => None,
         };
         match ready {
@@ -180,6 +219,47 @@ fn the_readmes_by_hand_flow_runs_as_written() {
         "{submitted}\n{said}"
     );
     assert!(said.contains("continuing as"), "{said}");
+    // The chat completion went through the gateway to the worker and the scripted model.
+    let (_, answer, _) = ran
+        .iter()
+        .find(|(command, ..)| command == "curl")
+        .expect("the README calls the gateway");
+    let answer: serde_json::Value = serde_json::from_str(answer).unwrap();
+    assert_eq!(
+        answer.pointer("/choices/0/message/content"),
+        Some(&serde_json::json!(
+            "Hello from the fleet: a genfleet worker answered this through the gateway."
+        )),
+        "{answer}"
+    );
+    assert_eq!(
+        answer.pointer("/choices/0/finish_reason"),
+        Some(&serde_json::json!("stop"))
+    );
+    // The README's Python snippet, as written, against the same gateway.
+    let snippet = readme_python().replace("127.0.0.1:8081", &format!("127.0.0.1:{gateway_port}"));
+    let python = std::env::var("GENFLEET_TEST_PYTHON").unwrap_or_else(|_| {
+        let venv = Path::new(root).join(".venv/bin/python");
+        assert!(
+            venv.exists(),
+            "this test needs Python with the openai package: run ./scripts/test.sh (it creates \
+             .venv), or set GENFLEET_TEST_PYTHON to such an interpreter"
+        );
+        venv.to_string_lossy().into_owned()
+    });
+    let output = Command::new(&python)
+        .args(["-c", &snippet])
+        .output()
+        .unwrap_or_else(|e| panic!("{python} runs: {e}"));
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success()
+            && printed.trim()
+                == "Hello from the fleet: a genfleet worker answered this through the gateway.",
+        "the README's Python snippet ({}):\n{printed}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
     let (_, fleet, _) = ran
         .iter()
         .find(|(command, ..)| command == "fleet")
@@ -190,4 +270,41 @@ fn the_readmes_by_hand_flow_runs_as_written() {
         assert!(status.success(), "{status:?}");
     }
     drop(nats);
+}
+
+/// A README `curl URL -H 'Name: value' ... -d BODY` line, sent with reqwest to the gateway on
+/// `gateway_port`; the answer's body (the call must succeed).
+fn curl(runtime: &tokio::runtime::Runtime, words: &[String], gateway_port: u16) -> String {
+    let mut url = None;
+    let mut headers = Vec::new();
+    let mut body = None;
+    let mut rest = words[1..].iter();
+    while let Some(word) = rest.next() {
+        match word.as_str() {
+            "-H" => headers.push(rest.next().expect("-H has a header").clone()),
+            "-d" => body = Some(rest.next().expect("-d has a body").clone()),
+            url_word if url_word.starts_with("http") => {
+                url = Some(url_word.replace("127.0.0.1:8081", &format!("127.0.0.1:{gateway_port}")))
+            }
+            other => panic!("a curl option the test does not know: {other}"),
+        }
+    }
+    let url = url.expect("curl has a URL");
+    genfleet::llm::openai::install_crypto_provider();
+    runtime.block_on(async {
+        let mut request = reqwest::Client::new().post(&url);
+        for header in &headers {
+            let (name, value) = header.split_once(": ").expect("Name: value");
+            request = request.header(name, value);
+        }
+        let response = request
+            .body(body.expect("curl sends a body"))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        assert!(status.is_success(), "{url}: {status} {text}");
+        text
+    })
 }

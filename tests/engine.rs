@@ -1334,3 +1334,314 @@ async fn a_tool_answer_past_the_bound_is_cut_for_the_model_and_the_record() {
         .text();
     assert_eq!(content, "{\"sum\":3}");
 }
+
+/// The caller's own tool in the tests below: the fleet never runs it.
+fn get_time() -> serde_json::Value {
+    json!({"type": "function", "function": {
+        "name": "get_time",
+        "description": "Returns the local time in a city, as HH:MM.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": false},
+        "strict": true
+    }})
+}
+
+/// The continuation a caller sends after `tool_calls`: the conversation so far and one `tool`
+/// message per call, answered with `answer`.
+fn continuation(
+    first: &genfleet::protocol::GenerationResult,
+    answer: &str,
+    extra: serde_json::Value,
+) -> genfleet::protocol::GenerationRequest {
+    let mut messages = serde_json::to_value(&first.messages).unwrap();
+    for call in &first.tool_calls {
+        messages
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"role": "tool", "tool_call_id": call.id, "content": answer}));
+    }
+    let mut body = json!({"messages": messages, "caller_tools": [get_time()]});
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    request(body)
+}
+
+const CALLS_GET_TIME: &str = r#"
+[[rules]]
+when_last_role = "tool"
+reply = "It is {{last_message}} in Paris."
+[[rules]]
+reply = "Let me look."
+tool_calls = [{ name = "get_time", arguments = { city = "Paris" } }]
+"#;
+
+#[tokio::test]
+async fn a_caller_tool_call_ends_with_tool_calls_and_the_caller_continues() {
+    let h = Harness::new(CALLS_GET_TIME).await;
+    let first = request(json!({"messages": user("time in Paris?"), "caller_tools": [get_time()]}));
+    first.validate(&Default::default()).unwrap();
+    h.engine.check_request(&first).unwrap();
+    let (result, events) = h.run(first).await;
+    assert_eq!(
+        (result.state, result.reason),
+        (RequestState::Completed, Reason::ToolCalls),
+        "{result:?}"
+    );
+    assert_eq!(result.tool_calls.len(), 1);
+    let call = &result.tool_calls[0];
+    assert_eq!(call.function.name, "get_time");
+    let arguments: serde_json::Value = serde_json::from_str(&call.function.arguments).unwrap();
+    assert_eq!(arguments, json!({"city": "Paris"}));
+    // The last message is the assistant's, holding the same call by the same id.
+    let last = result.messages.last().unwrap();
+    assert_eq!(last.role, Role::Assistant);
+    assert_eq!(last.tool_calls, result.tool_calls);
+    assert_eq!(last.text(), "Let me look.");
+    assert!(
+        h.tools.calls().is_empty(),
+        "the fleet never runs a caller tool"
+    );
+    assert_eq!(result.tool_iterations_used, 0);
+    // The call is an event like a bus tool's, with no tool_result after it.
+    let names = event_names(&events);
+    assert!(
+        names.contains(&"tool_call") && !names.contains(&"tool_result"),
+        "{names:?}"
+    );
+    // The backend got the caller's definition as given, beside the control tools.
+    let sent = &h.backend_requests()[0]["tools"];
+    let function = sent
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["function"]["name"] == "get_time")
+        .unwrap();
+    assert_eq!(function, &get_time());
+    assert!(bios_of(&h.backend_requests()[0]).contains("- get_time: Returns the local time"));
+
+    let next = continuation(&result, "12:00", json!({}));
+    next.validate(&Default::default()).unwrap();
+    let (result, _) = h.run(next).await;
+    assert_eq!(result.reason, Reason::Stop, "{result:?}");
+    assert_eq!(result.output, "It is 12:00 in Paris.");
+    assert!(result.tool_calls.is_empty());
+}
+
+#[tokio::test]
+async fn text_mode_finds_caller_calls_in_text_and_gives_them_ids() {
+    let script = r#"
+[[rules]]
+when_last_message_contains = "tool_response"
+reply = "Noon, by the caller's clock."
+[[rules]]
+reply = "Checking.\n<tool_call>{\"name\": \"get_time\", \"arguments\": {\"city\": \"Paris\"}}</tool_call>"
+"#;
+    let h = Harness::with(script, |s| s.llm.tool_mode = ToolMode::Text).await;
+    let (result, _) = h
+        .run(request(
+            json!({"messages": user("time?"), "caller_tools": [get_time()]}),
+        ))
+        .await;
+    assert_eq!(result.reason, Reason::ToolCalls, "{result:?}");
+    let call = &result.tool_calls[0];
+    assert!(!call.id.is_empty());
+    assert_eq!(call.function.name, "get_time");
+    let last = result.messages.last().unwrap();
+    assert_eq!(
+        last.tool_calls, result.tool_calls,
+        "OpenAI's shape in text mode too"
+    );
+    assert_eq!(last.text().trim_end(), "Checking.");
+    let first = &h.backend_requests()[0];
+    assert!(
+        first.get("tools").is_none(),
+        "text mode sends no native tools"
+    );
+    let bios = bios_of(first);
+    assert!(
+        bios.contains("- get_time: Returns the local time")
+            && bios.contains("\"required\":[\"city\"]"),
+        "{bios}"
+    );
+
+    let (result, _) = h.run(continuation(&result, "\"12:00\"", json!({}))).await;
+    assert_eq!(result.output, "Noon, by the caller's clock.", "{result:?}");
+    // The model read the round trip the way text mode writes calls and answers.
+    let sent = h.backend_requests()[1]["messages"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let n = sent.len();
+    assert_eq!(sent[n - 2]["role"], "assistant");
+    assert_eq!(
+        sent[n - 2]["content"],
+        "Checking.\n<tool_call>{\"name\":\"get_time\",\"arguments\":{\"city\":\"Paris\"}}</tool_call>"
+    );
+    assert!(sent[n - 2].get("tool_calls").is_none());
+    assert_eq!(sent[n - 1]["role"], "user");
+    assert_eq!(
+        sent[n - 1]["content"],
+        "<tool_response>\n{\"content\":\"12:00\",\"name\":\"get_time\"}\n</tool_response>"
+    );
+}
+
+#[tokio::test]
+async fn caller_tool_arguments_are_held_to_the_callers_schema_with_a_correction_turn() {
+    let script = r#"
+[[rules]]
+when_last_message_contains = "could not be used"
+tool_calls = [{ name = "get_time", arguments = { city = "Paris" } }]
+[[rules]]
+tool_calls = [{ name = "get_time", arguments = { city = 75 } }]
+"#;
+    let h = Harness::new(script).await;
+    let (result, _) = h
+        .run(request(
+            json!({"messages": user("time?"), "caller_tools": [get_time()]}),
+        ))
+        .await;
+    assert_eq!(result.reason, Reason::ToolCalls, "{result:?}");
+    assert_eq!(result.tool_calls.len(), 1);
+    assert!(result.tool_calls[0].function.arguments.contains("Paris"));
+    let correction = result
+        .messages
+        .iter()
+        .find(|m| m.role == Role::User && m.text().contains("could not be used"))
+        .expect("a correction turn");
+    let text = correction.text();
+    assert!(
+        text.contains("/city") && text.contains("Returns the local time"),
+        "{text}"
+    );
+    // The refused call was answered, so the conversation stays well formed.
+    let refused = &result.messages[1].tool_calls[0].id;
+    assert!(
+        result
+            .messages
+            .iter()
+            .any(|m| m.tool_call_id.as_ref() == Some(refused))
+    );
+
+    // Still invalid after the corrections: the request fails as for a bus tool.
+    let h =
+        Harness::new("[[rules]]\ntool_calls = [{ name = \"get_time\", arguments = {} }]\n").await;
+    let (result, _) = h
+        .run(request(
+            json!({"messages": user("time?"), "caller_tools": [get_time()]}),
+        ))
+        .await;
+    assert_eq!(
+        (result.state, result.reason),
+        (RequestState::Failed, Reason::ToolParseError),
+        "{result:?}"
+    );
+    assert!(result.tool_calls.is_empty());
+}
+
+#[tokio::test]
+async fn a_turn_mixing_bus_and_caller_tools_runs_the_bus_tools_and_keeps_their_answers() {
+    let script = r#"
+[[rules]]
+when_last_role = "tool"
+reply = "Done: {{last_message}}"
+[[rules]]
+tool_calls = [
+  { name = "add", arguments = { a = 1, b = 2 } },
+  { name = "get_time", arguments = { city = "Paris" } },
+  { name = "signal_issue", arguments = { code = "POLICY_RISK", severity = "low", summary = "odd" } },
+]
+"#;
+    let h = Harness::new(script).await;
+    let (result, events) = h
+        .run(request(
+            json!({"messages": user("go"), "tools": ["add"], "caller_tools": [get_time()]}),
+        ))
+        .await;
+    assert_eq!(result.reason, Reason::ToolCalls, "{result:?}");
+    assert_eq!(h.tools.calls().len(), 1, "the bus tool ran");
+    assert_eq!(result.tool_iterations_used, 1);
+    assert_eq!(result.signals[0].code, "POLICY_RISK");
+    let names: Vec<&str> = result
+        .tool_calls
+        .iter()
+        .map(|c| c.function.name.as_str())
+        .collect();
+    assert_eq!(
+        names,
+        ["get_time"],
+        "only the caller's calls are the caller's to answer"
+    );
+    // user, assistant (all three calls), the bus tool's answer, the control call's ack.
+    let roles: Vec<Role> = result.messages.iter().map(|m| m.role).collect();
+    assert_eq!(roles, [Role::User, Role::Assistant, Role::Tool, Role::Tool]);
+    let assistant = &result.messages[1];
+    assert_eq!(assistant.tool_calls.len(), 3);
+    assert_eq!(
+        result.messages[2].tool_call_id.as_ref(),
+        Some(&assistant.tool_calls[0].id)
+    );
+    assert!(result.messages[2].text().contains("\"sum\""));
+    let tool_events = events
+        .iter()
+        .filter(|e| matches!(e.body, EventBody::ToolCall { .. }))
+        .count();
+    assert_eq!(tool_events, 2, "one for the bus call, one for the caller's");
+
+    let (result, _) = h
+        .run(continuation(&result, "12:00", json!({"tools": ["add"]})))
+        .await;
+    assert_eq!(result.reason, Reason::Stop, "{result:?}");
+    assert_eq!(result.output, "Done: 12:00");
+    let roles: Vec<String> = h.backend_requests()[1]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        roles,
+        ["system", "user", "assistant", "tool", "tool", "tool"]
+    );
+}
+
+#[tokio::test]
+async fn a_caller_tool_may_not_take_a_control_tools_name() {
+    let h = Harness::new("[[rules]]\nreply = \"x\"\n").await;
+    let body = json!({"messages": user("x"), "caller_tools": [{"type": "function", "function": {"name": "request_decision"}}]});
+    let err = h.engine.check_request(&request(body)).unwrap_err();
+    assert!(
+        err.message.contains("caller_tools[0].function.name")
+            && err.message.contains("control tool"),
+        "{}",
+        err.message
+    );
+}
+
+#[tokio::test]
+async fn a_bare_caller_function_is_sent_with_an_empty_schema_and_takes_any_object() {
+    let script = r#"
+[[rules]]
+tool_calls = [{ name = "ping", arguments = { anything = [1, 2] } }]
+"#;
+    let h = Harness::new(script).await;
+    let (result, _) = h
+        .run(request(
+            json!({"messages": user("ping"), "caller_tools": [{"function": {"name": "ping"}}]}),
+        ))
+        .await;
+    assert_eq!(result.reason, Reason::ToolCalls, "{result:?}");
+    let sent = h.backend_requests()[0]["tools"].clone();
+    let ping = sent
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["function"]["name"] == "ping")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        ping,
+        json!({"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}})
+    );
+    let bios = bios_of(&h.backend_requests()[0]);
+    assert!(bios.contains("\n- ping\n"), "{bios}");
+}

@@ -80,6 +80,59 @@ async fn the_engine_runs_against_the_mock_llm_process() {
     assert_eq!(h.tools.calls().len(), 2);
 }
 
+/// The prefix-cache flags turn the cache on in a script-less server, and its stats say so.
+#[tokio::test]
+async fn prefix_cache_flags_turn_the_cache_on() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_genfleet"))
+        .args([
+            "mock-llm",
+            "--listen",
+            "127.0.0.1:0",
+            "--prefix-cache-entries",
+            "7",
+        ])
+        .args(["--prefix-hit-ms", "0", "--prefill-ms-per-kb", "0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("genfleet mock-llm starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let mock = MockProcess {
+        child,
+        base_url: line
+            .trim()
+            .trim_start_matches("mock-llm listening on ")
+            .to_string(),
+    };
+    genfleet::llm::openai::install_crypto_provider();
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let stats_url = mock.base_url.replace("/v1", "/mock/stats");
+    for _ in 0..2 {
+        let reply = http
+            .post(format!("{}/chat/completions", mock.base_url))
+            .json(&json!({"messages": [{"role": "user", "content": "same"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(reply.status(), 200);
+    }
+    let stats: serde_json::Value = http
+        .get(&stats_url)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        stats["prefix_cache"],
+        json!({"hits": 1, "misses": 1, "entries": 1, "capacity": 7})
+    );
+}
+
 #[test]
 fn the_official_openai_python_client_talks_to_mock_llm() {
     let python = std::env::var("GENFLEET_TEST_PYTHON").unwrap_or_else(|_| {

@@ -1,5 +1,6 @@
 //! The shipped permissions file (config/nats/permissions.conf) on a real nats-server: a worker,
-//! a tool service, a manager and a client, each as a user of its role, do their whole job; the
+//! a tool service, a manager, a client and the gateway, each as a user of its role, do their
+//! whole job; the
 //! acts a role must not do are refused by the server (its permissions-violation error, seen
 //! through the client's event callback), and a tenant on other prefixes reaches nothing of
 //! this one.
@@ -41,6 +42,11 @@ reply = "a b c d e f g h i j k l m n o p"
 delay_ms = 100
 
 [[rules]]
+when_last_user_contains = "linger"
+reply = "late"
+first_token_delay_ms = 600000
+
+[[rules]]
 reply = "done"
 "#;
 
@@ -75,7 +81,9 @@ authorization {{
     {{ user: client, password: cpass, permissions: $GENFLEET_CLIENT }}
     {{ user: manager, password: mpass, permissions: $GENFLEET_MANAGER }}
     {{ user: tools, password: tpass, permissions: $GENFLEET_TOOL_SERVICE }}
+    {{ user: gateway, password: gpass, permissions: $GENFLEET_GATEWAY }}
     {{ user: tenant-b, password: bpass, permissions: $TENANT_B_CLIENT }}
+    {{ user: acme, password: acpass, permissions: $GENFLEET_TENANT_ACME }}
     {{ user: alice, password: alpass, permissions: {{
         publish = {{ allow = $GENFLEET_CLIENT_PUBLISH }}
         subscribe = {{ allow = [ "gen.events.*", "_INBOX_alice.>" ] }}
@@ -397,4 +405,158 @@ async fn each_role_does_its_job_and_nothing_else() {
 
     let _ = stop_manager.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), manager_task).await;
+}
+
+#[tokio::test]
+async fn the_gateway_reaches_what_it_uses_and_nothing_of_a_workers() {
+    let f = Fleet::builder()
+        .nats_config(server_config())
+        .script(SCRIPT)
+        .default_settings()
+        .slots(2)
+        .settings(|s| as_user(s, "worker", "wpass"))
+        .client_settings(|s| as_user(s, "gateway", "gpass"))
+        .start()
+        .await;
+    let (nats, gateway) = (&f.nats, &f.client);
+    const WAIT: Duration = Duration::from_secs(15);
+
+    // Submit, follow the events, read the result; enqueue (with the stream's acknowledgement);
+    // status; cancel.
+    let done = gateway
+        .run("default", request("g-run", "hello"), WAIT)
+        .await
+        .expect("the gateway runs a request");
+    assert_eq!(done.output, "done");
+    gateway
+        .enqueue("default", &request("g-durable", "hello"))
+        .await
+        .expect("the gateway enqueues");
+    let durable = fleet::terminal(gateway, "g-durable", WAIT).await;
+    assert_eq!(durable.state, RequestState::Completed);
+    gateway
+        .submit("default", &request("g-slow", "linger until cancelled"))
+        .await
+        .unwrap();
+    gateway
+        .status("g-slow")
+        .await
+        .expect("the gateway asks status");
+    gateway.cancel("g-slow").await.expect("the gateway cancels");
+    let cancelled = fleet::terminal(gateway, "g-slow", WAIT).await;
+    assert_eq!(cancelled.state, RequestState::Cancelled);
+
+    // The results bucket, read only; every request's events; the workers' service API.
+    let (raw, errors) = connect_as(nats, "gateway", "gpass").await;
+    let results = async_nats::jetstream::new(raw.clone())
+        .get_key_value("GENFLEET_RESULTS")
+        .await
+        .expect("the gateway opens the results bucket");
+    let stored = results
+        .get("res.g-durable")
+        .await
+        .expect("the gateway reads a result from the bucket");
+    assert!(stored.is_some(), "the unread result is in the bucket");
+    let _events = raw.subscribe("gen.events.>").await.unwrap();
+    for subject in ["$SRV.INFO.genfleet", "$SRV.STATS.genfleet"] {
+        let reply = tokio::time::timeout(WAIT, raw.request(subject, "".into()))
+            .await
+            .unwrap_or_else(|_| panic!("{subject} answered"))
+            .unwrap_or_else(|e| panic!("{subject}: {e}"));
+        let info: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
+        assert_eq!(info["name"], "genfleet", "{subject}: {info}");
+    }
+    raw.flush().await.unwrap();
+    assert!(
+        errors.lock().unwrap().is_empty(),
+        "the gateway's own acts were refused: {:?}",
+        errors.lock().unwrap()
+    );
+    fleet::take_exactly_once(gateway, "g-durable").await;
+
+    // What only a worker (or a manager) does.
+    raw.publish("gen.worker.any.cancel", "g-run".into())
+        .await
+        .unwrap();
+    raw.flush().await.unwrap();
+    refused(&errors, "the gateway posing as a worker", "gen.worker.").await;
+    let _serve = raw.subscribe("gen.submit.>").await.unwrap();
+    raw.flush().await.unwrap();
+    refused(&errors, "the gateway serving submits", "gen.submit.>").await;
+    raw.publish("$KV.GENFLEET_RESULTS.res.g-run", "{}".into())
+        .await
+        .unwrap();
+    raw.flush().await.unwrap();
+    refused(
+        &errors,
+        "the gateway writing a result",
+        "$KV.GENFLEET_RESULTS.res.g-run",
+    )
+    .await;
+    raw.publish("decisions.01JDECISIONBYTHEGATEWAY0000", "{}".into())
+        .await
+        .unwrap();
+    raw.flush().await.unwrap();
+    refused(&errors, "the gateway answering a decision", "decisions.").await;
+    let _signals = raw.subscribe("signals.>").await.unwrap();
+    raw.flush().await.unwrap();
+    refused(&errors, "the gateway reading the signals", "signals.").await;
+    raw.publish("$JS.API.STREAM.DELETE.KV_GENFLEET_RESULTS", "".into())
+        .await
+        .unwrap();
+    raw.flush().await.unwrap();
+    refused(
+        &errors,
+        "the gateway deleting the results bucket",
+        "$JS.API.STREAM.DELETE",
+    )
+    .await;
+}
+
+/// A tenant's user (permissions.conf's GENFLEET_TENANT_ACME) submits and enqueues under its
+/// own tenant, and the server refuses it every other tenant's subjects, the v1 ones included.
+#[tokio::test]
+async fn a_tenant_submits_only_under_the_tenant_its_user_is_granted() {
+    let f = Fleet::builder()
+        .nats_config(server_config())
+        .script(SCRIPT)
+        .default_settings()
+        .slots(2)
+        .settings(|s| as_user(s, "worker", "wpass"))
+        .client_settings(|s| as_user(s, "acme", "acpass"))
+        .start()
+        .await;
+    let acme = f.client.clone().with_tenant("acme").unwrap();
+    let done = acme
+        .run(
+            "default",
+            request("t-run", "hello"),
+            Duration::from_secs(15),
+        )
+        .await
+        .unwrap();
+    assert_eq!(done.state, RequestState::Completed, "{done:?}");
+    assert_eq!(
+        done.tenant.as_deref(),
+        Some("acme"),
+        "the result names its tenant"
+    );
+    let mut queued = request("t-queued", "hello");
+    queued.priority = Some(genfleet::protocol::Priority::High);
+    acme.enqueue("default", &queued).await.unwrap();
+    let r = fleet::terminal(&acme, "t-queued", Duration::from_secs(15)).await;
+    assert_eq!(r.state, RequestState::Completed, "{r:?}");
+
+    let (raw, errors) = connect_as(&f.nats, "acme", "acpass").await;
+    for subject in [
+        "gen.submit.default.other",
+        "gen.submit.default",
+        "gen.queue.default.normal.other.x1",
+        "gen.queue.default.high.default.x2",
+        "gen.queue.default.x3",
+    ] {
+        raw.publish(subject, "{}".into()).await.unwrap();
+        raw.flush().await.unwrap();
+        refused(&errors, "a tenant using another tenant's subject", subject).await;
+    }
 }

@@ -170,20 +170,37 @@ async fn a_durable_request_in_hand_waiting_for_a_slot_shows_queued_and_cancellin
     let client = &f.client;
     wait_for_a_worker(client).await;
     let mut in_hand = 0;
-    for round in 0..5 {
+    let mut round = 0;
+    let mut waited = Vec::new();
+    let (mut won, mut queued) = (0, 0);
+    while in_hand == 0 || round < 5 {
+        assert!(
+            round < 40,
+            "no round had the message in the worker's hand while the slot was taken \
+             ({won} rounds the message took the slot, {queued} it waited in the queue)"
+        );
         let busy = format!("busy-{round}");
         let waiting = format!("in-hand-{round}");
-        // The idle worker keeps a pull open for its free slot; the submit takes the slot, and
-        // the message enqueued right after is delivered to that pull.
+        round += 1;
         tokio::time::sleep(Duration::from_millis(300)).await;
-        client
-            .submit("default", &request(&busy, "slow"))
-            .await
-            .unwrap();
-        client
-            .enqueue("default", &request(&waiting, "never runs"))
-            .await
-            .unwrap();
+        // The worker hears of the message and pulls it for its free slot while the submit,
+        // sent a moment later, takes that slot: who wins is the race's, so the moment is
+        // swept from round to round.
+        let lag = Duration::from_micros(500 * (round % 8));
+        let durable = request(&waiting, &format!("slow {waiting}"));
+        let (enqueued, submitted) = tokio::join!(client.enqueue("default", &durable), async {
+            tokio::time::sleep(lag).await;
+            client.submit("default", &request(&busy, "slow")).await
+        });
+        enqueued.unwrap();
+        if let Err(error) = submitted {
+            // The message took the slot: nothing waits this round.
+            assert_eq!(error.code(), Some(ErrorCode::NoSlotAvailable), "{error}");
+            won += 1;
+            let _ = client.cancel(&waiting).await;
+            terminal(client, &waiting, Duration::from_secs(10)).await;
+            continue;
+        }
         assert_eq!(
             client.status(&waiting).await.unwrap().state,
             RequestState::Queued,
@@ -198,26 +215,29 @@ async fn a_durable_request_in_hand_waiting_for_a_slot_shows_queued_and_cancellin
         );
         match r.detail.as_deref() {
             Some("cancelled while waiting for a slot") => in_hand += 1,
-            Some("cancelled while queued") => {}
+            Some("cancelled while queued") => queued += 1,
             other => panic!("{waiting}: detail {other:?}"),
         }
+        waited.push(waiting);
         assert_eq!(
             client.cancel(&busy).await.unwrap().state,
             RequestState::Cancelled
         );
     }
-    assert!(
-        in_hand > 0,
-        "no round had the message in the worker's hand while the slot was taken"
-    );
-    // None of them ever reached the backend, and the slot is free again.
-    let prompts = serde_json::to_string(&f.mock().requests()).unwrap();
-    assert!(!prompts.contains("never runs"), "a cancelled request ran");
+    // Cancelled while they waited, none of them ever reached the backend, and the slot is
+    // free again.
     let done = client
         .run("default", req("after"), Duration::from_secs(10))
         .await
         .unwrap();
     assert_eq!(done.state, RequestState::Completed);
+    let prompts = serde_json::to_string(&f.mock().requests()).unwrap();
+    for waiting in waited {
+        assert!(
+            !prompts.contains(&format!("\"slow {waiting}\"")),
+            "{waiting} ran after it was cancelled"
+        );
+    }
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@ mod supervisor;
 pub use supervisor::{
     Cancel, Canceller, CheckedRequest, Drain, DrainReport, GetResult, Held, HeldRequest,
     MAILBOX_CAPACITY, Placement, Release, Released, RequestChecker, Stats, Status, Submit,
-    Supervisor, SupervisorConfig, SupervisorHandle, Ticket, TicketOf, request_limits,
+    Supervisor, SupervisorConfig, SupervisorHandle, TenantSlots, Ticket, TicketOf, request_limits,
 };
 // The wire replies the Supervisor's messages answer with.
 pub use crate::protocol::{Accepted, CancelReply, Capacity, StatsReply, StatusReply};

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::supervisor::{SlotDone, SlotReleased, Supervisor};
 use crate::engine::{Engine, EventEmitter, EventSink, RequestContext};
 use crate::protocol::GenerationRequest;
+use crate::telemetry::{self, KeyValue};
 
 /// Frees the slot when dropped; owned by the slot actor and nothing else.
 pub(super) struct SlotGuard {
@@ -63,7 +64,7 @@ impl Actor for SlotActor {
         // The generation runs as its own task: on a multi-threaded runtime it uses every core,
         // and a panic inside it is caught by the JoinHandle instead of unwinding the actor.
         let span = tracing::info_span!(
-            "request",
+            "slot",
             request_id = %context.request_id,
             worker_id = %context.worker_id,
             pool = %context.pool,
@@ -71,6 +72,7 @@ impl Actor for SlotActor {
             attempt = context.attempt,
             traceparent = context.traceparent.as_deref().unwrap_or(""),
         );
+        trace_slot(&span, &context);
         let handle = tokio::spawn(
             async move { engine.run(request, context, emitter, cancel).await }.instrument(span),
         );
@@ -105,6 +107,32 @@ impl Actor for SlotActor {
             task.abort();
         }
     }
+}
+
+/// In an exported trace, the slot's span sits under the request's span on this worker, after
+/// the wait for a slot (from when the fleet accepted the request until now).
+fn trace_slot(span: &tracing::Span, context: &RequestContext) {
+    if !telemetry::exporting() {
+        return;
+    }
+    let identity = || {
+        vec![
+            KeyValue::new("genfleet.request_id", context.request_id.clone()),
+            KeyValue::new("genfleet.pool", context.pool.clone()),
+            KeyValue::new("genfleet.worker_id", context.worker_id.clone()),
+        ]
+    };
+    let now = std::time::SystemTime::now();
+    let accepted = telemetry::wall_clock_ago(context.accepted_at.elapsed());
+    telemetry::record_interval(
+        "genfleet.queue_wait",
+        context.traceparent.as_deref(),
+        accepted,
+        now,
+        identity(),
+    );
+    telemetry::set_parent(span, context.traceparent.as_deref());
+    telemetry::annotate(span, identity());
 }
 
 fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {

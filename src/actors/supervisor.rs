@@ -30,10 +30,11 @@ use super::slot::{SlotActor, SlotGuard};
 use crate::engine::{Engine, EventEmitter, EventSink, Finished, RequestContext};
 use crate::protocol::ids::new_id;
 use crate::protocol::{
-    Accepted, CancelReply, Capacity, ErrorCode, EventBody, GenerationRequest, GenerationResult,
-    Reason, RequestLimits, RequestState, StatsReply, StatusReply, WireError,
+    Accepted, CancelReply, Capacity, DEFAULT_TENANT, ErrorCode, EventBody, GenerationRequest,
+    GenerationResult, Priority, Reason, RequestLimits, RequestState, StatsReply, StatusReply,
+    WireError,
 };
-use crate::settings::Settings;
+use crate::settings::{ReservedSlots, Settings};
 
 /// Messages the Supervisor's mailbox holds before `send` callers wait.
 pub const MAILBOX_CAPACITY: usize = 256;
@@ -48,6 +49,10 @@ pub struct SupervisorConfig {
     /// How long a cancel waits for the cancelled request's result before answering.
     pub cancel_wait: Duration,
     pub limits: RequestLimits,
+    /// Slots kept free for higher priority bands.
+    pub reserved: ReservedSlots,
+    /// Running requests of one tenant at most (0: no limit).
+    pub tenant_max_running: u32,
 }
 
 impl SupervisorConfig {
@@ -59,6 +64,8 @@ impl SupervisorConfig {
             max_retained_results: settings.worker.max_retained_results,
             cancel_wait: Duration::from_millis(settings.worker.cancel_wait_ms),
             limits: request_limits(settings),
+            reserved: settings.worker.reserved_slots,
+            tenant_max_running: settings.worker.tenants.max_running,
         }
     }
 }
@@ -165,9 +172,15 @@ pub struct Placement {
     pub chain: crate::engine::ChainState,
     /// The caller's W3C trace context (`traceparent` header), if it sent one.
     pub traceparent: Option<String>,
+    /// For a continuation: the trace context of the decision it answers, to link its trace to.
+    pub trace_link: Option<String>,
     /// With no free slot, wait for one (in order of arrival) instead of being refused. At most
     /// `slots` requests wait; past that the submit is refused with NO_SLOT_AVAILABLE.
     pub wait_for_slot: bool,
+    /// Its priority band (from the request, or the queue subject it came on).
+    pub band: Priority,
+    /// Its tenant, from the subject it came on; `None` is the default tenant.
+    pub tenant: Option<String>,
     /// Kept with the request's record and handed back with it.
     pub ticket: Option<Ticket>,
     /// Told when a request that waited for a slot starts in one (dropped unsent when it never
@@ -268,6 +281,13 @@ impl Message for Drain {
     type Result = DrainReport;
 }
 
+/// The slots each tenant holds on this worker, by band (those holding none are left out).
+pub struct TenantSlots;
+
+impl Message for TenantSlots {
+    type Result = Vec<(String, Priority, u32)>;
+}
+
 /// Counts for the service API and tests.
 pub struct Stats;
 
@@ -318,6 +338,8 @@ struct Running {
     durable: bool,
     sequence: Arc<AtomicU64>,
     ticket: Option<Ticket>,
+    band: Priority,
+    tenant: Option<String>,
 }
 
 /// An ended request, until its result is read or released.
@@ -338,6 +360,9 @@ pub struct Supervisor {
     waiting: VecDeque<String>,
     /// Finished records in the order they finished, for the retention bound.
     finished_order: VecDeque<String>,
+    /// The tenant and band of each taken slot, by request id, from the slot's start until
+    /// its release (so at most `slots` entries).
+    slot_tenants: HashMap<String, (String, Priority)>,
     capacity: watch::Sender<Capacity>,
 }
 
@@ -375,6 +400,7 @@ impl Supervisor {
             records: HashMap::new(),
             waiting: VecDeque::new(),
             finished_order: VecDeque::new(),
+            slot_tenants: HashMap::new(),
             capacity,
         };
         SupervisorHandle {
@@ -452,6 +478,10 @@ impl Supervisor {
         let cancel = CancellationToken::new();
         let sequence = Arc::new(AtomicU64::new(0));
         self.busy += 1;
+        self.slot_tenants.insert(
+            request_id.clone(),
+            (tenant_name(&placement.tenant).to_string(), placement.band),
+        );
         self.records.insert(
             request_id.clone(),
             Record::Running(Box::new(Running {
@@ -464,6 +494,8 @@ impl Supervisor {
                 durable: placement.durable,
                 sequence: sequence.clone(),
                 ticket: placement.ticket,
+                band: placement.band,
+                tenant: placement.tenant,
             })),
         );
         let guard = SlotGuard {
@@ -483,10 +515,27 @@ impl Supervisor {
         request_id
     }
 
-    /// Starts the oldest waiting requests while slots are free.
+    /// Starts waiting requests while slots are free: the oldest of the highest band first,
+    /// each only where its band's reserve and its tenant's limit allow.
     fn start_waiting(&mut self, ctx: &mut Context<Self>) {
         while !self.draining && self.busy < self.config.slots {
-            let Some(request_id) = self.waiting.pop_front() else {
+            let free = self.config.slots - self.busy;
+            let next = self
+                .waiting
+                .iter()
+                .enumerate()
+                .filter_map(|(i, id)| match self.records.get(id) {
+                    Some(Record::Waiting(w)) => Some((i, &w.placement)),
+                    _ => None,
+                })
+                .filter(|(_, p)| free > self.config.reserved.above(p.band))
+                .filter(|(_, p)| !self.at_tenant_limit(&p.tenant))
+                .min_by_key(|(i, p)| (p.band, *i))
+                .map(|(i, _)| i);
+            let Some(index) = next else {
+                break;
+            };
+            let Some(request_id) = self.waiting.remove(index) else {
                 break;
             };
             let Some(Record::Waiting(waiting)) = self.records.remove(&request_id) else {
@@ -495,6 +544,20 @@ impl Supervisor {
             let Waiting { request, placement } = *waiting;
             self.start_in_slot(request, placement, ctx);
         }
+    }
+
+    /// The tenant runs as many requests here as `worker.tenants.max_running` allows.
+    fn at_tenant_limit(&self, tenant: &Option<String>) -> bool {
+        let limit = self.config.tenant_max_running;
+        limit > 0 && self.tenant_slots(tenant_name(tenant)) >= limit
+    }
+
+    /// The slots a tenant holds.
+    fn tenant_slots(&self, tenant: &str) -> u32 {
+        self.slot_tenants
+            .values()
+            .filter(|(t, _)| t == tenant)
+            .count() as u32
     }
 
     /// Ends a request that waited for a slot without running: CANCELLED, by `by`.
@@ -585,7 +648,20 @@ impl Handler<Submit> for Supervisor {
             worker_id: self.config.worker_id.clone(),
             state,
         };
-        if self.busy < self.config.slots && self.waiting.is_empty() {
+        let free = self.config.slots.saturating_sub(self.busy);
+        let reserve = self.config.reserved.above(placement.band);
+        let at_limit = self.at_tenant_limit(&placement.tenant);
+        if at_limit && !placement.wait_for_slot {
+            return Err(Self::refuse(
+                ErrorCode::TenantLimit,
+                format!(
+                    "tenant {} already runs {} requests on this worker (worker.tenants.max_running)",
+                    tenant_name(&placement.tenant),
+                    self.config.tenant_max_running
+                ),
+            ));
+        }
+        if free > reserve && !at_limit && self.waiting.is_empty() {
             let accepted = accepted(RequestState::Running);
             // Started at once: nobody waits to hear it.
             placement.on_start = None;
@@ -602,6 +678,15 @@ impl Handler<Submit> for Supervisor {
             );
             self.publish_capacity();
             return Ok(accepted);
+        }
+        if free > 0 {
+            return Err(Self::refuse(
+                ErrorCode::NoSlotAvailable,
+                format!(
+                    "the {free} free slots are reserved for bands above {} (worker.reserved_slots)",
+                    placement.band
+                ),
+            ));
         }
         Err(Self::refuse(
             ErrorCode::NoSlotAvailable,
@@ -648,6 +733,7 @@ impl Handler<SlotReleased> for Supervisor {
             tracing::error!(message = "a slot was released twice", request_id = %msg.request_id);
             0
         });
+        self.slot_tenants.remove(&msg.request_id);
         // A slot that ends without a result (its actor stopped first) still ends its request.
         if let Some(Record::Running(_)) = self.records.get(&msg.request_id)
             && let Some(Record::Running(running)) = self.records.remove(&msg.request_id)
@@ -743,12 +829,28 @@ impl Handler<Status> for Supervisor {
                     format!("request {} is not known to this worker", msg.request_id),
                 ));
             }
-            Some(Record::Waiting(_)) => RequestState::Queued,
-            Some(Record::Running(_)) => RequestState::Running,
-            Some(Record::Finished(ended)) => ended.result.state,
+            Some(Record::Waiting(waiting)) => (
+                RequestState::Queued,
+                Some((waiting.placement.band, waiting.placement.tenant.clone())),
+            ),
+            Some(Record::Running(running)) => (
+                RequestState::Running,
+                Some((running.band, running.tenant.clone())),
+            ),
+            Some(Record::Finished(ended)) => (ended.result.state, None),
+        };
+        let (state, placed) = state;
+        let (priority, tenant) = match placed {
+            Some((band, tenant)) => (
+                Some(band),
+                Some(tenant.unwrap_or_else(|| DEFAULT_TENANT.to_string())),
+            ),
+            None => (None, None),
         };
         Ok(StatusReply {
             worker_id: Some(self.config.worker_id.clone()),
+            priority,
+            tenant,
             ..StatusReply::new(&msg.request_id, state)
         })
     }
@@ -837,6 +939,21 @@ impl Handler<Release> for Supervisor {
             ticket: ended.ticket,
             cancelled_by: ended.cancelled_by,
         })
+    }
+}
+
+impl Handler<TenantSlots> for Supervisor {
+    type Result = Vec<(String, Priority, u32)>;
+
+    fn handle(&mut self, _: TenantSlots, _: &mut Context<Self>) -> Self::Result {
+        let mut counts: HashMap<(&str, Priority), u32> = HashMap::new();
+        for (tenant, band) in self.slot_tenants.values() {
+            *counts.entry((tenant.as_str(), *band)).or_default() += 1;
+        }
+        counts
+            .into_iter()
+            .map(|((tenant, band), n)| (tenant.to_string(), band, n))
+            .collect()
     }
 }
 
@@ -948,6 +1065,11 @@ fn fill_from_context(
         request.job_name.clone(),
         request.metadata.clone(),
     );
+}
+
+/// The name of a placement's tenant.
+fn tenant_name(tenant: &Option<String>) -> &str {
+    tenant.as_deref().unwrap_or(DEFAULT_TENANT)
 }
 
 fn place(

@@ -11,10 +11,17 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
+use super::affinity::Preference;
+use super::reply::header;
 use super::shared::{Asked, Hold, Shared};
 use super::store::LiveRecord;
 use crate::actors::{Accepted, CheckedRequest, Placement, Submit};
-use crate::protocol::{ErrorCode, GenerationRequest, RequestState, WireError};
+use crate::protocol::decision::{
+    CHAIN_HEADER, CHAIN_STATE_HEADER, PARENT_HEADER, ROOT_HEADER, TRACE_LINK_HEADER,
+};
+use crate::protocol::ids::is_valid_request_id;
+use crate::protocol::{ChainState, ErrorCode, GenerationRequest, RequestState, WireError};
+use crate::telemetry::{self, KeyValue, RequestTrace};
 
 /// Checks a request for acceptance, giving it an id when it has none.
 pub(super) fn check(
@@ -24,6 +31,27 @@ pub(super) fn check(
     shared.checker.check(request)
 }
 
+/// Where a request stands in its decision chain, as its message's headers tell (a
+/// continuation carries them, any other request none): its root, parent, place and what it
+/// carries from the chain, with the caller's trace context.
+pub(super) fn chain_placement(message: &async_nats::Message) -> Placement {
+    let chain_position = header(message, CHAIN_HEADER)
+        .and_then(|p| p.parse::<u32>().ok())
+        .filter(|p| *p >= 1)
+        .unwrap_or(1);
+    Placement {
+        root_request_id: header(message, ROOT_HEADER).filter(|id| is_valid_request_id(id)),
+        parent_request_id: header(message, PARENT_HEADER).filter(|id| is_valid_request_id(id)),
+        chain_position: Some(chain_position),
+        chain: header(message, CHAIN_STATE_HEADER)
+            .and_then(|state| ChainState::from_header(&state))
+            .unwrap_or_default(),
+        traceparent: super::tools::traceparent_of(message),
+        trace_link: header(message, TRACE_LINK_HEADER),
+        ..Placement::default()
+    }
+}
+
 /// A request's claim on its record: the live record written and its revision.
 pub(super) struct Claim {
     pub(super) live: LiveRecord,
@@ -31,24 +59,40 @@ pub(super) struct Claim {
 }
 
 /// Hands a checked and claimed request to the Supervisor. On an error nothing of it is held
-/// here; the claim is the caller's to give back or leave.
+/// here; the claim is the caller's to give back or leave. `preference` is where the submitter
+/// sent it first, for the result's affinity record.
 pub(super) async fn admit(
     shared: &Shared,
     request: CheckedRequest,
     mut placement: Placement,
     claim: Claim,
     message: Option<async_nats::jetstream::Message>,
+    preference: Preference,
 ) -> Result<Accepted, WireError> {
+    let root_request_id = placement
+        .root_request_id
+        .clone()
+        .unwrap_or_else(|| request.request_id().to_string());
+    let chain_position = placement.chain_position.unwrap_or(1);
+    let affinity = preference.record(
+        request.request(),
+        &root_request_id,
+        chain_position,
+        &shared.worker_id,
+    );
     let asked = Asked {
         request: request.request().clone(),
-        root_request_id: placement
-            .root_request_id
-            .clone()
-            .unwrap_or_else(|| request.request_id().to_string()),
-        chain_position: placement.chain_position.unwrap_or(1),
+        root_request_id,
+        chain_position,
         chain: placement.chain.clone(),
+        affinity,
     };
-    let hold = Arc::new(Hold::new(asked, claim.live, claim.revision, message));
+    let trace = request_trace(shared, &request, &placement);
+    if let Some(ours) = trace.traceparent() {
+        // The slot, the backend and tool services hang their spans under this worker's.
+        placement.traceparent = Some(ours.to_string());
+    }
+    let hold = Arc::new(Hold::new(asked, claim.live, claim.revision, message, trace));
     placement.ticket = Some(crate::actors::Ticket(hold.clone()));
     let started = if placement.wait_for_slot {
         let (tx, rx) = oneshot::channel();
@@ -74,6 +118,40 @@ pub(super) async fn admit(
         ));
     }
     Ok(accepted)
+}
+
+/// The request's span on this worker, from when the fleet accepted it: a child of the caller's
+/// span, and for a continuation linked to the decision it answers.
+fn request_trace(shared: &Shared, request: &CheckedRequest, placement: &Placement) -> RequestTrace {
+    if !telemetry::exporting() {
+        return RequestTrace::off();
+    }
+    let accepted = placement
+        .accepted_at
+        .map_or_else(std::time::SystemTime::now, |at| {
+            telemetry::wall_clock_ago(at.elapsed())
+        });
+    let link = placement.trace_link.clone();
+    let attributes = vec![
+        KeyValue::new("genfleet.request_id", request.request_id().to_string()),
+        KeyValue::new("genfleet.pool", shared.settings.worker.pool.clone()),
+        KeyValue::new("genfleet.worker_id", shared.worker_id.clone()),
+        KeyValue::new(
+            "genfleet.chain_position",
+            i64::from(placement.chain_position.unwrap_or(1)),
+        ),
+        KeyValue::new(
+            "genfleet.attempt",
+            i64::from(placement.attempt.unwrap_or(1)),
+        ),
+        KeyValue::new("genfleet.durable", placement.durable),
+    ];
+    RequestTrace::start(
+        placement.traceparent.as_deref(),
+        link.as_deref(),
+        accepted,
+        attributes,
+    )
 }
 
 /// Keeps a durable request's record telling its state when it differs from its claim: QUEUED

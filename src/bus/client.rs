@@ -1,6 +1,7 @@
 //! The Rust client of the wire contract, used by the CLI and the tests: submit, follow events,
 //! status, result, cancel.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
@@ -14,6 +15,8 @@ use super::subjects::Subjects;
 use crate::actors::{Accepted, CancelReply};
 use crate::protocol::StatusReply;
 use crate::protocol::codec::CONTENT_TYPE_HEADER;
+use crate::protocol::lru::BoundedLru;
+use crate::protocol::request::{AFFINITY_FALLBACK_HEADER, PREFERRED_WORKER_HEADER};
 use crate::protocol::{
     DecisionAnswer, Encoding, ErrorCode, ErrorReply, Event, EventBody, GenerationRequest,
     GenerationResult, WireError,
@@ -23,6 +26,9 @@ use crate::settings::Settings;
 /// How often a submit refused with NO_SLOT_AVAILABLE is tried again (another worker of the pool
 /// may be free by then).
 const SUBMIT_RETRIES: u32 = 3;
+
+/// Affinity keys whose last worker a client remembers, the least recently used forgotten first.
+pub const AFFINITY_KEYS_KEPT: usize = 10_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -58,6 +64,10 @@ pub struct Client {
     subjects: Subjects,
     encoding: Encoding,
     timeout: Duration,
+    /// Affinity key → the worker that served it last, shared by the client's clones.
+    affinity: Arc<Mutex<BoundedLru<String, String>>>,
+    /// The tenant whose subjects it uses (`None`: the default tenant's v1 subjects).
+    tenant: Option<String>,
 }
 
 /// Refuses an id that could never name a request (or decision) before anything is sent: the
@@ -96,6 +106,8 @@ impl Client {
             subjects,
             encoding: Encoding::Json,
             timeout: Duration::from_secs(15),
+            affinity: Arc::new(Mutex::new(BoundedLru::new(AFFINITY_KEYS_KEPT))),
+            tenant: None,
         }
     }
 
@@ -108,6 +120,26 @@ impl Client {
     pub fn with_timeout(mut self, timeout: Duration) -> Client {
         self.timeout = timeout;
         self
+    }
+
+    /// Submits and enqueues as `tenant`: on `gen.submit.<pool>.<tenant>` and
+    /// `gen.queue.<pool>.<band>.<tenant>.<id>`, which the server allows only to the NATS users
+    /// granted that tenant.
+    pub fn with_tenant(mut self, tenant: impl Into<String>) -> Result<Client, ClientError> {
+        let tenant = tenant.into();
+        if !crate::protocol::schedule::is_valid_tenant(&tenant) {
+            return Err(ClientError::Wire(WireError::invalid(format!(
+                "tenant {tenant:?} must be 1-{} characters of A-Z, a-z, 0-9, '_' or '-'",
+                crate::protocol::schedule::MAX_TENANT_LEN
+            ))));
+        }
+        self.tenant = Some(tenant);
+        Ok(self)
+    }
+
+    /// The tenant it submits as (`None`: the default tenant).
+    pub fn tenant(&self) -> Option<&str> {
+        self.tenant.as_deref()
     }
 
     pub fn nats(&self) -> &async_nats::Client {
@@ -123,15 +155,33 @@ impl Client {
         subject: String,
         body: &B,
     ) -> Result<R, ClientError> {
+        let is_submit = subject.starts_with(&self.subjects.submit(""));
+        self.call_with(subject, body, async_nats::HeaderMap::new(), is_submit)
+            .await
+    }
+
+    /// A request with `extra` headers; `is_submit`: answered only by workers with a free slot.
+    async fn call_with<B: Serialize, R: DeserializeOwned>(
+        &self,
+        subject: String,
+        body: &B,
+        extra: async_nats::HeaderMap,
+        is_submit: bool,
+    ) -> Result<R, ClientError> {
         let (mut headers, payload) = encode_reply::<&B>(self.encoding, &Ok(body));
         if self.encoding == Encoding::MsgPack {
             headers.insert(CONTENT_TYPE_HEADER, self.encoding.content_type());
+        }
+        trace_context(&mut headers);
+        for (name, values) in extra.iter() {
+            for value in values {
+                headers.append(name.clone(), value.clone());
+            }
         }
         let request = async_nats::Request::new()
             .headers(headers)
             .payload(payload)
             .timeout(Some(self.timeout));
-        let is_submit = subject.starts_with(&self.subjects.submit(""));
         let reply = self.nats.send_request(subject.clone(), request).await.map_err(|error| match error.kind() {
             // Only submits are answered by workers with a free slot; any connected worker
             // answers the other subjects.
@@ -154,33 +204,106 @@ impl Client {
             .map_err(|e| ClientError::Transport(format!("unreadable reply: {}", e.message)))
     }
 
+    /// Starts a request on a worker of `pool` with one try: NO_SLOT_AVAILABLE as soon as no
+    /// worker of the pool has a free slot (the gateway then queues the request instead).
+    pub async fn submit_once(
+        &self,
+        pool: &str,
+        request: &GenerationRequest,
+    ) -> Result<Accepted, ClientError> {
+        self.submit_tries(pool, request, 0).await
+    }
+
     /// Starts a request on a worker of `pool`, retrying a few times with jitter when every
     /// worker that answered was full.
+    ///
+    /// A request with an `affinity_key` whose last worker this client knows goes first to that
+    /// worker's own subject; when that worker has no free slot (or is gone) it goes to the pool
+    /// at once, never waiting for it. The worker that takes it is remembered for the key.
     pub async fn submit(
         &self,
         pool: &str,
         request: &GenerationRequest,
     ) -> Result<Accepted, ClientError> {
-        let subject = self.subjects.submit(pool);
+        self.submit_tries(pool, request, SUBMIT_RETRIES).await
+    }
+
+    /// A submit (its affinity first, then the pool), tried again up to `retries` times while
+    /// every worker that answered was full.
+    async fn submit_tries(
+        &self,
+        pool: &str,
+        request: &GenerationRequest,
+        retries: u32,
+    ) -> Result<Accepted, ClientError> {
+        let key = request.affinity_key.as_deref();
+        let mut headers = async_nats::HeaderMap::new();
+        if let Some(preferred) = key.and_then(|key| self.preferred_worker(key)) {
+            headers.insert(PREFERRED_WORKER_HEADER, preferred.as_str());
+            let direct = self
+                .subjects
+                .worker_submit(&preferred, self.tenant.as_deref());
+            match self.call_with(direct, request, headers.clone(), true).await {
+                Err(ClientError::Wire(error)) if error.code == ErrorCode::NoSlotAvailable => {
+                    headers.insert(AFFINITY_FALLBACK_HEADER, "busy");
+                }
+                done => return self.learn_accepted(key, done),
+            }
+        }
+        let subject = self.subjects.submit_as(pool, self.tenant.as_deref());
         let mut attempt = 0;
         loop {
-            match self.call(subject.clone(), request).await {
+            match self
+                .call_with(subject.clone(), request, headers.clone(), true)
+                .await
+            {
                 Err(ClientError::Wire(error))
-                    if error.code == ErrorCode::NoSlotAvailable && attempt < SUBMIT_RETRIES =>
+                    if error.code == ErrorCode::NoSlotAvailable && attempt < retries =>
                 {
                     attempt += 1;
                     let jitter = u64::from(ulid::Ulid::generate().random() as u16 % 100);
                     tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt) + jitter))
                         .await;
                 }
-                other => return other,
+                other => return self.learn_accepted(key, other),
             }
         }
     }
 
-    /// Puts a request on the durable queue of `pool`; it runs when a worker of the pool has a
-    /// free slot, survives worker failures, and is kept once however often it is published
-    /// within the stream's duplicate window. A request id is generated when absent.
+    /// The worker that served `key` last, as far as this client knows.
+    pub fn preferred_worker(&self, key: &str) -> Option<String> {
+        self.lock_affinity().get(&key.to_string()).cloned()
+    }
+
+    /// Notes that `worker_id` served `key` (a submit's reply, a result).
+    pub fn learn_affinity(&self, key: &str, worker_id: &str) {
+        if worker_id.is_empty() {
+            return;
+        }
+        self.lock_affinity()
+            .insert(key.to_string(), worker_id.to_string());
+    }
+
+    fn learn_accepted(
+        &self,
+        key: Option<&str>,
+        outcome: Result<Accepted, ClientError>,
+    ) -> Result<Accepted, ClientError> {
+        if let (Some(key), Ok(accepted)) = (key, &outcome) {
+            self.learn_affinity(key, &accepted.worker_id);
+        }
+        outcome
+    }
+
+    fn lock_affinity(&self) -> std::sync::MutexGuard<'_, BoundedLru<String, String>> {
+        // The map is only ever changed whole under the lock; a panic cannot leave it torn.
+        self.affinity.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Puts a request on the durable queue of `pool`, in its band (`priority`) and under the
+    /// client's tenant; it runs when a worker of the pool has a free slot, survives worker
+    /// failures, and is kept once however often it is published within the stream's duplicate
+    /// window. A request id is generated when absent.
     pub async fn enqueue(
         &self,
         pool: &str,
@@ -193,13 +316,28 @@ impl Client {
             .clone();
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", request_id.as_str());
+        // The queue goes to any worker of the pool; the worker records whether it was the
+        // key's last one.
+        if let Some(preferred) = request
+            .affinity_key
+            .as_deref()
+            .and_then(|key| self.preferred_worker(key))
+        {
+            headers.insert(PREFERRED_WORKER_HEADER, preferred.as_str());
+        }
         if self.encoding == Encoding::MsgPack {
             headers.insert(CONTENT_TYPE_HEADER, self.encoding.content_type());
         }
+        trace_context(&mut headers);
         let body = self.encoding.encode(&request);
         let jetstream = async_nats::jetstream::new(self.nats.clone());
         let ack = jetstream
-            .publish_with_headers(self.subjects.queue(pool, &request_id), headers, body.into())
+            .publish_with_headers(
+                self.subjects
+                    .queue_for(pool, request.band(), self.tenant.as_deref(), &request_id),
+                headers,
+                body.into(),
+            )
             .await
             .map_err(|e| ClientError::Transport(e.to_string()))?
             .await
@@ -288,13 +426,25 @@ impl Client {
             None
         })
         .await;
-        match finished {
+        let result = match finished {
             Ok(Some(result)) => {
                 // Release the stored copy too; the event carried all of it.
                 let _ = self.result(&request_id, true).await;
                 Ok(result)
             }
             _ => self.result(&request_id, true).await,
+        };
+        if let (Ok(result), Some(key)) = (&result, &request.affinity_key) {
+            self.learn_affinity(key, &result.worker_id);
         }
+        result
+    }
+}
+
+/// The caller's current span as `traceparent`, when this process exports traces: the request's
+/// spans on the worker join the caller's trace.
+fn trace_context(headers: &mut async_nats::HeaderMap) {
+    if let Some(traceparent) = crate::telemetry::current_traceparent() {
+        headers.insert(super::tools::TRACEPARENT_HEADER, traceparent.as_str());
     }
 }

@@ -53,8 +53,10 @@ pub(super) async fn record_decision(
         // `finished` follows, and `continued` comes after that.
         continued_seq: seq + 2,
         chain,
+        tenant: hold.live.tenant.clone(),
         answer: None,
         expired_at: None,
+        traceparent: hold.trace.traceparent().map(str::to_string),
     };
     if let Err(error) = shared.decisions.record(&record).await {
         tracing::error!(message = "could not store a pending decision", %error, decision_id = %record.decision_id);

@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 use async_nats::jetstream::kv;
 
 use super::BusError;
+use super::affinity::{Offer, offer_continuation, on_record};
 use super::store::ensure_bucket;
 use super::subjects::Subjects;
 use std::collections::HashMap;
@@ -24,9 +25,10 @@ use crate::observe::Metrics;
 use crate::protocol::chain::ChainState;
 pub use crate::protocol::decision::{
     Answer, CHAIN_HEADER, CHAIN_STATE_HEADER, ChainMark, DecisionRecord, DecisionReply,
-    PARENT_HEADER, ROOT_HEADER,
+    PARENT_HEADER, ROOT_HEADER, TRACE_LINK_HEADER,
 };
 use crate::protocol::ids::{new_id, now_rfc3339};
+use crate::protocol::request::{AFFINITY_FALLBACK_HEADER, PREFERRED_WORKER_HEADER};
 use crate::protocol::task::{
     DECISION_NOTE_PREFIX, GUIDANCE_NOTE_PREFIX, task_message_index, task_text,
 };
@@ -37,6 +39,7 @@ use crate::protocol::{
     SignalSource, SignalType, WireError,
 };
 use crate::settings::Settings;
+use crate::telemetry::KeyValue;
 
 /// A decision could not be read, written or followed: one variant per operation.
 #[derive(Debug, thiserror::Error)]
@@ -201,7 +204,7 @@ impl Decisions {
                 }
                 // The same answer again: publish the same continuation again (deduplicated by
                 // the queue), which also repairs a crash between recording and publishing.
-                self.publish_continuation(client, &record, given)
+                self.publish_continuation(client, &record, given, record.traceparent.as_deref())
                     .await
                     .map_err(|e| internal(e.to_string()))?;
                 self.mark(&record).await;
@@ -232,12 +235,17 @@ impl Decisions {
                 Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => continue,
                 Err(e) => return Err(internal(format!("cannot record the answer: {e}"))),
             }
-            self.publish_continuation(client, &record, &given)
+            let waited = trace_decision_wait(&record, Some(&given));
+            let link = waited.as_deref().or(record.traceparent.as_deref());
+            // The history entry is kept before the continuation starts: a continuation that
+            // ends first (the chain's worker takes it at once) fills in the outcome of an
+            // entry that exists, instead of finding none and being overwritten as pending.
+            self.keep_in_history(&record, &given).await;
+            self.publish_continuation(client, &record, &given, link)
                 .await
                 .map_err(|e| internal(e.to_string()))?;
             self.mark(&record).await;
             self.announce(client, worker_id, &record).await;
-            self.keep_in_history(&record, &given).await;
             let reply = DecisionReply {
                 decision_id: decision_id.into(),
                 continuation_request_id: given.continuation_request_id,
@@ -271,6 +279,7 @@ impl Decisions {
             let body = serde_json::to_vec(&record).expect("records serialize");
             match self.bucket.update(decision_id, body.into(), revision).await {
                 Ok(_) => {
+                    trace_decision_wait(&record, None);
                     self.mark(&record).await;
                     self.announce(client, worker_id, &record).await;
                     return Ok(Some(record));
@@ -408,6 +417,7 @@ impl Decisions {
         client: &async_nats::Client,
         record: &DecisionRecord,
         answer: &Answer,
+        trace_link: Option<&str>,
     ) -> Result<(), DecisionStoreError> {
         let Some(id) = &answer.continuation_request_id else {
             return Ok(());
@@ -423,19 +433,49 @@ impl Decisions {
             (record.chain_position + 1).to_string().as_str(),
         );
         headers.insert(CHAIN_STATE_HEADER, chain.to_header().as_str());
-        let subject = self.subjects.queue(&record.pool, id);
-        let js = async_nats::jetstream::new(client.clone());
-        js.publish_with_headers(
-            subject,
-            headers,
-            serde_json::to_vec(&request)
-                .expect("requests serialize")
-                .into(),
+        if let Some(link) = trace_link {
+            headers.insert(TRACE_LINK_HEADER, link);
+        }
+        let body: bytes::Bytes = serde_json::to_vec(&request)
+            .expect("requests serialize")
+            .into();
+        // Affinity: the worker that ran the chain's previous request likely still holds its
+        // conversation in its backend's cache, so it takes the continuation while it has a
+        // free slot; otherwise the queue does, at once.
+        let previous = record.signal.worker_id.as_str();
+        let offer = offer_continuation(
+            client,
+            &self.results,
+            previous,
+            self.subjects
+                .worker_submit(previous, record.tenant.as_deref()),
+            id,
+            headers.clone(),
+            body.clone(),
         )
-        .await
-        .map_err(|e| DecisionStoreError::Continuation(e.to_string()))?
-        .await
-        .map_err(|e| DecisionStoreError::Continuation(e.to_string()))?;
+        .await;
+        if offer == Offer::Taken {
+            return Ok(());
+        }
+        // A continuation on record has started somewhere (an earlier offer of the same answer
+        // that went unanswered in time): queueing it again could only run it twice.
+        if on_record(&self.results, id).await {
+            return Ok(());
+        }
+        if !previous.is_empty() {
+            headers.insert(PREFERRED_WORKER_HEADER, previous);
+            headers.insert(AFFINITY_FALLBACK_HEADER, "busy");
+        }
+        // The chain keeps its band and its tenant.
+        let subject =
+            self.subjects
+                .queue_for(&record.pool, request.band(), record.tenant.as_deref(), id);
+        let js = async_nats::jetstream::new(client.clone());
+        js.publish_with_headers(subject, headers, body)
+            .await
+            .map_err(|e| DecisionStoreError::Continuation(e.to_string()))?
+            .await
+            .map_err(|e| DecisionStoreError::Continuation(e.to_string()))?;
         Ok(())
     }
 
@@ -622,6 +662,54 @@ impl Decisions {
             tracing::warn!(message = "an answered decision was not kept in the history", %error, decision_id = %record.decision_id);
         }
     }
+}
+
+/// The wait for a manager's answer, in the asking request's trace: from the decision's signal
+/// to its answer (or its expiry). Returns its `traceparent` (the continuation's trace links to
+/// it).
+fn trace_decision_wait(record: &DecisionRecord, answer: Option<&Answer>) -> Option<String> {
+    if !crate::telemetry::exporting() {
+        return None;
+    }
+    let now = SystemTime::now();
+    let asked = humantime::parse_rfc3339_weak(&record.signal.ts).unwrap_or(now);
+    let mut attributes = vec![
+        KeyValue::new("genfleet.decision_id", record.decision_id.clone()),
+        KeyValue::new("genfleet.request_id", record.request_id.clone()),
+        KeyValue::new("genfleet.pool", record.pool.clone()),
+    ];
+    match answer {
+        Some(answer) => {
+            attributes.push(KeyValue::new(
+                "genfleet.decision.option_id",
+                answer.choice.option_id.clone(),
+            ));
+            attributes.push(KeyValue::new(
+                "genfleet.decision.outcome",
+                answer.outcome.as_str(),
+            ));
+            if let Some(by) = &answer.choice.decided_by {
+                attributes.push(KeyValue::new("genfleet.decision.decided_by", by.clone()));
+            }
+            if let Some(id) = &answer.continuation_request_id {
+                attributes.push(KeyValue::new(
+                    "genfleet.continuation_request_id",
+                    id.clone(),
+                ));
+            }
+        }
+        None => attributes.push(KeyValue::new(
+            "genfleet.decision.outcome",
+            DecisionOutcome::Expired.as_str(),
+        )),
+    }
+    crate::telemetry::record_interval(
+        "genfleet.decision_wait",
+        record.traceparent.as_deref(),
+        asked,
+        now,
+        attributes,
+    )
 }
 
 fn mark_key(request_id: &str) -> String {

@@ -14,6 +14,7 @@ use crate::actors::{Canceller, Release};
 use crate::protocol::{
     Event, EventBody, GenerationResult, RequestState, Severity, Signal, SignalSource, SignalType,
 };
+use crate::telemetry::KeyValue;
 
 /// Requests whose results are being stored at once (see [`publish_events`]).
 pub(super) const FINISHING_AT_ONCE: u32 = 64;
@@ -75,12 +76,10 @@ async fn finish(shared: &Shared, mut event: Event) {
     if result.fit_within(max_bytes) {
         tracing::warn!(message = "the result was larger than the server's max_payload; its messages were trimmed", request_id = %result.request_id, max_bytes);
     }
-    let result = &*result;
-    let id = &result.request_id;
     let released = shared
         .supervisor
         .send(Release {
-            request_id: id.clone(),
+            request_id: result.request_id.clone(),
         })
         .await
         .ok()
@@ -92,6 +91,12 @@ async fn finish(shared: &Shared, mut event: Event) {
         ),
         None => (None, None),
     };
+    if let Some(hold) = &hold {
+        result.affinity = hold.asked.affinity.clone();
+        result.tenant = hold.live.tenant.clone();
+    }
+    let result = &*result;
+    let id = &result.request_id;
     let message = hold.as_ref().and_then(|hold| hold.message.as_ref());
     if let Some(message) = message
         && cancelled_by == Some(Canceller::Drain)
@@ -108,6 +113,13 @@ async fn finish(shared: &Shared, mut event: Event) {
         Some(Stored::Stored) => recorded(shared, result),
         _ => shared.metrics.observe_result(result),
     }
+    if let Some(hold) = &hold {
+        shared.tenant_stats.finished(
+            hold.live.tenant.as_deref(),
+            hold.asked.request.band(),
+            result,
+        );
+    }
     if let Some(message) = message {
         // A durable request whose result could not be stored goes back to the queue to run
         // again, rather than be acknowledged and lost.
@@ -119,9 +131,40 @@ async fn finish(shared: &Shared, mut event: Event) {
         settle(message, id, kind).await;
     }
     if let Some(hold) = &hold {
+        end_trace(hold, result);
         record_outcome(shared, &hold.asked.chain, result).await;
     }
     publish_event(shared, &event).await;
+}
+
+/// Ends the request's span with what came of it (exported traces only).
+fn end_trace(hold: &Hold, result: &GenerationResult) {
+    if !crate::telemetry::exporting() {
+        return;
+    }
+    let attributes = vec![
+        KeyValue::new("genfleet.state", result.state.as_str()),
+        KeyValue::new("genfleet.reason", result.reason.as_str()),
+        KeyValue::new(
+            "gen_ai.usage.input_tokens",
+            result.usage.prompt_tokens as i64,
+        ),
+        KeyValue::new(
+            "gen_ai.usage.output_tokens",
+            result.usage.completion_tokens as i64,
+        ),
+        KeyValue::new(
+            "genfleet.tool_iterations",
+            i64::from(result.tool_iterations_used),
+        ),
+    ];
+    let error = (result.state == RequestState::Failed).then(|| {
+        result
+            .detail
+            .clone()
+            .unwrap_or_else(|| result.reason.as_str().into())
+    });
+    hold.trace.end(attributes, error);
 }
 
 /// Acknowledges (or hands back) a durable request's queue message, waiting for the server.

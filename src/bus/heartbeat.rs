@@ -106,6 +106,28 @@ pub(super) async fn beat(shared: &Shared) -> Result<(), HeartbeatError> {
         .map_err(HeartbeatError::Write)
 }
 
+/// Whether another worker of this pool, not draining, had a free slot at its last heartbeat.
+pub(super) async fn a_peer_has_a_free_slot(shared: &Shared) -> bool {
+    let Ok(keys) = shared.workers.keys().await else {
+        return false;
+    };
+    let mut keys = keys.take(MAX_PEERS);
+    while let Some(Ok(key)) = keys.next().await {
+        if key == shared.worker_id {
+            continue;
+        }
+        if let Ok(Some(value)) = shared.workers.get(&key).await
+            && let Ok(beat) = serde_json::from_slice::<Heartbeat>(&value)
+            && beat.pool == shared.settings.worker.pool
+            && !beat.draining
+            && beat.busy < beat.slots
+        {
+            return true;
+        }
+    }
+    false
+}
+
 /// The first heartbeat, tried again for a while: on a JetStream cluster, a bucket created a
 /// moment ago (by this worker or one starting beside it) may not take writes yet.
 pub(super) async fn first_beat(shared: &Shared) -> Result<(), BusError> {

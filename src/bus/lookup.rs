@@ -151,8 +151,12 @@ async fn status(shared: &Shared, request_id: &str) -> Result<StatusReply, WireEr
             }
         }
         None => {
-            if find_queued(shared, request_id).await?.is_some() {
-                return Ok(StatusReply::new(request_id, RequestState::Queued));
+            if let Some(queued) = find_queued(shared, request_id).await? {
+                return Ok(StatusReply {
+                    priority: Some(queued.band),
+                    tenant: Some(queued.tenant),
+                    ..StatusReply::new(request_id, RequestState::Queued)
+                });
             }
             // Its result (and the tombstone that outlives a read) aged out: the summary kept
             // for people still says how it ended.
@@ -174,6 +178,12 @@ fn running(live: &LiveRecord) -> StatusReply {
     StatusReply {
         worker_id: Some(live.worker_id.clone()),
         attempt: Some(live.attempt),
+        priority: Some(live.priority.unwrap_or_default()),
+        tenant: Some(
+            live.tenant
+                .clone()
+                .unwrap_or_else(|| crate::protocol::DEFAULT_TENANT.to_string()),
+        ),
         ..StatusReply::new(&live.request_id, live.state)
     }
 }
@@ -282,8 +292,8 @@ async fn cancel(shared: &Shared, request_id: &str) -> Result<CancelReply, WireEr
             return Err(already_finished(request_id, record.state()));
         }
         None => {
-            if let Some(sequence) = find_queued(shared, request_id).await?
-                && cancel_queued(shared, request_id, sequence).await?
+            if let Some(waiting) = find_queued(shared, request_id).await?
+                && cancel_queued(shared, request_id, waiting.sequence).await?
             {
                 return Ok(cancelled(None));
             }

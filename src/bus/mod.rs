@@ -11,6 +11,7 @@
 //! subject. `shared` is what they share.
 
 mod admission;
+mod affinity;
 pub mod catalog;
 pub mod client;
 pub mod connect;
@@ -22,11 +23,13 @@ pub mod history;
 mod lookup;
 pub mod queue;
 pub(crate) mod reply;
+pub mod schedule;
 mod service;
 mod shared;
 pub mod store;
 pub mod subjects;
 mod submit;
+pub mod tenants;
 pub mod tool_service;
 pub mod tools;
 mod upkeep;

@@ -1,78 +1,69 @@
 //! The durable queue: stream `GENFLEET_QUEUE` (work-queue retention), one durable pull
-//! consumer per pool. A worker pulls only as many messages as it has free slots, keeps long
-//! generations alive with in-progress acks, stores the result and then acks. A worker that dies
-//! leaves its message to be redelivered to another (`attempt` + 1); when deliveries run out, a
-//! worker stores FAILED `worker_lost` and removes the message.
+//! consumer per pool, band and tenant (see [`super::schedule`] for which a free slot takes). A
+//! worker pulls only as many messages as it has free slots, keeps long generations alive with
+//! in-progress acks, stores the result and then acks. A worker that dies leaves its message to
+//! be redelivered to another (`attempt` + 1); when deliveries run out, a worker stores FAILED
+//! `worker_lost` and removes the message.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use async_nats::jetstream::{self, AckKind, consumer};
+use std::collections::{HashMap, HashSet};
+
+use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt;
 use tokio::sync::watch;
 
 use super::BusError;
 use super::admission::{self, Claim};
+use super::affinity::Preference;
 use super::finish::recorded;
-use super::reply::header;
+use super::schedule::{Scheduler, is_pool_consumer, queue_of_consumer};
 use super::shared::{Shared, hold_of};
 use super::store::{DurableClaim, LiveRecord, StoreError, Stored};
 use super::subjects::Subjects;
-use crate::actors::{Capacity, Placement};
-use crate::protocol::decision::{CHAIN_HEADER, CHAIN_STATE_HEADER, PARENT_HEADER, ROOT_HEADER};
+use crate::actors::{Capacity, Placement, TenantSlots};
 use crate::protocol::ids::is_valid_request_id;
 use crate::protocol::{
-    ChainState, ErrorCode, GenerationRequest, GenerationResult, Reason, RequestState, WireError,
+    DEFAULT_TENANT, ErrorCode, GenerationRequest, GenerationResult, Priority, Reason, RequestState,
+    WireError,
 };
 
-/// The durable consumer of a pool.
-pub fn consumer_name(pool: &str) -> String {
-    format!("genfleet-{pool}")
-}
+pub use super::schedule::consumer_name;
 
-pub(super) async fn pool_consumer(shared: &Shared) -> Result<consumer::PullConsumer, BusError> {
-    let pool = &shared.settings.worker.pool;
-    let js = &shared.settings.jetstream;
-    shared
-        .stores
-        .queue
-        .get_or_create_consumer(
-            &consumer_name(pool),
-            consumer::pull::Config {
-                durable_name: Some(consumer_name(pool)),
-                description: Some(format!("genfleet workers of pool {pool}")),
-                filter_subject: shared.subjects.pool_queue(pool),
-                ack_policy: consumer::AckPolicy::Explicit,
-                ack_wait: Duration::from_millis(js.queue_ack_wait_ms),
-                max_deliver: js.queue_max_deliver,
-                ..Default::default()
-            },
-        )
-        .await
-        .map_err(|e| {
-            BusError::Setup(format!(
-                "cannot open the queue consumer of pool {pool}: {e}"
-            ))
-        })
-}
-
-/// Keeps `genfleet_queue_pending` and `genfleet_queue_ack_pending` current (the pool's lag).
+/// Keeps `genfleet_queue_pending` and `genfleet_queue_ack_pending` current (the pool's lag,
+/// over all its bands and tenants), and the waiting and running counts of each tenant and
+/// band.
 pub(super) async fn measure_lag(shared: Arc<Shared>) {
-    let name = consumer_name(&shared.settings.worker.pool);
+    let pool = shared.settings.worker.pool.clone();
     loop {
-        let info = shared
-            .stores
-            .queue
-            .get_consumer::<consumer::pull::Config>(&name)
-            .await;
-        if let Ok(mut consumer) = info
-            && let Ok(info) = consumer.info().await
-        {
-            shared.metrics.queue_pending.set(info.num_pending as i64);
-            shared
-                .metrics
-                .queue_ack_pending
-                .set(info.num_ack_pending as i64);
+        let mut consumers = shared.stores.queue.consumers();
+        let (mut pending, mut ack_pending, mut complete) = (0u64, 0u64, true);
+        let mut waiting = Vec::new();
+        while let Some(info) = consumers.next().await {
+            match info {
+                Ok(info) if is_pool_consumer(&pool, &info.name) => {
+                    pending += info.num_pending;
+                    ack_pending += info.num_ack_pending as u64;
+                    if let Some(key) = queue_of_consumer(&pool, &info.name) {
+                        waiting.push((key.tenant, key.band, info.num_pending));
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => complete = false,
+            }
+        }
+        if complete {
+            shared.metrics.queue_pending.set(pending as i64);
+            shared.metrics.queue_ack_pending.set(ack_pending as i64);
+            shared.tenant_stats.set_waiting(waiting);
+        }
+        if let Ok(slots) = shared.supervisor.send(TenantSlots).await {
+            shared.tenant_stats.set_running(
+                slots
+                    .into_iter()
+                    .map(|(tenant, band, n)| (tenant, band, u64::from(n))),
+            );
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
@@ -86,10 +77,11 @@ pub(super) async fn measure_lag(shared: Arc<Shared>) {
 /// it has slots.
 pub(super) async fn serve_queue(
     shared: Arc<Shared>,
-    consumer: consumer::PullConsumer,
+    mut scheduler: Scheduler,
     mut capacity: watch::Receiver<Capacity>,
 ) {
     let mut starting = tokio::task::JoinSet::new();
+    let mut tick = tokio::time::Instant::now() + TRY_ALL_EVERY;
     loop {
         while starting.try_join_next().is_some() {}
         if capacity.wait_for(|c| c.free() > 0).await.is_err() {
@@ -101,30 +93,61 @@ pub(super) async fn serve_queue(
             starting.join_next().await;
             continue;
         }
-        let batch = consumer
-            .fetch()
-            .max_messages(free)
-            .expires(Duration::from_secs(1))
-            .messages()
-            .await;
-        let mut batch = match batch {
-            Ok(batch) => batch,
-            Err(error) => {
-                tracing::warn!(message = "pulling from the queue failed; retrying", %error);
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-        };
-        while let Some(message) = batch.next().await {
-            match message {
-                Ok(message) => {
-                    let shared = shared.clone();
-                    starting.spawn(async move { handle(&shared, message).await });
+        scheduler.absorb().await;
+        if tokio::time::Instant::now() >= tick {
+            scheduler.try_all();
+            tick = tokio::time::Instant::now() + TRY_ALL_EVERY;
+        }
+        let running = running_by_tenant(&shared).await;
+        let held_back = at_limit(&shared, &running);
+        let messages = scheduler.next(free as u32, &held_back, &running).await;
+        if messages.is_empty() {
+            // Nothing to take: wait for a notice, a slot freeing, or the next tick.
+            let wait = tick.saturating_duration_since(tokio::time::Instant::now());
+            if scheduler.any_pending() {
+                // Held back by a reserve or a tenant's limit: a slot freeing changes that.
+                tokio::select! {
+                    _ = scheduler.wait_heard(wait) => {}
+                    _ = capacity.changed() => {}
                 }
-                Err(error) => tracing::debug!(message = "queue pull ended", %error),
+            } else {
+                scheduler.wait_heard(wait).await;
             }
+            continue;
+        }
+        for message in messages {
+            let shared = shared.clone();
+            starting.spawn(async move { handle(&shared, message).await });
         }
     }
+}
+
+/// How often every known queue is tried, heard of or not.
+const TRY_ALL_EVERY: Duration = Duration::from_secs(1);
+
+/// The requests each tenant runs on this worker.
+async fn running_by_tenant(shared: &Shared) -> HashMap<String, u32> {
+    let mut running: HashMap<String, u32> = HashMap::new();
+    if let Ok(slots) = shared.supervisor.send(TenantSlots).await {
+        for (tenant, _, n) in slots {
+            *running.entry(tenant).or_default() += n;
+        }
+    }
+    running
+}
+
+/// The tenants this worker runs as many requests of as `worker.tenants.max_running` allows:
+/// their queues wait.
+fn at_limit(shared: &Shared, running: &HashMap<String, u32>) -> HashSet<String> {
+    let limit = shared.settings.worker.tenants.max_running;
+    if limit == 0 {
+        return HashSet::new();
+    }
+    running
+        .iter()
+        .filter(|(_, n)| **n >= limit)
+        .map(|(tenant, _)| tenant.clone())
+        .collect()
 }
 
 async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
@@ -140,6 +163,10 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
         let _ = message.ack_with(AckKind::Term).await;
         return;
     }
+    let Some(queued) = shared.subjects.parse_queued(&message.subject) else {
+        let detail = format!("{} is not a queue subject of this pool", message.subject);
+        return refuse(shared, message, &request_id, attempt, detail, None).await;
+    };
     // The same size limit as submit: a server allowing larger messages must not let a larger
     // request in through the queue.
     let request: GenerationRequest =
@@ -156,6 +183,21 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
         );
         return refuse(shared, message, &request_id, attempt, detail, None).await;
     }
+    // The band is the subject's: the body may repeat it, never contradict it. A continuation
+    // inherits the band the request carries.
+    let mut request = request;
+    match request.priority {
+        Some(band) if band != queued.band => {
+            let detail = format!(
+                "priority is {band}, but the request was queued in band {}",
+                queued.band
+            );
+            return refuse(shared, message, &request_id, attempt, detail, None).await;
+        }
+        None if queued.band != Priority::Normal => request.priority = Some(queued.band),
+        _ => {}
+    }
+    let tenant = (queued.tenant != DEFAULT_TENANT).then(|| queued.tenant.clone());
     // Checked before anything is written for it.
     let request = match admission::check(shared, request) {
         Ok(request) => request,
@@ -163,9 +205,25 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
             return refuse(shared, message, &request_id, attempt, error.message, None).await;
         }
     };
-    // QUEUED when no slot is free for it (an interactive submit took the slot after the pull):
-    // it waits here for the next one.
-    let state = if shared.capacity.borrow().free() == 0 {
+    // Deliveries given back for want of a slot are no attempt: the record of the last one says
+    // how many there were (a first delivery has none).
+    let handed_back = if attempt > 1 {
+        handed_back_before(shared, &request_id).await
+    } else {
+        0
+    };
+    let attempt = attempt.saturating_sub(handed_back).max(1);
+    // No slot is free for it when an interactive submit took the slot after the pull. While
+    // another worker of the pool has a free slot, the message goes back to the queue at once
+    // for that worker to take (at most MAX_HAND_BACKS times, never on its last delivery);
+    // otherwise it waits here, QUEUED, for the next slot.
+    let no_slot = shared.capacity.borrow().free() == 0;
+    let give_back = no_slot
+        && handed_back < MAX_HAND_BACKS
+        && i64::from(u32::try_from(info.delivered).unwrap_or(u32::MAX))
+            < shared.settings.jetstream.queue_max_deliver
+        && super::heartbeat::a_peer_has_a_free_slot(shared).await;
+    let state = if no_slot {
         RequestState::Queued
     } else {
         RequestState::Running
@@ -176,6 +234,9 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
         worker_id: shared.worker_id.clone(),
         attempt,
         durable: true,
+        priority: request.request().priority,
+        tenant: tenant.clone(),
+        handed_back: handed_back + u32::from(give_back),
     };
     // A request that already ended (or whose result was read) never runs again.
     let revision = match claim(shared, &message, &live).await {
@@ -202,35 +263,31 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
         }
         Err(error) => return hand_back(message, &request_id, error).await,
     };
+    if give_back {
+        // The record (QUEUED, with the count of hand-backs) is taken over by the worker that
+        // takes the message next.
+        tracing::debug!(message = "no slot for a pulled request; handing it to a free worker", request_id = %request_id);
+        let _ = message.ack_with(AckKind::Nak(None)).await;
+        return;
+    }
     let accepted_at = Instant::now()
         .checked_sub(queued_for)
         .unwrap_or_else(Instant::now);
-    let root_request_id =
-        header(&message.message, ROOT_HEADER).filter(|id| is_valid_request_id(id));
-    let chain_position = header(&message.message, CHAIN_HEADER)
-        .and_then(|p| p.parse::<u32>().ok())
-        .filter(|p| *p >= 1)
-        .unwrap_or(1);
     let placement = Placement {
-        root_request_id,
-        parent_request_id: header(&message.message, PARENT_HEADER)
-            .filter(|id| is_valid_request_id(id)),
-        chain_position: Some(chain_position),
         attempt: Some(attempt),
         accepted_at: Some(accepted_at),
         durable: true,
-        chain: header(&message.message, CHAIN_STATE_HEADER)
-            .and_then(|state| ChainState::from_header(&state))
-            .unwrap_or_default(),
-        traceparent: super::tools::traceparent_of(&message.message),
         // An interactive submit may have taken the slot this message was pulled for: it
         // waits for the next one, its delivery kept alive meanwhile.
         wait_for_slot: true,
-        ..Placement::default()
+        band: queued.band,
+        tenant,
+        ..admission::chain_placement(&message.message)
     };
     let claim = Claim { live, revision };
     let kept = message.clone();
-    match admission::admit(shared, request, placement, claim, Some(message)).await {
+    let preference = Preference::from_headers(message.headers.as_ref());
+    match admission::admit(shared, request, placement, claim, Some(message), preference).await {
         Ok(_) => {}
         Err(error) if error.code == ErrorCode::NoSlotAvailable => {
             // Draining, or more waiting than slots: another worker (or this one later) runs
@@ -251,6 +308,19 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
             )
             .await
         }
+    }
+}
+
+/// How many times one durable request is given back for want of a slot before a worker keeps
+/// it until a slot frees: a fleet whose workers all fill between their heartbeats must not
+/// pass a request around for ever.
+const MAX_HAND_BACKS: u32 = 1;
+
+/// The hand-backs the request's record counts (none when it holds no live record).
+async fn handed_back_before(shared: &Shared, request_id: &str) -> u32 {
+    match shared.stores.record(request_id).await {
+        Ok(Some((super::store::RequestRecord::Live { live }, _))) => live.handed_back,
+        _ => 0,
     }
 }
 
@@ -340,29 +410,46 @@ impl From<QueueError> for WireError {
     }
 }
 
-/// Where a queued request waits: the stream sequence of its message.
+/// A request waiting in the queue.
+pub(super) struct Waiting {
+    /// The stream sequence of its message.
+    pub(super) sequence: u64,
+    pub(super) band: Priority,
+    pub(super) tenant: String,
+}
+
+/// Where a queued request waits, on the v1 subjects or a band's.
 pub(super) async fn find_queued(
     shared: &Shared,
     request_id: &str,
-) -> Result<Option<u64>, QueueError> {
-    let mut subjects = shared
-        .stores
-        .queue
-        .info_with_subjects(shared.subjects.queued(request_id))
-        .await
-        .map_err(|e| QueueError::Look(e.to_string()))?;
-    let Some(Ok((subject, _))) = subjects.next().await else {
-        return Ok(None);
-    };
-    match shared
-        .stores
-        .queue
-        .get_last_raw_message_by_subject(&subject)
-        .await
-    {
-        Ok(message) => Ok(Some(message.sequence)),
-        Err(_) => Ok(None),
+) -> Result<Option<Waiting>, QueueError> {
+    for filter in shared.subjects.queued(request_id) {
+        let mut subjects = shared
+            .stores
+            .queue
+            .info_with_subjects(filter)
+            .await
+            .map_err(|e| QueueError::Look(e.to_string()))?;
+        let Some(Ok((subject, _))) = subjects.next().await else {
+            continue;
+        };
+        let Some(queued) = shared.subjects.parse_queued(&subject) else {
+            continue;
+        };
+        if let Ok(message) = shared
+            .stores
+            .queue
+            .get_last_raw_message_by_subject(&subject)
+            .await
+        {
+            return Ok(Some(Waiting {
+                sequence: message.sequence,
+                band: queued.band,
+                tenant: queued.tenant,
+            }));
+        }
     }
+    Ok(None)
 }
 
 /// Cancels a request still waiting in the queue: the message is removed and never runs.
@@ -391,14 +478,14 @@ pub(super) async fn cancel_queued(
     Ok(removed)
 }
 
-/// Subscribes to the pool consumer's max-deliveries advisories (see [`serve_exhausted`]).
+/// Subscribes to the max-deliveries advisories of the queue's consumers (see
+/// [`serve_exhausted`], which keeps those of the pool's own).
 pub(super) async fn exhausted_advisories(
     shared: &Shared,
 ) -> Result<async_nats::Subscriber, BusError> {
-    let subject = shared.subjects.max_deliveries_advisory(
-        &shared.settings.jetstream.queue_stream,
-        &consumer_name(&shared.settings.worker.pool),
-    );
+    let subject = shared
+        .subjects
+        .max_deliveries_advisory(&shared.settings.jetstream.queue_stream, "*");
     shared
         .client
         .queue_subscribe(subject, shared.subjects.exhausted_group().into())
@@ -410,6 +497,10 @@ pub(super) async fn exhausted_advisories(
 /// of the last worker that took one) and the message removed.
 pub(super) async fn serve_exhausted(shared: Arc<Shared>, mut sub: async_nats::Subscriber) {
     while let Some(message) = sub.next().await {
+        let consumer = Subjects::request_id_of(&message.subject);
+        if !is_pool_consumer(&shared.settings.worker.pool, consumer) {
+            continue;
+        }
         let Ok(advisory) = serde_json::from_slice::<serde_json::Value>(&message.payload) else {
             continue;
         };

@@ -43,9 +43,15 @@ pub(super) async fn register(
         .service_builder()
         .description("genfleet generation worker")
         .metadata(metadata)
-        .stats_handler(move |_endpoint, _stats| {
-            let c = *capacity.borrow();
-            serde_json::json!({"slots": c.total, "busy": c.busy, "free": c.free(), "draining": c.draining})
+        .stats_handler({
+            let tenants = shared.tenant_stats.clone();
+            move |_endpoint, _stats| {
+                let c = *capacity.borrow();
+                serde_json::json!({
+                    "slots": c.total, "busy": c.busy, "free": c.free(), "draining": c.draining,
+                    "tenants": tenants.rows(),
+                })
+            }
         })
         .start("genfleet", env!("CARGO_PKG_VERSION"))
         .await

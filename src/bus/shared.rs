@@ -19,8 +19,9 @@ use super::store::{LiveRecord, Stores};
 use super::subjects::Subjects;
 use crate::actors::{Capacity, Held, HeldRequest, RequestChecker, Supervisor, Ticket, TicketOf};
 use crate::observe::Metrics;
-use crate::protocol::{ChainState, GenerationRequest};
+use crate::protocol::{AffinityRecord, ChainState, GenerationRequest};
 use crate::settings::Settings;
+use crate::telemetry::RequestTrace;
 
 /// Shared by the worker's tasks.
 pub(super) struct Shared {
@@ -43,6 +44,8 @@ pub(super) struct Shared {
     /// answer only once the result is there.
     pub(super) stored: broadcast::Sender<String>,
     pub(super) metrics: Arc<Metrics>,
+    /// What each tenant and band does, for the metrics and the service stats.
+    pub(super) tenant_stats: super::tenants::TenantStats,
 }
 
 /// Requests handled at once per worker; past it, messages wait in the client's bounded
@@ -72,6 +75,8 @@ pub(super) struct Asked {
     pub(super) chain_position: u32,
     /// What it carries from earlier in its chain.
     pub(super) chain: ChainState,
+    /// Where it was sent first, for its result (requests with an affinity key).
+    pub(super) affinity: Option<AffinityRecord>,
 }
 
 /// What the bus keeps with a request the Supervisor holds (its ticket).
@@ -83,6 +88,8 @@ pub(super) struct Hold {
     revision: AtomicU64,
     /// A durable request's queue message, acknowledged once its result is stored.
     pub(super) message: Option<jetstream::Message>,
+    /// The request's span on this worker (exported traces), ended with its stored result.
+    pub(super) trace: RequestTrace,
 }
 
 impl Hold {
@@ -91,12 +98,14 @@ impl Hold {
         live: LiveRecord,
         revision: u64,
         message: Option<jetstream::Message>,
+        trace: RequestTrace,
     ) -> Hold {
         Hold {
             asked,
             live,
             revision: AtomicU64::new(revision),
             message,
+            trace,
         }
     }
 

@@ -75,16 +75,30 @@ impl Stores {
                 retention: stream::RetentionPolicy::WorkQueue,
                 duplicate_window: Duration::from_millis(settings.queue_duplicate_window_ms),
                 num_replicas: settings.replicas,
+                republish: Some(queue_notices(subjects)),
                 ..Default::default()
             },
         )
         .await?;
-        let queue = jetstream
+        let mut queue = jetstream
             .get_stream(&settings.queue_stream)
             .await
             .map_err(|e| {
                 BusError::Setup(format!("cannot open stream {}: {e}", settings.queue_stream))
             })?;
+        // A queue stream made before the notices existed learns them.
+        let config = queue.info().await.map(|info| info.config.clone());
+        if let Ok(mut config) = config
+            && config.republish.is_none()
+        {
+            config.republish = Some(queue_notices(subjects));
+            jetstream.update_stream(config).await.map_err(|e| {
+                BusError::Setup(format!(
+                    "cannot add the queue notices to stream {}: {e}",
+                    settings.queue_stream
+                ))
+            })?;
+        }
         let finished = ensure_finished_bucket(&jetstream, settings).await?;
         Ok(Stores {
             jetstream,
@@ -164,6 +178,16 @@ pub fn finished_key(request_id: &str) -> String {
 /// How long set-up waits for a stream to be usable: on a JetStream cluster a stream that was
 /// just created (by this worker or one starting beside it) has no leader for a moment.
 const STREAM_READY_WAIT: Duration = Duration::from_secs(30);
+
+/// The queue stream republishes the headers of each message it stores on `gen.queued.>`: a
+/// worker hears of a waiting band and tenant at once, without pulling every consumer.
+fn queue_notices(subjects: &Subjects) -> stream::Republish {
+    stream::Republish {
+        source: subjects.all_queues(),
+        destination: subjects.queue_notices(),
+        headers_only: true,
+    }
+}
 
 pub(super) async fn ensure_stream(
     js: &jetstream::Context,
@@ -250,6 +274,20 @@ pub struct LiveRecord {
     pub attempt: u32,
     #[serde(default)]
     pub durable: bool,
+    /// Its priority band; absent for `normal`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<crate::protocol::Priority>,
+    /// Its tenant; absent for the default tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Deliveries of a durable request that a worker gave back at once because its slot was
+    /// taken before the request started: they are no attempt (`attempt` counts the others).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub handed_back: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// What `res.<id>` holds: the live record while the request runs, then its result until it is

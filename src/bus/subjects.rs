@@ -1,6 +1,7 @@
 //! Every subject genfleet uses, built from the configured prefixes in one place.
 
-use crate::protocol::SignalType;
+use crate::protocol::schedule::is_valid_tenant;
+use crate::protocol::{DEFAULT_TENANT, Priority, SignalType};
 use crate::settings::SubjectSettings;
 
 #[derive(Debug, Clone)]
@@ -21,9 +22,30 @@ impl Subjects {
         }
     }
 
-    /// `gen.submit.<pool>`: interactive requests, one worker of the pool answers.
+    /// `gen.submit.<pool>`: interactive requests of the default tenant, one worker of the pool
+    /// answers.
     pub fn submit(&self, pool: &str) -> String {
         format!("{}.submit.{pool}", self.gen_prefix)
+    }
+
+    /// `gen.submit.<pool>.<tenant>`: interactive requests of a tenant (the default tenant's
+    /// when `tenant` is `None`, on the v1 subject).
+    pub fn submit_as(&self, pool: &str, tenant: Option<&str>) -> String {
+        match tenant {
+            Some(tenant) => format!("{}.submit.{pool}.{tenant}", self.gen_prefix),
+            None => self.submit(pool),
+        }
+    }
+
+    /// Every tenant's submit subject of a pool (`gen.submit.<pool>.*`).
+    pub fn tenant_submits(&self, pool: &str) -> String {
+        format!("{}.submit.{pool}.*", self.gen_prefix)
+    }
+
+    /// The tenant a submit subject of `pool` names: the default tenant on the v1 subject,
+    /// `None` for a subject that is not one of the pool's.
+    pub fn submit_tenant<'s>(&self, pool: &str, subject: &'s str) -> Option<&'s str> {
+        tenant_after(&self.submit(pool), subject)
     }
 
     /// The queue group of a pool's submit subscribers.
@@ -31,19 +53,91 @@ impl Subjects {
         format!("genfleet-submit-{pool}")
     }
 
-    /// `gen.queue.<pool>.<request_id>`: the durable queue.
+    /// `gen.queue.<pool>.<request_id>`: the durable queue of the v1 subjects (band `normal`,
+    /// the default tenant).
     pub fn queue(&self, pool: &str, request_id: &str) -> String {
         format!("{}.queue.{pool}.{request_id}", self.gen_prefix)
     }
 
-    /// Every pool's queue subject of one request (to find it while it waits).
-    pub fn queued(&self, request_id: &str) -> String {
-        format!("{}.queue.*.{request_id}", self.gen_prefix)
+    /// The subject a request of `band` and `tenant` is queued on: the v1 subject for `normal`
+    /// requests of the default tenant (`tenant` `None`), `gen.queue.<pool>.<band>.<tenant>.<id>`
+    /// otherwise.
+    pub fn queue_for(
+        &self,
+        pool: &str,
+        band: Priority,
+        tenant: Option<&str>,
+        request_id: &str,
+    ) -> String {
+        match (band, tenant) {
+            (Priority::Normal, None) => self.queue(pool, request_id),
+            (band, tenant) => format!(
+                "{}.queue.{pool}.{band}.{}.{request_id}",
+                self.gen_prefix,
+                tenant.unwrap_or(DEFAULT_TENANT)
+            ),
+        }
     }
 
-    /// A pool's whole queue, the filter of its consumer.
+    /// Every queue subject one request may wait on (to find it while it waits): the v1 one
+    /// and the banded one of every pool and tenant.
+    pub fn queued(&self, request_id: &str) -> [String; 2] {
+        [
+            format!("{}.queue.*.{request_id}", self.gen_prefix),
+            format!("{}.queue.*.*.*.{request_id}", self.gen_prefix),
+        ]
+    }
+
+    /// The filter of a pool's v1 queue consumer: `gen.queue.<pool>.*`.
     pub fn pool_queue(&self, pool: &str) -> String {
-        format!("{}.queue.{pool}.>", self.gen_prefix)
+        format!("{}.queue.{pool}.*", self.gen_prefix)
+    }
+
+    /// The filter of the queue consumer of one band and tenant of a pool.
+    pub fn band_queue(&self, pool: &str, band: Priority, tenant: &str) -> String {
+        format!("{}.queue.{pool}.{band}.{tenant}.*", self.gen_prefix)
+    }
+
+    /// Every banded queue subject of a pool (`gen.queue.<pool>.*.*.*`), to find the bands and
+    /// tenants with waiting requests.
+    pub fn banded_queues(&self, pool: &str) -> String {
+        format!("{}.queue.{pool}.*.*.*", self.gen_prefix)
+    }
+
+    /// Where the queue stream republishes the headers of every message it stores
+    /// (`gen.queued.>`), so that workers hear of new requests without pulling.
+    pub fn queue_notices(&self) -> String {
+        format!("{}.queued.>", self.gen_prefix)
+    }
+
+    /// A pool's notices (`gen.queued.<pool>.>`).
+    pub fn pool_notices(&self, pool: &str) -> String {
+        format!("{}.queued.{pool}.>", self.gen_prefix)
+    }
+
+    /// Reads a queue subject (or its notice): the pool, band, tenant and request id.
+    pub fn parse_queued(&self, subject: &str) -> Option<QueueSubject> {
+        let rest = subject
+            .strip_prefix(&format!("{}.queue.", self.gen_prefix))
+            .or_else(|| subject.strip_prefix(&format!("{}.queued.", self.gen_prefix)))?;
+        let tokens: Vec<&str> = rest.split('.').collect();
+        match tokens.as_slice() {
+            [pool, request_id] => Some(QueueSubject {
+                pool: pool.to_string(),
+                band: Priority::Normal,
+                tenant: DEFAULT_TENANT.to_string(),
+                v1: true,
+                request_id: request_id.to_string(),
+            }),
+            [pool, band, tenant, request_id] if is_valid_tenant(tenant) => Some(QueueSubject {
+                pool: pool.to_string(),
+                band: Priority::from_token(band)?,
+                tenant: tenant.to_string(),
+                v1: false,
+                request_id: request_id.to_string(),
+            }),
+            _ => None,
+        }
     }
 
     pub fn events(&self, request_id: &str) -> String {
@@ -80,6 +174,27 @@ impl Subjects {
     /// A worker's own subject for the cancels other workers forward to it.
     pub fn worker_cancel(&self, worker_id: &str) -> String {
         format!("{}.worker.{worker_id}.cancel", self.gen_prefix)
+    }
+
+    /// `gen.worker.<worker_id>.submit`, and `gen.worker.<worker_id>.submit.<tenant>` for a
+    /// tenant: a worker's own submit subject, for requests whose affinity key it served last.
+    /// The tenant is a subject token here too, so NATS permissions vouch for it.
+    pub fn worker_submit(&self, worker_id: &str, tenant: Option<&str>) -> String {
+        match tenant {
+            Some(tenant) => format!("{}.worker.{worker_id}.submit.{tenant}", self.gen_prefix),
+            None => format!("{}.worker.{worker_id}.submit", self.gen_prefix),
+        }
+    }
+
+    /// Every tenant's own submit subject of a worker (`gen.worker.<worker_id>.submit.*`).
+    pub fn worker_tenant_submits(&self, worker_id: &str) -> String {
+        format!("{}.worker.{worker_id}.submit.*", self.gen_prefix)
+    }
+
+    /// The tenant a worker's own submit subject names: the default tenant on the subject
+    /// without a tenant token, `None` for a subject that is not the worker's.
+    pub fn worker_submit_tenant<'s>(&self, worker_id: &str, subject: &'s str) -> Option<&'s str> {
+        tenant_after(&self.worker_submit(worker_id, None), subject)
     }
 
     /// A worker's `capacity` endpoint of the service API.
@@ -132,6 +247,27 @@ impl Subjects {
     }
 }
 
+/// What a queue subject says of the request queued on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueSubject {
+    pub pool: String,
+    pub band: Priority,
+    pub tenant: String,
+    /// Queued on the v1 subject `gen.queue.<pool>.<id>`.
+    pub v1: bool,
+    pub request_id: String,
+}
+
+/// The tenant token after a submit subject's `base`: the default tenant when there is none,
+/// `None` when `subject` is not `base` or its tenant token is not a valid tenant name.
+fn tenant_after<'s>(base: &str, subject: &'s str) -> Option<&'s str> {
+    let rest = subject.strip_prefix(base)?;
+    if rest.is_empty() {
+        return Some(DEFAULT_TENANT);
+    }
+    rest.strip_prefix('.').filter(|t| is_valid_tenant(t))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,6 +281,20 @@ mod tests {
             decisions_prefix: "t.dec".into(),
         });
         assert_eq!(s.submit("p"), "t.gen.submit.p");
+        assert_eq!(s.worker_submit("w1", None), "t.gen.worker.w1.submit");
+        assert_eq!(
+            s.worker_submit("w1", Some("acme")),
+            "t.gen.worker.w1.submit.acme"
+        );
+        assert_eq!(
+            s.worker_submit_tenant("w1", "t.gen.worker.w1.submit.acme"),
+            Some("acme")
+        );
+        assert_eq!(
+            s.worker_submit_tenant("w1", "t.gen.worker.w1.submit"),
+            Some(crate::protocol::DEFAULT_TENANT)
+        );
+        assert_eq!(s.worker_submit_tenant("w1", "t.gen.worker.w2.submit"), None);
         assert_eq!(s.events("r"), "t.gen.events.r");
         assert_eq!(s.any("status"), "t.gen.status.*");
         assert_eq!(
@@ -153,5 +303,55 @@ mod tests {
         );
         assert_eq!(s.all_signals(), "t.sig.>");
         assert_eq!(Subjects::request_id_of("t.gen.result.abc"), "abc");
+        assert_eq!(s.submit_as("p", Some("acme")), "t.gen.submit.p.acme");
+        assert_eq!(s.submit_tenant("p", "t.gen.submit.p"), Some("default"));
+        assert_eq!(s.submit_tenant("p", "t.gen.submit.p.acme"), Some("acme"));
+        assert_eq!(s.submit_tenant("p", "t.gen.submit.px"), None);
+        assert_eq!(
+            s.queue_for("p", Priority::Normal, None, "r"),
+            "t.gen.queue.p.r"
+        );
+        assert_eq!(
+            s.queue_for("p", Priority::High, None, "r"),
+            "t.gen.queue.p.high.default.r"
+        );
+        assert_eq!(
+            s.queue_for("p", Priority::Normal, Some("acme"), "r"),
+            "t.gen.queue.p.normal.acme.r"
+        );
+    }
+
+    #[test]
+    fn queue_subjects_read_back() {
+        let s = Subjects::new(&SubjectSettings {
+            gen_prefix: "t.gen".into(),
+            signals_prefix: "t.sig".into(),
+            tools_prefix: "t.tools".into(),
+            decisions_prefix: "t.dec".into(),
+        });
+        let q = s.parse_queued("t.gen.queue.p.low.acme.r1").unwrap();
+        assert_eq!(
+            (
+                q.pool.as_str(),
+                q.band,
+                q.tenant.as_str(),
+                q.v1,
+                q.request_id.as_str()
+            ),
+            ("p", Priority::Low, "acme", false, "r1")
+        );
+        let q = s.parse_queued("t.gen.queued.p.r2").unwrap();
+        assert_eq!(
+            (q.band, q.tenant.as_str(), q.v1),
+            (Priority::Normal, "default", true)
+        );
+        for bad in [
+            "t.gen.queue.p.urgent.acme.r",
+            "t.gen.queue.p",
+            "t.gen.queue.p.a.b",
+            "x.r",
+        ] {
+            assert_eq!(s.parse_queued(bad), None, "{bad}");
+        }
     }
 }

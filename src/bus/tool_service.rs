@@ -7,12 +7,14 @@ use std::sync::Arc;
 
 use futures_util::StreamExt;
 use serde_json::Value;
+use tracing::Instrument;
 
 use super::BusError;
 use super::store::ensure_bucket;
 use super::subjects::Subjects;
-use super::tools::{CALL_ID_HEADER, JOB_NAME_HEADER, REQUEST_ID_HEADER};
+use super::tools::{CALL_ID_HEADER, JOB_NAME_HEADER, REQUEST_ID_HEADER, traceparent_of};
 use crate::settings::Settings;
+use crate::telemetry::{self, KeyValue};
 use crate::tools::{Tool, ToolDefinition};
 
 /// Who asked for a call, from the request headers.
@@ -21,6 +23,25 @@ pub struct CallContext {
     pub request_id: Option<String>,
     pub call_id: Option<String>,
     pub job_name: Option<String>,
+}
+
+/// The span of one call served, a child of the caller's tool-call span when traces are
+/// exported (the worker sends its context as `traceparent`).
+fn call_span(tool: &str, context: &CallContext, message: &async_nats::Message) -> tracing::Span {
+    if !telemetry::exporting() {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!("tool_call", otel.name = %format!("tool {tool}"));
+    telemetry::set_parent(&span, traceparent_of(message).as_deref());
+    let mut attributes = vec![KeyValue::new("gen_ai.tool.name", tool.to_string())];
+    if let Some(id) = &context.request_id {
+        attributes.push(KeyValue::new("genfleet.request_id", id.clone()));
+    }
+    if let Some(id) = &context.call_id {
+        attributes.push(KeyValue::new("gen_ai.tool.call.id", id.clone()));
+    }
+    telemetry::annotate(&span, attributes);
+    span
 }
 
 /// A registered, serving tool. Dropping it stops serving; [`ToolService::withdraw`] also
@@ -65,16 +86,18 @@ impl ToolService {
             .map_err(|e| BusError::Setup(format!("cannot serve {subject}: {e}")))?;
         let handler = Arc::new(handler);
         let responder = client.clone();
+        let tool = definition.name.clone();
         let task = tokio::spawn(async move {
             while let Some(message) = requests.next().await {
                 let handler = handler.clone();
                 let responder = responder.clone();
+                let context = CallContext {
+                    request_id: super::reply::header(&message, REQUEST_ID_HEADER),
+                    call_id: super::reply::header(&message, CALL_ID_HEADER),
+                    job_name: super::reply::header(&message, JOB_NAME_HEADER),
+                };
+                let span = call_span(&tool, &context, &message);
                 tokio::spawn(async move {
-                    let context = CallContext {
-                        request_id: super::reply::header(&message, REQUEST_ID_HEADER),
-                        call_id: super::reply::header(&message, CALL_ID_HEADER),
-                        job_name: super::reply::header(&message, JOB_NAME_HEADER),
-                    };
                     let reply = match serde_json::from_slice::<Value>(&message.payload) {
                         Ok(arguments) => match handler(arguments, context).await {
                             Ok(result) => serde_json::json!({ "result": result }),
@@ -89,7 +112,7 @@ impl ToolService {
                             .publish(reply_to, serde_json::to_vec(&reply).expect("json").into())
                             .await;
                     }
-                });
+                }.instrument(span));
             }
         });
         let body = serde_json::to_vec(&definition).expect("definitions serialize");

@@ -15,7 +15,9 @@ use super::shared::{MAX_IN_FLIGHT, Shared};
 use super::store::Stores;
 use super::subjects::Subjects;
 use super::tools::BusToolRunner;
-use super::{BusError, connect, decide, finish, heartbeat, lookup, queue, service, submit, upkeep};
+use super::{
+    BusError, connect, decide, finish, heartbeat, lookup, queue, schedule, service, submit, upkeep,
+};
 use crate::actors::{Supervisor, SupervisorConfig, SupervisorHandle};
 use crate::engine::{DefaultBios, Engine, EngineConfig};
 use crate::llm::OpenAiBackend;
@@ -158,27 +160,39 @@ async fn serve(
         finishing: Arc::new(tokio::sync::Semaphore::new(FINISHING_AT_ONCE as usize)),
         stored: tokio::sync::broadcast::channel(STORED_NOTICES).0,
         metrics: metrics.clone(),
+        tenant_stats: super::tenants::TenantStats::new(metrics.clone()),
         settings,
     });
-    let pool = &shared.settings.worker.pool;
     // On record as alive before taking any request, so no live worker takes it for lost.
     heartbeat::first_beat(&shared).await?;
     tasks.spawn("heartbeat", heartbeat::run(shared.clone()));
     tasks.spawn("events", finish::publish_events(shared.clone(), events_rx));
     // Subscribed (and the server told) before the worker says it is ready, so the first
     // submit after start finds it.
-    let submits = client
-        .queue_subscribe(subjects.submit(pool), subjects.submit_group(pool))
-        .await
-        .map_err(|e| BusError::Setup(format!("cannot subscribe to submits: {e}")))?;
+    for (name, route) in [
+        ("submits", submit::Route::Pool),
+        ("own submits", submit::Route::Own),
+    ] {
+        let first = route
+            .subscribe(&shared)
+            .await
+            .map_err(|e| BusError::Setup(format!("cannot subscribe to submits: {e}")))?;
+        tasks.spawn(
+            name,
+            submit::serve_submits(shared.clone(), handle.capacity.clone(), Some(first), route),
+        );
+    }
+    let heard = Arc::new(schedule::Heard::default());
+    let notices = schedule::notices(&shared).await?;
+    let scheduler = schedule::Scheduler::open(shared.clone(), heard.clone()).await?;
     tasks.spawn(
-        "submits",
-        submit::serve_submits(shared.clone(), handle.capacity.clone(), Some(submits)),
+        "queue notices",
+        schedule::hear_notices(shared.clone(), heard.clone(), notices),
     );
-    let consumer = queue::pool_consumer(&shared).await?;
+    tasks.spawn("queue scan", schedule::scan(shared.clone(), heard));
     tasks.spawn(
         "queue",
-        queue::serve_queue(shared.clone(), consumer, handle.capacity.clone()),
+        queue::serve_queue(shared.clone(), scheduler, handle.capacity.clone()),
     );
     let exhausted = queue::exhausted_advisories(&shared).await?;
     tasks.spawn(

@@ -2,6 +2,7 @@
 //! (JetStream, a free port, a temporary store), the mock backend with a demo script, a worker,
 //! the example tool service and a manager with a demo policy; then submits a job that calls a
 //! tool, asks for a decision, is answered by the manager and finishes in a continuation.
+//! Last, one chat completion goes through `genfleet gateway`, as any OpenAI client sends it.
 //! Everything it started is stopped on exit, on an error and on Ctrl-C.
 
 use std::io::Write;
@@ -63,10 +64,18 @@ struct Stack {
         tokio::sync::oneshot::Sender<()>,
         tokio::task::JoinHandle<()>,
     )>,
+    gateway: Option<(
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    )>,
 }
 
 impl Stack {
     async fn tear_down(&mut self) {
+        if let Some((stop, task)) = self.gateway.take() {
+            let _ = stop.send(());
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
         if let Some((stop, task)) = self.manager.take() {
             let _ = stop.send(());
             let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
@@ -82,7 +91,7 @@ impl Stack {
             nats.stop().await;
         }
         self.store.take();
-        say("stopped: manager, tool service, worker, mock backend, nats-server");
+        say("stopped: gateway, manager, tool service, worker, mock backend, nats-server");
     }
 }
 
@@ -168,7 +177,88 @@ async fn demo(args: &DemoArgs, stack: &mut Stack) -> anyhow::Result<()> {
         "started manager \"demo\": it answers a model's decision request with its default after 1.5 s",
     );
 
-    run_job(&client, &nats_url, Duration::from_secs(args.wait_secs)).await
+    let mut gateway_settings = settings.clone();
+    gateway_settings.nats.name = "genfleet-demo-gateway".into();
+    gateway_settings.gateway.drain_ms = 1000;
+    let gateway = crate::gateway::Gateway::start(
+        &gateway_settings,
+        std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+    )
+    .await
+    .context("the gateway did not start")?;
+    let gateway_url = format!("http://{}/v1", gateway.addr());
+    let (stop_gateway, gateway_stopped) = tokio::sync::oneshot::channel::<()>();
+    let gateway_task = tokio::spawn(async move {
+        let _ = gateway
+            .run(async {
+                let _ = gateway_stopped.await;
+            })
+            .await;
+    });
+    stack.gateway = Some((stop_gateway, gateway_task));
+    step(&format!(
+        "started genfleet gateway: OpenAI's chat completions API at {gateway_url}"
+    ));
+
+    let wait = Duration::from_secs(args.wait_secs);
+    run_job(&client, &nats_url, wait).await?;
+    through_gateway(&gateway_url, wait).await
+}
+
+/// One chat completion through the gateway: the curl command line that sends it, then the
+/// answer (sent from here with the same body, so no curl is needed).
+async fn through_gateway(base_url: &str, wait: Duration) -> anyhow::Result<()> {
+    let body = serde_json::json!({
+        "model": "default",
+        "messages": [{"role": "user", "content": "Say hello through the gateway."}],
+    });
+    let url = format!("{base_url}/chat/completions");
+    step("one chat completion through the gateway, as any OpenAI client sends it:");
+    say(&format!(
+        "    curl {url} -H 'Content-Type: application/json' -d '{body}'"
+    ));
+    crate::llm::openai::install_crypto_provider();
+    let http = reqwest::Client::builder().timeout(wait).build()?;
+    let response = http
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .context("the gateway did not answer")?;
+    let status = response.status();
+    let request_id = response
+        .headers()
+        .get("x-genfleet-request-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let answer: serde_json::Value = response
+        .json()
+        .await
+        .context("the gateway's answer is not JSON")?;
+    anyhow::ensure!(
+        status.is_success(),
+        "the gateway answered {status}: {answer}"
+    );
+    let content = answer
+        .pointer("/choices/0/message/content")
+        .and_then(|c| c.as_str())
+        .unwrap_or_default();
+    let finish = answer
+        .pointer("/choices/0/finish_reason")
+        .and_then(|c| c.as_str())
+        .unwrap_or_default();
+    say(&format!("  assistant: {content}"));
+    say(&format!(
+        "  (id {}, finish_reason {finish}, {} tokens; request {request_id} on the bus)",
+        answer["id"].as_str().unwrap_or_default(),
+        answer
+            .pointer("/usage/total_tokens")
+            .and_then(|t| t.as_u64())
+            .unwrap_or_default()
+    ));
+    say("");
+    Ok(())
 }
 
 async fn run_job(client: &Client, nats_url: &str, wait: Duration) -> anyhow::Result<()> {

@@ -5,6 +5,7 @@ mod bench;
 mod console;
 mod demo;
 mod fleet;
+mod gateway;
 mod manager;
 mod mock_llm;
 mod private_nats;
@@ -17,6 +18,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, Shared};
+use tracing::Instrument;
 
 use crate::telemetry::LogFormat;
 
@@ -60,6 +62,8 @@ pub enum Command {
     Manager(manager::ManagerArgs),
     /// Serve the web console: the fleet live, the signals, and the decisions to answer.
     Console(console::ConsoleArgs),
+    /// Serve an OpenAI-compatible chat completions API in front of the fleet.
+    Gateway(gateway::GatewayArgs),
     /// Serve a scripted OpenAI-compatible chat completions API (for tests, demos, benchmarks).
     MockLlm(mock_llm::MockLlmArgs),
     /// Load a fleet (or a private one, --local) and report latency, throughput, the streaming
@@ -90,9 +94,38 @@ impl Cli {
             Command::Worker(_)
             | Command::MockLlm(_)
             | Command::ToolDemo(_)
-            | Command::Console(_) => "info",
+            | Command::Console(_)
+            | Command::Gateway(_) => "info",
             _ => "warn",
         }
+    }
+
+    /// What the services export as traces: the `[telemetry]` section, each process under a
+    /// `service.name` of its own unless configured; `submit` too, whose span is the root of
+    /// the request's trace. `None` for the other one-shot commands, and when the settings do not
+    /// load (the command then says why).
+    pub fn traces(&self) -> Option<crate::telemetry::Traces> {
+        let service = match self.command {
+            Command::Worker(_) => "genfleet-worker",
+            Command::ToolDemo(_) => "genfleet-tool-demo",
+            Command::Manager(_) => "genfleet-manager",
+            Command::Console(_) => "genfleet-console",
+            Command::Submit(_) => "genfleet-submit",
+            Command::Gateway(_) => "genfleet-gateway",
+            _ => return None,
+        };
+        let telemetry = crate::settings::Settings::load(self.config.as_deref())
+            .ok()?
+            .telemetry;
+        Some(crate::telemetry::Traces {
+            enabled: telemetry.enabled,
+            endpoint: telemetry.endpoint,
+            protocol: telemetry.protocol,
+            service_name: Some(telemetry.service_name)
+                .filter(|name| !name.is_empty())
+                .unwrap_or_else(|| service.to_string()),
+            max_queue_size: telemetry.max_queue_size,
+        })
     }
 
     /// Runs the command. The worker builds its own runtime (actix on a multi-threaded tokio);
@@ -106,13 +139,18 @@ impl Cli {
                 let runtime = tokio::runtime::Runtime::new()?;
                 runtime.block_on(async move {
                     match command {
-                        Command::Submit(args) => requests::submit(settings()?, args).await,
+                        Command::Submit(args) => {
+                            // With traces exported, the request's trace starts here.
+                            let span = tracing::info_span!("genfleet.submit");
+                            requests::submit(settings()?, args).instrument(span).await
+                        }
                         Command::Status(args) => requests::status(settings()?, args).await,
                         Command::Result(args) => requests::result(settings()?, args).await,
                         Command::Cancel(args) => requests::cancel(settings()?, args).await,
                         Command::Fleet(args) => fleet::run(settings()?, args).await,
                         Command::Manager(args) => manager::run(settings()?, args).await,
                         Command::Console(args) => console::run(settings()?, args).await,
+                        Command::Gateway(args) => gateway::run(settings()?, args).await,
                         Command::Decide(args) => requests::decide(settings()?, args).await,
                         Command::ToolDemo(args) => tool_demo::run(settings()?, args).await,
                         Command::MockLlm(args) => mock_llm::run(args).await,

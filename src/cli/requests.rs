@@ -64,6 +64,35 @@ pub struct SubmitArgs {
     /// The request's id [default: a fresh ULID].
     #[arg(long, value_name = "ID")]
     pub request_id: Option<String>,
+    /// An affinity key: requests that share it go first to the worker that served it last
+    /// (a continuation's default is its chain's first request id).
+    #[arg(long = "affinity", value_name = "KEY")]
+    pub affinity_key: Option<String>,
+    /// The priority band: a free slot takes the highest band's requests first.
+    #[arg(long, value_enum)]
+    pub priority: Option<PriorityArg>,
+    /// Submit as this tenant (the subjects' tenant token; the NATS user must be granted it)
+    /// [default: the default tenant, on the v1 subjects].
+    #[arg(long, value_name = "NAME")]
+    pub tenant: Option<String>,
+}
+
+/// `--priority`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum PriorityArg {
+    High,
+    Normal,
+    Low,
+}
+
+impl From<PriorityArg> for crate::protocol::Priority {
+    fn from(arg: PriorityArg) -> Self {
+        match arg {
+            PriorityArg::High => crate::protocol::Priority::High,
+            PriorityArg::Normal => crate::protocol::Priority::Normal,
+            PriorityArg::Low => crate::protocol::Priority::Low,
+        }
+    }
 }
 
 /// `KEY=VALUE` of `--metadata`: the value as JSON when it parses (numbers, true, objects ...),
@@ -153,6 +182,12 @@ fn read_request(args: &SubmitArgs) -> anyhow::Result<GenerationRequest> {
     if let Some(id) = &args.request_id {
         request.request_id = Some(id.clone());
     }
+    if let Some(key) = &args.affinity_key {
+        request.affinity_key = Some(key.clone());
+    }
+    if let Some(priority) = args.priority {
+        request.priority = Some(priority.into());
+    }
     Ok(request)
 }
 
@@ -178,7 +213,10 @@ pub async fn submit(settings: Settings, args: SubmitArgs) -> anyhow::Result<()> 
         .pool
         .clone()
         .unwrap_or_else(|| settings.worker.pool.clone());
-    let client = Client::connect(&settings).await?;
+    let mut client = Client::connect(&settings).await?;
+    if let Some(tenant) = &args.tenant {
+        client = client.with_tenant(tenant.clone())?;
+    }
     if args.durable && !args.follow {
         let queued = client.enqueue(&pool, &request).await?;
         return print_reply(args.json, &queued, |q| format!("{} QUEUED\n", q.request_id));
@@ -267,6 +305,10 @@ async fn follow_one(
     deadline: tokio::time::Instant,
     json: bool,
 ) -> anyhow::Result<crate::protocol::GenerationResult> {
+    // Deltas are printed as they come only when the stream is followed from its start (`seq`
+    // 0): a continuation may have started (or ended) before it was followed, and then its
+    // stored output is printed instead, whole.
+    let mut from_start = None;
     let finished = tokio::time::timeout_at(deadline, async {
         let mut stdout = std::io::stdout();
         // Events are at most once, and a continuation may have ended before it was followed:
@@ -276,14 +318,17 @@ async fn follow_one(
         loop {
             tokio::select! {
                 event = events.next() => match event {
-                    Some(event) => match event.body {
-                        EventBody::Delta { text } if !json => {
-                            let _ = stdout.write_all(text.as_bytes());
-                            let _ = stdout.flush();
+                    Some(event) => {
+                        let whole = *from_start.get_or_insert(event.seq == 0);
+                        match event.body {
+                            EventBody::Delta { text } if !json && whole => {
+                                let _ = stdout.write_all(text.as_bytes());
+                                let _ = stdout.flush();
+                            }
+                            EventBody::Finished { .. } => return true,
+                            _ => {}
                         }
-                        EventBody::Finished { .. } => return true,
-                        _ => {}
-                    },
+                    }
                     None => return false,
                 },
                 _ = check.tick() => {
@@ -304,7 +349,7 @@ async fn follow_one(
         eprintln!("(reading the stored result of {request_id})");
     }
     // A continuation may have started before it was followed: wait for its result.
-    loop {
+    let result = loop {
         match client.result(request_id, true).await {
             Err(error)
                 if error.code() == Some(crate::protocol::ErrorCode::NotReady)
@@ -312,9 +357,15 @@ async fn follow_one(
             {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            other => return Ok(other?),
+            other => break other?,
         }
+    };
+    if !json && from_start != Some(true) {
+        let mut stdout = std::io::stdout();
+        let _ = stdout.write_all(result.output.as_bytes());
+        let _ = stdout.flush();
     }
+    Ok(result)
 }
 
 async fn wait_for_answer(events: &mut Events, deadline: tokio::time::Instant) -> Option<EventBody> {

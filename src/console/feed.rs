@@ -4,7 +4,9 @@
 //! - the signals stream, through an ordered (ephemeral, unacknowledged) consumer starting at
 //!   the newest `console.max_signals` signals, so no manager's durable consumer loses one;
 //! - the service API, polled every `console.fleet_refresh_ms`;
-//! - `gen.events.*`, for the requests that start and finish.
+//! - `gen.events.*`, for the requests that start and finish and the requests list's timelines;
+//! - the results bucket, from its newest `console.max_requests` records on, for the requests
+//!   list.
 //!
 //! Each task starts over after a failure (a missing stream or bucket: the fleet has not
 //! started yet) and says what is wrong in the page's link status meanwhile.
@@ -16,8 +18,10 @@ use async_nats::jetstream::{consumer, kv};
 use futures_util::StreamExt;
 use tokio::task::JoinSet;
 
+use super::requests::Requests;
 use super::state::{FeedSignal, InboxItem, Links, WorkerView};
 use super::{Push, Shared};
+use crate::bus::store::{RequestRecord, record_key};
 use crate::protocol::decision::DecisionRecord;
 use crate::protocol::ids::now_rfc3339;
 use crate::protocol::{Event, Signal};
@@ -46,6 +50,12 @@ pub async fn run(shared: Arc<Shared>) {
     ));
     tasks.spawn(poll_fleet(shared.clone()));
     tasks.spawn(push_fleet(shared.clone()));
+    tasks.spawn(start_over(
+        shared.clone(),
+        "the console's watch of the results stopped",
+        |l| &mut l.results,
+        follow_results,
+    ));
     tasks.spawn(start_over(
         shared.clone(),
         "the console's events subscription stopped",
@@ -103,6 +113,10 @@ async fn watch_decisions(shared: Arc<Shared>) -> Result<(), String> {
         match entry.operation {
             kv::Operation::Put => match serde_json::from_slice::<DecisionRecord>(&entry.value) {
                 Ok(record) => {
+                    shared.apply(|state| {
+                        state.requests.apply_decision(&record);
+                        Vec::new()
+                    });
                     let item = InboxItem::from_record(record);
                     shared.apply(|state| {
                         let (changed, dropped) = state.inbox.upsert(item);
@@ -189,6 +203,7 @@ async fn follow_signals(shared: Arc<Shared>) -> Result<(), String> {
         };
         let signal = FeedSignal::new(seq, signal);
         shared.apply(|state| {
+            state.requests.apply_signal(&signal.signal);
             if state.signals.push(signal.clone()) {
                 vec![Push::new("signal", &signal)]
             } else {
@@ -213,6 +228,9 @@ async fn poll_fleet(shared: Arc<Shared>) {
         match poll_once(&shared, gather).await {
             Ok(workers) => {
                 shared.apply(|state| {
+                    for worker in &workers {
+                        state.requests.learn_worker(&worker.worker_id, &worker.pool);
+                    }
                     state.fleet.apply_round(workers, asked, now_rfc3339());
                     Vec::new()
                 });
@@ -278,11 +296,20 @@ async fn push_fleet(shared: Arc<Shared>) {
     loop {
         tick.tick().await;
         shared.apply(|state| {
-            if state.fleet.take_dirty() {
-                vec![Push::new("fleet", &state.fleet.view())]
-            } else {
-                Vec::new()
+            let mut pushes = Vec::new();
+            let requests = state.requests.take_dirty();
+            let epoch = Requests::series_epoch(std::time::SystemTime::now());
+            let moved = std::mem::replace(&mut state.series_epoch, epoch) != epoch;
+            if state.fleet.take_dirty() || requests || moved {
+                pushes.push(Push::new("fleet", &state.fleet_json()));
             }
+            if requests {
+                pushes.push(Push::new(
+                    "requests",
+                    &serde_json::json!({"kept": state.requests.len()}),
+                ));
+            }
+            pushes
         });
     }
 }
@@ -297,17 +324,11 @@ async fn follow_events(shared: Arc<Shared>) -> Result<(), String> {
         .map_err(|e| format!("cannot subscribe to {subject}: {e}"))?;
     link(&shared, |l| l.events = None);
     while let Some(message) = sub.next().await {
-        // Deltas are most of the traffic and tell the fleet view nothing: only `started` and
-        // `finished` are decoded.
-        if !contains(&message.payload, b"\"started\"")
-            && !contains(&message.payload, b"\"finished\"")
-        {
-            continue;
-        }
         if let Ok(event) = serde_json::from_slice::<Event>(&message.payload) {
             let now = Instant::now();
             shared.apply(|state| {
                 state.fleet.apply_event(&event, now);
+                state.requests.apply_event(&event);
                 Vec::new()
             });
         }
@@ -315,6 +336,70 @@ async fn follow_events(shared: Arc<Shared>) -> Result<(), String> {
     Err(format!("the subscription to {subject} ended"))
 }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
+/// Follows the results bucket from its newest `console.max_requests` records on: every
+/// request claimed (its live record), finished (its result) and read by its caller (its
+/// tombstone), whichever worker ran it and however it was submitted.
+async fn follow_results(shared: Arc<Shared>) -> Result<(), String> {
+    let name = &shared.settings.jetstream.results_bucket;
+    let bucket = shared.results().await?;
+    let status = bucket
+        .status()
+        .await
+        .map_err(|e| format!("bucket {name}: {e}"))?;
+    let (first, last) = (
+        status.info.state.first_sequence.max(1),
+        status.info.state.last_sequence,
+    );
+    let (resume, max) = {
+        let state = shared.lock();
+        (state.results_seq, state.requests.max() as u64)
+    };
+    let start = resume
+        .unwrap_or_else(|| (last + 1).saturating_sub(max))
+        .max(first);
+    let prefix = record_key("");
+    let mut watch = bucket
+        .watch_from_revision(format!("{prefix}>"), start)
+        .await
+        .map_err(|e| format!("cannot watch bucket {name}: {e}"))?;
+    link(&shared, |l| l.results = None);
+    while let Some(entry) = watch.next().await {
+        let entry = entry.map_err(|e| format!("watching bucket {name}: {e}"))?;
+        let revision = entry.revision;
+        let Some(request_id) = entry.key.strip_prefix(&prefix).map(str::to_string) else {
+            continue;
+        };
+        let written = std::time::SystemTime::from(entry.created);
+        let record = match entry.operation {
+            kv::Operation::Put => serde_json::from_slice::<RequestRecord>(&entry.value).ok(),
+            _ => None,
+        };
+        shared.apply(|state| {
+            state.results_seq = Some(revision + 1);
+            match record {
+                Some(RequestRecord::Live { live }) => state.requests.apply_live(
+                    &request_id,
+                    live.state,
+                    &live.worker_id,
+                    live.attempt,
+                    written,
+                ),
+                Some(RequestRecord::Result(result)) => state
+                    .requests
+                    .apply_result(&result, Some(crate::protocol::ids::rfc3339(written))),
+                Some(RequestRecord::Released {
+                    state: ended,
+                    finished,
+                    ..
+                }) => {
+                    state
+                        .requests
+                        .apply_released(&request_id, ended, finished.as_deref(), written)
+                }
+                None => {}
+            }
+            Vec::new()
+        });
+    }
+    Err(format!("the watch of bucket {name} ended"))
 }

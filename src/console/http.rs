@@ -5,7 +5,10 @@
 //! | `GET /` (and `/app.js`, `/app.css`, `/favicon.svg`) | the page, embedded in the binary |
 //! | `GET /api/snapshot` | everything the console knows, as JSON |
 //! | `GET /api/stream` | server-sent events: `snapshot`, then `inbox`, `inbox_removed`, `signal`, `fleet`, `links` |
+//! | `GET /api/requests?state=&pool=&job=&tenant=&id=&limit=` | the requests list, newest first, filtered |
 //! | `GET /api/requests/{id}` | `{"status", "result"}`: the request's status and its result, peeked |
+//! | `GET /api/requests/{id}/timeline` | the request as the list knows it, with its timeline |
+//! | `POST /api/requests/{id}/cancel` | cancels it (`gen.cancel.<id>`): `{"user"}` → the fleet's reply |
 //! | `GET /api/requests/{id}/stream` | server-sent events: `status` (or `status_error`), `result` (or `result_error`) when it is terminal, then every `event` of `gen.events.<id>` |
 //! | `POST /api/session` | checks the token and a name: `{"user"}` → `{"decided_by"}` |
 //! | `POST /api/decisions/{decision_id}` | answers: `{"user", "option_id", "rationale"?, "modified_prompt"?, "guidance"?, "confidence_boost"?}` → the fleet's reply |
@@ -20,7 +23,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -32,6 +36,7 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 
 use super::auth::Refusal;
+use super::requests::RequestFilter;
 use super::{Push, Shared, assets};
 use crate::bus::client::ClientError;
 use crate::protocol::ids::is_valid_request_id;
@@ -67,8 +72,11 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/api/snapshot", get(snapshot))
         .route("/api/stream", get(live))
+        .route("/api/requests", get(requests))
         .route("/api/requests/{id}", get(request))
         .route("/api/requests/{id}/stream", get(request_stream))
+        .route("/api/requests/{id}/timeline", get(timeline))
+        .route("/api/requests/{id}/cancel", post(cancel))
         .route("/api/session", post(session))
         .route("/api/decisions/{decision_id}", post(decide))
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -308,6 +316,104 @@ async fn request_stream(State(shared): State<Arc<Shared>>, Path(id): Path<String
             event
         });
     sse(events)
+}
+
+/// The requests list, filtered.
+async fn requests(
+    State(shared): State<Arc<Shared>>,
+    filter: Result<Query<RequestFilter>, QueryRejection>,
+) -> Response {
+    match filter {
+        Ok(Query(filter)) => {
+            axum::Json(shared.read(|state| state.requests.list(&filter))).into_response()
+        }
+        Err(rejection) => refused(bad_request(format!(
+            "{} (filters: state, pool, job, tenant, id, limit)",
+            rejection.body_text()
+        ))),
+    }
+}
+
+/// One request as the list knows it, with its timeline.
+async fn timeline(State(shared): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+    if let Err(refusal) = check_id(&id) {
+        return refused(refusal);
+    }
+    match shared.read(|state| state.requests.get(&id)) {
+        Some(detail) => axum::Json(detail).into_response(),
+        None => error(
+            StatusCode::NOT_FOUND,
+            &WireError::new(
+                ErrorCode::NotFound,
+                format!(
+                    "the console has not seen request {id} (it keeps the newest {} requests, console.max_requests)",
+                    shared.settings.console.max_requests
+                ),
+            ),
+        ),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CancelBody {
+    user: String,
+}
+
+/// Cancels a request on `gen.cancel.<id>`, as `genfleet cancel` does; the fleet's reply (or
+/// refusal: `ALREADY_FINISHED`, `NOT_FOUND`) comes back as it is.
+async fn cancel(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Err(refusal) = shared.gate.check_write(&headers) {
+        tracing::warn!(message = "a console cancel was refused", request_id = %id, reason = %refusal.error.message);
+        return refused(refusal);
+    }
+    if let Err(refusal) = check_id(&id) {
+        return refused(refusal);
+    }
+    let body: CancelBody = match parse(&body) {
+        Ok(body) => body,
+        Err(refusal) => return refused(refusal),
+    };
+    let by = match decided_by(&body.user) {
+        Ok(by) => by,
+        Err(refusal) => return refused(refusal),
+    };
+    let asked_at = crate::protocol::ids::now_rfc3339();
+    match shared.client.cancel(&id).await {
+        Ok(reply) => {
+            tracing::info!(message = "cancelled a request", request_id = %id, cancelled_by = %by, state = reply.state.as_str());
+            shared.apply(|state| {
+                state.requests.note_cancel(
+                    &id,
+                    &asked_at,
+                    &by,
+                    &format!("the fleet answered {}", reply.state.as_str()),
+                );
+                Vec::new()
+            });
+            let mut body = json!(reply);
+            body["cancelled_by"] = json!(by);
+            (StatusCode::OK, axum::Json(body)).into_response()
+        }
+        Err(failure) => {
+            let (status, wire) = client_error(failure);
+            shared.apply(|state| {
+                state.requests.note_cancel(
+                    &id,
+                    &asked_at,
+                    &by,
+                    &format!("refused, {}", wire.code.as_str()),
+                );
+                Vec::new()
+            });
+            error(status, &wire)
+        }
+    }
 }
 
 /// The person answering: a name for `decided_by`.

@@ -10,6 +10,9 @@
 //!   follows `gen.events.*` for the requests running;
 //! - a followed request is `gen.status`, `gen.result` (peeked, never released) and
 //!   `gen.events.<id>`;
+//! - the requests list follows the results bucket (`GENFLEET_RESULTS`, from its newest
+//!   `console.max_requests` records on), the events, the signals and the decisions; a cancel
+//!   goes to `gen.cancel.<id>`;
 //! - an answer goes to `decisions.<decision_id>`, the checked path `genfleet decide` and the
 //!   manager use (compare-and-set on the record: one answer wins), with `decided_by:
 //!   human:<name>`.
@@ -17,8 +20,9 @@
 //! One axum server serves the page (HTML, CSS and JS embedded in the binary; no build step)
 //! and pushes every change to open pages with server-sent events.
 //!
-//! Architecture invariant: memory is bounded whatever the fleet does. The inbox and the feed
-//! have a size (`console.max_inbox`, `console.max_signals`), live streams a count
+//! Architecture invariant: memory is bounded whatever the fleet does. The inbox, the feed and
+//! the requests list have a size (`console.max_inbox`, `console.max_signals`,
+//! `console.max_requests`), live streams a count
 //! (`console.max_clients`), and a page that cannot keep up gets a fresh snapshot instead of
 //! a growing backlog (a bounded broadcast channel; a lagging receiver starts over).
 
@@ -26,6 +30,7 @@ mod assets;
 pub mod auth;
 mod feed;
 mod http;
+pub mod requests;
 pub mod state;
 
 use std::future::Future;
@@ -93,6 +98,7 @@ pub(crate) struct Shared {
     /// Live streams at once.
     pub clients: Arc<Semaphore>,
     decisions: OnceCell<kv::Store>,
+    results: OnceCell<kv::Store>,
     pub shutdown: CancellationToken,
 }
 
@@ -130,6 +136,7 @@ impl Shared {
                 "read_only": self.gate.read_only(),
                 "max_inbox": self.settings.console.max_inbox,
                 "max_signals": self.settings.console.max_signals,
+                "max_requests": self.settings.console.max_requests,
                 "fleet_refresh_ms": self.settings.console.fleet_refresh_ms,
             },
             "inbox": {
@@ -137,9 +144,26 @@ impl Shared {
                 "dropped_pending": state.inbox.dropped_pending(),
             },
             "signals": signals,
-            "fleet": state.fleet.view(),
+            "fleet": state.fleet_json(),
             "links": state.links,
         })
+    }
+
+    /// A look at the state, under its lock.
+    pub fn read<T>(&self, look: impl FnOnce(&State) -> T) -> T {
+        look(&self.lock())
+    }
+
+    /// The results bucket, opened once it exists.
+    pub async fn results(&self) -> Result<&kv::Store, String> {
+        let name = &self.settings.jetstream.results_bucket;
+        self.results
+            .get_or_try_init(|| async {
+                self.jetstream.get_key_value(name).await.map_err(|e| {
+                    format!("cannot open bucket {name}: {e} (has a worker ever started?)")
+                })
+            })
+            .await
     }
 
     /// The decisions bucket, opened once it exists.
@@ -199,6 +223,7 @@ impl Console {
             state: Mutex::new(State::new(
                 settings.console.max_inbox,
                 settings.console.max_signals,
+                settings.console.max_requests,
             )),
             updates,
             jetstream: jetstream::new(client.nats().clone()),
@@ -207,6 +232,7 @@ impl Console {
             gate,
             clients: Arc::new(Semaphore::new(settings.console.max_clients)),
             decisions: OnceCell::new(),
+            results: OnceCell::new(),
             shutdown: CancellationToken::new(),
         };
         Ok(Console {

@@ -11,6 +11,7 @@ use std::time::Instant;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use super::requests::Requests;
 use crate::protocol::decision::{Answer, DecisionRecord};
 use crate::protocol::task::task_text;
 use crate::protocol::text::clip_chars_counted;
@@ -292,6 +293,10 @@ pub struct WorkerView {
     pub started: Option<String>,
     /// False when it missed the last poll (it leaves the view after a few).
     pub answering: bool,
+    /// Its counts per tenant and band (`tenant`, `band`, `waiting`, `running`, `completed`,
+    /// `started`, `wait_ms_total`), as its service stats give them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<Value>,
 }
 
 impl WorkerView {
@@ -316,6 +321,7 @@ impl WorkerView {
             free: data["free"].as_u64().unwrap_or(0),
             draining: data["draining"].as_bool().unwrap_or(false),
             started: text(Some(&stats["started"])),
+            tenants: data["tenants"].as_array().cloned().unwrap_or_default(),
             service_id,
             answering: true,
         })
@@ -545,6 +551,7 @@ pub struct Links {
     pub decisions: Option<String>,
     pub signals: Option<String>,
     pub events: Option<String>,
+    pub results: Option<String>,
     pub nats_connected: bool,
 }
 
@@ -553,17 +560,37 @@ pub struct State {
     pub inbox: Inbox,
     pub signals: SignalFeed,
     pub fleet: Fleet,
+    pub requests: Requests,
+    /// The bucket the pools' series last ended in, when the pages were told.
+    pub series_epoch: u64,
+    /// The results bucket's revision after the last record seen, where a restarted watch
+    /// resumes.
+    pub results_seq: Option<u64>,
     pub links: Links,
 }
 
 impl State {
-    pub fn new(max_inbox: usize, max_signals: usize) -> State {
+    pub fn new(max_inbox: usize, max_signals: usize, max_requests: usize) -> State {
         State {
             inbox: Inbox::new(max_inbox),
             signals: SignalFeed::new(max_signals),
             fleet: Fleet::default(),
+            requests: Requests::new(max_requests),
+            series_epoch: 0,
+            results_seq: None,
             links: Links::default(),
         }
+    }
+
+    /// The fleet view with each pool's throughput and latency series.
+    pub fn fleet_json(&self) -> Value {
+        let view = self.fleet.view();
+        let pools: Vec<String> = view.pools.iter().map(|p| p.pool.clone()).collect();
+        let mut value = serde_json::to_value(&view).expect("the fleet view serializes");
+        value["series"] =
+            serde_json::to_value(self.requests.series(std::time::SystemTime::now(), &pools))
+                .expect("the series serialize");
+        value
     }
 }
 
@@ -609,8 +636,10 @@ mod tests {
             request,
             continued_seq: 3,
             chain: Default::default(),
+            tenant: None,
             answer: None,
             expired_at: None,
+            traceparent: None,
         }
     }
 

@@ -11,8 +11,11 @@ use crate::tools::Tool;
 
 /// What a BIOS may depend on.
 pub struct BiosContext<'a> {
-    /// The caller's tools the model may call.
+    /// The bus tools the request names (run by the fleet, within the tool budget).
     pub tools: &'a [&'a Tool],
+    /// The caller's own tools (`caller_tools`): the caller runs them, so calling one ends the
+    /// request and uses no tool iteration. Their descriptions are the caller's, as given.
+    pub caller_tools: &'a [&'a Tool],
     /// The control tools (always offered).
     pub control_tools: &'a [&'a Tool],
     pub tool_mode: ToolMode,
@@ -45,13 +48,20 @@ impl BiosProvider for DefaultBios {
              read your answer and the signals you raise.\n",
         );
         let text_mode = cx.tool_mode == ToolMode::Text;
-        if cx.tools.is_empty() {
+        if cx.tools.is_empty() && cx.caller_tools.is_empty() {
             out.push_str("\nYou have no tools for this task.\n");
         } else {
             out.push_str("\n# Tools\n");
-            for tool in cx.tools {
+            for tool in cx.tools.iter().chain(cx.caller_tools) {
                 let d = &tool.definition;
-                let _ = writeln!(out, "- {}: {}", d.name, d.brief.trim());
+                match d.brief.trim() {
+                    "" => {
+                        let _ = writeln!(out, "- {}", d.name);
+                    }
+                    brief => {
+                        let _ = writeln!(out, "- {}: {brief}", d.name);
+                    }
+                }
                 if text_mode {
                     let _ = writeln!(out, "  arguments schema: {}", d.schema);
                 }
@@ -124,6 +134,7 @@ mod tests {
     ) -> BiosContext<'a> {
         BiosContext {
             tools,
+            caller_tools: &[],
             control_tools: controls,
             tool_mode: mode,
             iterations_remaining: n,

@@ -46,6 +46,8 @@ pub struct EngineConfig {
     pub coalescing: Coalescing,
     pub correction_attempts: u32,
     pub default_tool_timeout: Duration,
+    /// The backend's configured model, named in the traces when a request names none.
+    pub model: String,
     pub max_output_bytes: usize,
     /// A tool's answer, as JSON text, handed to the model.
     pub max_tool_result_bytes: usize,
@@ -87,6 +89,7 @@ impl EngineConfig {
             },
             correction_attempts: settings.tools.correction_attempts,
             default_tool_timeout: Duration::from_millis(settings.tools.default_timeout_ms),
+            model: settings.llm.model.clone(),
             max_output_bytes: settings.limits.max_output_bytes,
             max_tool_result_bytes: settings.limits.max_tool_result_bytes,
             signal_limits: SignalLimits {
@@ -354,8 +357,17 @@ impl Engine {
         Some(self.system_shape().max(next))
     }
 
-    /// Checks what only the worker can check: every requested tool is registered.
+    /// Checks what only the worker can check: every requested tool is registered, and no
+    /// caller tool takes a control tool's name.
     pub fn check_request(&self, request: &GenerationRequest) -> Result<(), WireError> {
+        for (i, tool) in request.caller_tools.iter().enumerate() {
+            let name = &tool.function.name;
+            if control::is_control_tool(name) {
+                return Err(WireError::invalid(format!(
+                    "caller_tools[{i}].function.name: {name:?} is the name of a control tool"
+                )));
+            }
+        }
         let catalog = self.catalog();
         let unknown: Vec<&str> = request
             .tools

@@ -32,8 +32,13 @@ pub struct ChatRequest {
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct ToolSpec {
     pub name: String,
+    /// Left out when empty (a caller's function may have none).
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub description: String,
     pub parameters: serde_json::Value,
+    /// OpenAI's structured-outputs flag, as a caller's function sets it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
 }
 
 /// A piece of a native tool call as it streams: the first piece of a call carries its id and

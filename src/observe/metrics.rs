@@ -36,6 +36,18 @@ pub struct KindLabels {
     pub kind: String,
 }
 
+/// A tenant and a priority band. Tenant names are bounded (1-32 characters of
+/// `[A-Za-z0-9_-]`) and a worker labels at most [`MAX_TENANT_LABELS`] of them; the rest are
+/// counted under `(other)`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabels {
+    pub tenant: String,
+    pub band: String,
+}
+
+/// Distinct tenants a worker's metrics name at most.
+pub const MAX_TENANT_LABELS: usize = 256;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
     pub outcome: String,
@@ -58,6 +70,10 @@ pub struct Metrics {
     pub tool_calls: Family<ToolLabels, Histogram>,
     pub backend_errors: Family<KindLabels, Counter>,
     pub backend_up: Gauge,
+    pub tenant_waiting: Family<TenantLabels, Gauge>,
+    pub tenant_running: Family<TenantLabels, Gauge>,
+    pub tenant_completed: Family<TenantLabels, Counter>,
+    pub tenant_queue_wait: Family<TenantLabels, Histogram>,
 }
 
 /// Seconds, from 5 ms to about 20 minutes.
@@ -152,8 +168,38 @@ impl Metrics {
             "1 when the last probe of the backend got an HTTP answer",
             backend_up.clone(),
         );
+        let tenant_waiting = Family::<TenantLabels, Gauge>::default();
+        registry.register(
+            "tenant_waiting",
+            "Requests of the pool's durable queue waiting, by tenant and band",
+            tenant_waiting.clone(),
+        );
+        let tenant_running = Family::<TenantLabels, Gauge>::default();
+        registry.register(
+            "tenant_running",
+            "Requests running on this worker, by tenant and band",
+            tenant_running.clone(),
+        );
+        let tenant_completed = Family::<TenantLabels, Counter>::default();
+        registry.register(
+            "tenant_completed",
+            "Requests this worker completed, by tenant and band",
+            tenant_completed.clone(),
+        );
+        let tenant_queue_wait = Family::<TenantLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(latency_buckets())
+        });
+        registry.register(
+            "tenant_queue_wait_seconds",
+            "From acceptance until the generation started, by tenant and band",
+            tenant_queue_wait.clone(),
+        );
         Metrics {
             registry,
+            tenant_waiting,
+            tenant_running,
+            tenant_completed,
+            tenant_queue_wait,
             slots_total,
             slots_busy,
             draining,

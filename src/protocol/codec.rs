@@ -197,6 +197,14 @@ mod tests {
                 total: 3,
             },
             validation: None,
+            tool_calls: Vec::new(),
+            affinity: Some(crate::protocol::AffinityRecord {
+                key: "chat-1".into(),
+                preferred_worker: Some("w0".into()),
+                held: false,
+                fallback: Some("busy".into()),
+            }),
+            tenant: Some("acme".into()),
         }
     }
 

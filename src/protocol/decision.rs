@@ -15,6 +15,9 @@ pub const ROOT_HEADER: &str = "Genfleet-Root-Request-Id";
 pub const CHAIN_HEADER: &str = "Genfleet-Chain-Position";
 /// What the continuation carries from earlier in its chain (compact JSON of [`ChainState`]).
 pub const CHAIN_STATE_HEADER: &str = "Genfleet-Chain-State";
+/// The W3C `traceparent` of the decision a continuation answers: the continuation's trace is a
+/// new one, linked to it (only when the fleet exports traces).
+pub const TRACE_LINK_HEADER: &str = "Genfleet-Trace-Link";
 
 /// The record of a decision in the bucket (documented in docs/protocol.md).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -35,11 +38,19 @@ pub struct DecisionRecord {
     /// What the asking request carried from earlier in its chain.
     #[serde(default)]
     pub chain: ChainState,
+    /// The tenant the asking request ran for (absent: the default tenant); its continuation is
+    /// queued under the same tenant, in the same band.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer: Option<Answer>,
     /// Set when the decision expired unanswered (DECISION_EXPIRED).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expired_at: Option<String>,
+    /// The W3C `traceparent` of the asking request's span, when its worker exports traces:
+    /// the decision's wait is recorded under it and the continuation's trace links to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 impl DecisionRecord {

@@ -19,6 +19,7 @@ pub enum ErrorCode {
     InvalidOption,
     AlreadyDecided,
     Unauthorized,
+    TenantLimit,
     Internal,
 }
 
@@ -35,6 +36,7 @@ impl ErrorCode {
             ErrorCode::InvalidOption => "INVALID_OPTION",
             ErrorCode::AlreadyDecided => "ALREADY_DECIDED",
             ErrorCode::Unauthorized => "UNAUTHORIZED",
+            ErrorCode::TenantLimit => "TENANT_LIMIT",
             ErrorCode::Internal => "INTERNAL",
         }
     }
@@ -54,6 +56,7 @@ impl ErrorCode {
             ErrorCode::NotReady => 425,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::NoSlotAvailable => 503,
+            ErrorCode::TenantLimit => 429,
             ErrorCode::Internal => 500,
         }
     }

@@ -87,6 +87,30 @@ pub struct FunctionCall {
     pub arguments: String,
 }
 
+/// A tool the caller runs itself, as OpenAI's `tools` entries define it:
+/// `{"type": "function", "function": {"name", "description", "parameters", "strict"}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionTool {
+    #[serde(rename = "type", default = "function_type")]
+    pub kind: String,
+    pub function: FunctionDefinition,
+}
+
+/// The definition of a caller's function: its name, what it does, and the JSON Schema of its
+/// arguments.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionDefinition {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+}
+
 /// One chat message. Unknown keys are refused: a field genfleet would silently drop is a
 /// field the caller believes reached the model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

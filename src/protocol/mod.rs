@@ -8,10 +8,12 @@ pub mod error;
 pub mod event;
 pub mod finished;
 pub mod ids;
+pub mod lru;
 pub mod message;
 pub mod replies;
 pub mod request;
 pub mod result;
+pub mod schedule;
 pub mod signal;
 pub mod task;
 pub mod text;
@@ -22,12 +24,16 @@ pub use codec::Encoding;
 pub use error::{ErrorBody, ErrorCode, ErrorReply, WireError};
 pub use event::{Event, EventBody};
 pub use finished::FinishedSummary;
-pub use message::{Content, FunctionCall, Message, Role, ToolCall};
+pub use message::{
+    Content, FunctionCall, FunctionDefinition, FunctionTool, Message, Role, ToolCall,
+};
 pub use replies::{Accepted, CancelReply, Capacity, StatsReply, StatusReply};
 pub use request::{Checkpoint, GenerationRequest, RequestLimits, ValidationCheck};
 pub use result::{
-    CheckResult, GenerationResult, Reason, RequestState, Timings, Usage, ValidationReport,
+    AffinityRecord, CheckResult, GenerationResult, Reason, RequestState, Timings, Usage,
+    ValidationReport,
 };
+pub use schedule::{DEFAULT_TENANT, Priority};
 pub use signal::{
     DecisionBlock, DecisionKind, DecisionOption, DecisionOutcome, Severity, Signal, SignalSource,
     SignalType,

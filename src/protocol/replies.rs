@@ -36,6 +36,12 @@ pub struct StatusReply {
     /// people after its result is read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished: Option<FinishedSummary>,
+    /// Its priority band, while it waits or runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<super::Priority>,
+    /// Its tenant, while it waits or runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 impl StatusReply {
@@ -49,6 +55,8 @@ impl StatusReply {
             decision_id: None,
             decision_outcome: None,
             finished: None,
+            priority: None,
+            tenant: None,
         }
     }
 }

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::WireError;
 use super::ids::{MAX_NAME_LEN, is_valid_name, is_valid_request_id};
-use super::message::{Message, Role};
+use super::message::{FunctionTool, Message, Role};
 
 /// Keys of `options` that the worker itself sets, so a caller may not override them there.
 pub const RESERVED_OPTION_KEYS: &[&str] = &[
@@ -31,6 +31,10 @@ pub struct GenerationRequest {
     pub messages: Vec<Message>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<String>,
+    /// Tools the caller runs itself, as OpenAI function definitions. When the model calls one,
+    /// the generation ends COMPLETED `tool_calls` with the calls in the result.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub caller_tools: Vec<FunctionTool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_iterations: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -43,6 +47,9 @@ pub struct GenerationRequest {
     pub options: serde_json::Map<String, serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_ms: Option<u64>,
+    /// The priority band (`high`, `normal`, `low`); absent is `normal`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<super::schedule::Priority>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_on_decision_request: Option<bool>,
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
@@ -53,7 +60,21 @@ pub struct GenerationRequest {
     pub escalation_threshold: Option<f64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub checkpoints: Vec<Checkpoint>,
+    /// Requests that share a key go first to the worker that served the key last (see
+    /// docs/protocol.md, Affinity); a continuation's default is its chain's root request id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity_key: Option<String>,
 }
+
+/// The longest `affinity_key`, in bytes.
+pub const MAX_AFFINITY_KEY_LEN: usize = 256;
+
+/// Header of a submit: the worker that last served the request's `affinity_key`, as the
+/// submitter knows it (the worker records whether affinity held).
+pub const PREFERRED_WORKER_HEADER: &str = "Genfleet-Preferred-Worker";
+/// Header of a submit sent to the pool after its preferred worker refused it: why
+/// (`busy`: no free slot there, or the worker is gone).
+pub const AFFINITY_FALLBACK_HEADER: &str = "Genfleet-Affinity-Fallback";
 
 /// One check of the final output; the confidence of a result is the weighted share of checks
 /// that pass.
@@ -154,12 +175,22 @@ fn map_depth(map: &serde_json::Map<String, serde_json::Value>) -> usize {
     1 + map.values().map(value_depth).max().unwrap_or(0)
 }
 
+/// Caller tools a request may carry by default (OpenAI's own bound on `tools`).
+pub const MAX_CALLER_TOOLS: usize = 128;
+/// The caller tools' definitions together, as JSON, by default.
+pub const MAX_CALLER_TOOLS_BYTES: usize = 64 * 1024;
+
 /// The bounds a request is checked against on acceptance.
 #[derive(Debug, Clone)]
 pub struct RequestLimits {
     pub max_metadata_bytes: usize,
     pub max_tool_iterations: u32,
     pub max_job_name_len: usize,
+    /// Caller tools (`caller_tools`) a request may carry.
+    pub max_caller_tools: usize,
+    /// The caller tools' definitions together, as JSON, in bytes: they go into every turn's
+    /// prompt.
+    pub max_caller_tools_bytes: usize,
 }
 
 impl Default for RequestLimits {
@@ -168,11 +199,18 @@ impl Default for RequestLimits {
             max_metadata_bytes: 4096,
             max_tool_iterations: 64,
             max_job_name_len: 256,
+            max_caller_tools: MAX_CALLER_TOOLS,
+            max_caller_tools_bytes: MAX_CALLER_TOOLS_BYTES,
         }
     }
 }
 
 impl GenerationRequest {
+    /// The priority band, `normal` when absent.
+    pub fn band(&self) -> super::schedule::Priority {
+        self.priority.unwrap_or_default()
+    }
+
     /// A request with one user message, for examples and tests.
     pub fn user(text: impl Into<String>) -> Self {
         GenerationRequest {
@@ -197,6 +235,15 @@ impl GenerationRequest {
             return Err(WireError::invalid(format!(
                 "job_name must be at most {} bytes without control characters",
                 limits.max_job_name_len
+            )));
+        }
+        if let Some(key) = &self.affinity_key
+            && (key.is_empty()
+                || key.len() > MAX_AFFINITY_KEY_LEN
+                || key.chars().any(char::is_control))
+        {
+            return Err(WireError::invalid(format!(
+                "affinity_key must be 1-{MAX_AFFINITY_KEY_LEN} bytes without control characters"
             )));
         }
         if self.messages.is_empty() {
@@ -228,6 +275,7 @@ impl GenerationRequest {
                 )));
             }
         }
+        self.validate_caller_tools(limits)?;
         if let Some(n) = self.tool_iterations
             && n > limits.max_tool_iterations
         {
@@ -286,6 +334,68 @@ impl GenerationRequest {
                 return Err(WireError::invalid(format!(
                     "checkpoints[{i}].name must be 1-{MAX_NAME_LEN} characters of A-Z, a-z, 0-9, '_' or '-'"
                 )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl GenerationRequest {
+    /// The caller's own tools: each a function with a valid name no other tool of the request
+    /// has, and a JSON Schema of its arguments that compiles; bounded in number and size. The
+    /// names of the control tools are checked by the engine, which owns them.
+    fn validate_caller_tools(&self, limits: &RequestLimits) -> Result<(), WireError> {
+        if self.caller_tools.is_empty() {
+            return Ok(());
+        }
+        if self.caller_tools.len() > limits.max_caller_tools {
+            return Err(WireError::invalid(format!(
+                "caller_tools holds {} tools; at most {} are allowed",
+                self.caller_tools.len(),
+                limits.max_caller_tools
+            )));
+        }
+        let bytes = serde_json::to_vec(&self.caller_tools).map_or(usize::MAX, |v| v.len());
+        if bytes > limits.max_caller_tools_bytes {
+            return Err(WireError::invalid(format!(
+                "caller_tools is {bytes} bytes as JSON; at most {} are allowed",
+                limits.max_caller_tools_bytes
+            )));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, tool) in self.caller_tools.iter().enumerate() {
+            if tool.kind != "function" {
+                return Err(WireError::invalid(format!(
+                    "caller_tools[{i}].type must be \"function\", not {:?}",
+                    tool.kind
+                )));
+            }
+            let name = &tool.function.name;
+            if !is_valid_name(name) {
+                return Err(WireError::invalid(format!(
+                    "caller_tools[{i}].function.name: {name:?} is not a tool name (1-{MAX_NAME_LEN} characters of A-Z, a-z, 0-9, '_' or '-')"
+                )));
+            }
+            if !seen.insert(name.as_str()) {
+                return Err(WireError::invalid(format!(
+                    "caller_tools[{i}].function.name: {name:?} is defined twice"
+                )));
+            }
+            if self.tools.contains(name) {
+                return Err(WireError::invalid(format!(
+                    "caller_tools[{i}].function.name: {name:?} is also a bus tool in tools; a name means one tool"
+                )));
+            }
+            if let Some(parameters) = &tool.function.parameters {
+                let field = format!("caller_tools[{i}].function.parameters");
+                if !parameters.is_object() {
+                    return Err(WireError::invalid(format!(
+                        "{field} must be a JSON Schema object"
+                    )));
+                }
+                check_depth(&field, parameters)?;
+                jsonschema::validator_for(parameters)
+                    .map_err(|e| WireError::invalid(format!("{field}: {e}")))?;
             }
         }
         Ok(())
@@ -358,6 +468,75 @@ mod tests {
             .validate(&RequestLimits::default())
             .map_err(|e| e.message)?;
         Ok(request)
+    }
+
+    #[test]
+    fn caller_tools_are_checked_field_by_field() {
+        let user = json!([{"role": "user", "content": "x"}]);
+        let f = |name: &str| json!({"type": "function", "function": {"name": name}});
+        let schema = json!({"type": "object", "properties": {"city": {"type": "string"}}});
+        let ok = json!({"messages": user, "tools": ["add"], "caller_tools": [
+            f("get_time"),
+            {"function": {"name": "weather", "description": "Any text, however long or worded.", "parameters": schema, "strict": true}},
+        ]});
+        let request = check(ok).unwrap();
+        assert_eq!(request.caller_tools[1].kind, "function", "type defaults");
+        let too_many: Vec<_> = (0..=MAX_CALLER_TOOLS)
+            .map(|i| f(&format!("t{i}")))
+            .collect();
+        let huge = json!({"name": "big", "description": "d".repeat(MAX_CALLER_TOOLS_BYTES)});
+        let cases = [
+            (
+                json!([f("ok"), f("bad name")]),
+                "caller_tools[1].function.name",
+            ),
+            (json!([f(&"x".repeat(65))]), "caller_tools[0].function.name"),
+            (
+                json!([f("t"), f("t")]),
+                "caller_tools[1].function.name: \"t\" is defined twice",
+            ),
+            (json!([f("add")]), "is also a bus tool"),
+            (
+                json!([{"type": "custom", "function": {"name": "t"}}]),
+                "caller_tools[0].type",
+            ),
+            (
+                json!([{"function": {"name": "t", "parameters": [1]}}]),
+                "caller_tools[0].function.parameters must be",
+            ),
+            (
+                json!([{"function": {"name": "t", "parameters": {"type": "nope"}}}]),
+                "caller_tools[0].function.parameters:",
+            ),
+            (
+                json!([{"function": {"name": "t", "parameters": {"k": nested(MAX_VALUE_DEPTH)}}}]),
+                "nested",
+            ),
+            (json!(too_many), "at most 128"),
+            (json!([{"function": huge}]), "bytes as JSON"),
+        ];
+        for (tools, needle) in cases {
+            let err = check(json!({"messages": user, "tools": ["add"], "caller_tools": tools}))
+                .unwrap_err();
+            assert!(err.contains(needle), "{needle}: {err}");
+        }
+        // Unknown keys are refused when decoding, like everywhere in a request.
+        let err =
+            check(json!({"messages": user, "caller_tools": [{"function": {"name": "t", "x": 1}}]}))
+                .unwrap_err();
+        assert!(err.starts_with("decode"), "{err}");
+    }
+
+    #[test]
+    fn a_continuation_answering_tool_calls_is_accepted() {
+        check(json!({"messages": [
+            {"role": "user", "content": "time in Paris?"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{\"city\":\"Paris\"}"}}
+            ]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "12:00"}
+        ], "caller_tools": [{"type": "function", "function": {"name": "get_time"}}]}))
+        .unwrap();
     }
 
     /// A value nesting `depth` levels of arrays.
@@ -489,6 +668,18 @@ mod tests {
                 "checkpoints",
             ),
             (json!({"messages": user, "job_name": "a\u{0}b"}), "job_name"),
+            (
+                json!({"messages": user, "affinity_key": ""}),
+                "affinity_key",
+            ),
+            (
+                json!({"messages": user, "affinity_key": "k".repeat(257)}),
+                "affinity_key",
+            ),
+            (
+                json!({"messages": user, "affinity_key": "a\nb"}),
+                "affinity_key",
+            ),
         ];
         for (body, needle) in cases {
             let err = check(body.clone()).expect_err(&body.to_string());

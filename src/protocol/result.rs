@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::message::Message;
+use super::message::{Message, ToolCall};
 use super::signal::Signal;
 use super::text::floor_char_boundary;
 
@@ -42,6 +42,10 @@ pub enum Reason {
     Stop,
     Length,
     DecisionRequested,
+    /// The model called one or more of the caller's own tools (`caller_tools`): the calls are
+    /// in the result's `tool_calls`, and the caller continues with a new request holding the
+    /// `tool` messages.
+    ToolCalls,
     Cancelled,
     ToolExecutionError,
     ToolParseError,
@@ -55,7 +59,9 @@ pub enum Reason {
 impl Reason {
     pub fn state(self) -> RequestState {
         match self {
-            Reason::Stop | Reason::Length | Reason::DecisionRequested => RequestState::Completed,
+            Reason::Stop | Reason::Length | Reason::DecisionRequested | Reason::ToolCalls => {
+                RequestState::Completed
+            }
             Reason::Cancelled => RequestState::Cancelled,
             _ => RequestState::Failed,
         }
@@ -66,6 +72,7 @@ impl Reason {
             Reason::Stop => "stop",
             Reason::Length => "length",
             Reason::DecisionRequested => "decision_requested",
+            Reason::ToolCalls => "tool_calls",
             Reason::Cancelled => "cancelled",
             Reason::ToolExecutionError => "tool_execution_error",
             Reason::ToolParseError => "tool_parse_error",
@@ -134,6 +141,35 @@ pub struct GenerationResult {
     /// or when the generation did not produce a final output).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub validation: Option<ValidationReport>,
+    /// The calls of the caller's own tools the model made in its last turn, when `reason` is
+    /// `tool_calls` (absent otherwise). The same calls are on the last assistant message of
+    /// `messages`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// Where a request with an affinity key ran against where it was sent first (absent for a
+    /// request without a key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<AffinityRecord>,
+    /// The tenant it ran as: the tenant token of the subject it came on (absent for the
+    /// default tenant).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+}
+
+/// How a request with an affinity key was placed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AffinityRecord {
+    pub key: String,
+    /// The worker that served the key last, as the submitter knew it; absent when it knew
+    /// none (the key's first request, or one it forgot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preferred_worker: Option<String>,
+    /// It ran on `preferred_worker`.
+    pub held: bool,
+    /// Why it went elsewhere, when the preferred worker was tried and refused it: `busy` (no
+    /// free slot there, or the worker is gone). It went to the pool at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
 }
 
 /// The checks of a request's final output and the confidence they give.
@@ -197,6 +233,9 @@ impl GenerationResult {
             metadata: serde_json::Map::new(),
             timings_ms: Timings::default(),
             validation: None,
+            tool_calls: Vec::new(),
+            affinity: None,
+            tenant: None,
         }
     }
 }

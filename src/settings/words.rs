@@ -92,70 +92,80 @@ pub(super) fn check_kinds(
                 shown(value)
             ));
         };
-        for (key, value) in keys {
-            let Some(default) = known.get(key) else {
-                continue;
-            };
-            let name = format!("{section}.{key}");
-            let wrong = |what: &str| Err(format!("`{name}` must be {what}, not {}", shown(value)));
-            match default {
-                toml::Value::Integer(_) => {
-                    let whole = match value {
-                        Value::Number(n) => n.is_i64() || n.is_u64(),
-                        Value::String(text) => text.trim().parse::<i128>().is_ok(),
-                        _ => false,
-                    };
-                    if !whole {
-                        return wrong("a whole number");
-                    }
+        check_keys(section, known, keys, enums)?;
+    }
+    Ok(())
+}
+
+/// Checks the keys of one section (or of a table within one, `worker.reserved_slots`).
+fn check_keys(
+    section: &str,
+    known: &toml::Table,
+    keys: &serde_json::Map<String, Value>,
+    enums: &Enumerations,
+) -> Result<(), String> {
+    for (key, value) in keys {
+        let Some(default) = known.get(key) else {
+            continue;
+        };
+        let name = format!("{section}.{key}");
+        let wrong = |what: &str| Err(format!("`{name}` must be {what}, not {}", shown(value)));
+        match default {
+            toml::Value::Integer(_) => {
+                let whole = match value {
+                    Value::Number(n) => n.is_i64() || n.is_u64(),
+                    Value::String(text) => text.trim().parse::<i128>().is_ok(),
+                    _ => false,
+                };
+                if !whole {
+                    return wrong("a whole number");
                 }
-                toml::Value::Float(_) => {
-                    let number = match value {
-                        Value::Number(_) => true,
-                        Value::String(text) => text.trim().parse::<f64>().is_ok(),
-                        _ => false,
-                    };
-                    if !number {
-                        return wrong("a number");
-                    }
-                }
-                toml::Value::Boolean(_) => {
-                    let boolean = match value {
-                        Value::Bool(_) => true,
-                        Value::String(text) => {
-                            matches!(text.trim().to_ascii_lowercase().as_str(), "true" | "false")
-                        }
-                        _ => false,
-                    };
-                    if !boolean {
-                        return wrong("true or false");
-                    }
-                }
-                toml::Value::String(_) => {
-                    if let Some((_, values)) = enums.iter().find(|(k, _)| *k == name) {
-                        let values = values();
-                        if !value
-                            .as_str()
-                            .is_some_and(|v| values.iter().any(|x| x == v))
-                        {
-                            return wrong(&either(&values));
-                        }
-                    } else if matches!(value, Value::Object(_) | Value::Array(_) | Value::Null) {
-                        return wrong("text");
-                    }
-                }
-                toml::Value::Array(_) => {
-                    if !matches!(value, Value::Array(_)) {
-                        return wrong("a list");
-                    }
-                }
-                toml::Value::Table(_) => {
-                    if !matches!(value, Value::Object(_)) {
-                        return wrong("a table");
-                    }
-                }
-                toml::Value::Datetime(_) => {}
             }
+            toml::Value::Float(_) => {
+                let number = match value {
+                    Value::Number(_) => true,
+                    Value::String(text) => text.trim().parse::<f64>().is_ok(),
+                    _ => false,
+                };
+                if !number {
+                    return wrong("a number");
+                }
+            }
+            toml::Value::Boolean(_) => {
+                let boolean = match value {
+                    Value::Bool(_) => true,
+                    Value::String(text) => {
+                        matches!(text.trim().to_ascii_lowercase().as_str(), "true" | "false")
+                    }
+                    _ => false,
+                };
+                if !boolean {
+                    return wrong("true or false");
+                }
+            }
+            toml::Value::String(_) => {
+                if let Some((_, values)) = enums.iter().find(|(k, _)| *k == name) {
+                    let values = values();
+                    if !value
+                        .as_str()
+                        .is_some_and(|v| values.iter().any(|x| x == v))
+                    {
+                        return wrong(&either(&values));
+                    }
+                } else if matches!(value, Value::Object(_) | Value::Array(_) | Value::Null) {
+                    return wrong("text");
+                }
+            }
+            toml::Value::Array(_) => {
+                if !matches!(value, Value::Array(_)) {
+                    return wrong("a list");
+                }
+            }
+            toml::Value::Table(table) => match value {
+                Value::Object(inner) => check_keys(&name, table, inner, enums)?,
+                _ => return wrong("a table"),
+            },
+            toml::Value::Datetime(_) => {}
         }
     }
     Ok(())

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
+use crate::protocol::FunctionDefinition;
 use crate::protocol::ids::{MAX_NAME_LEN, is_valid_name};
 
 /// Longest brief: it is in every prompt that offers the tool.
@@ -239,6 +240,38 @@ impl Tool {
             .map_err(|e| fail(format!("invalid JSON Schema: {e}")))?;
         Ok(Tool {
             definition,
+            validator,
+        })
+    }
+
+    /// A caller's own tool (an OpenAI function definition), checked only for what the engine
+    /// needs: a valid name and a schema that compiles. Its description is the caller's and goes
+    /// to the model as given, so the brief's rules do not apply; a function without
+    /// `parameters` takes any arguments object.
+    pub fn from_function(function: &FunctionDefinition) -> Result<Tool, DefinitionError> {
+        let fail = |reason: String| DefinitionError {
+            name: function.name.clone(),
+            reason,
+        };
+        if !is_valid_name(&function.name) {
+            return Err(fail(format!(
+                "the name must be 1-{MAX_NAME_LEN} characters of A-Z, a-z, 0-9, '_' or '-'"
+            )));
+        }
+        let schema = function
+            .parameters
+            .clone()
+            .unwrap_or_else(|| serde_json::json!({"type": "object"}));
+        let validator = jsonschema::validator_for(&schema)
+            .map_err(|e| fail(format!("invalid JSON Schema: {e}")))?;
+        Ok(Tool {
+            definition: ToolDefinition {
+                name: function.name.clone(),
+                schema,
+                brief: function.description.clone().unwrap_or_default(),
+                examples: None,
+                timeout_ms: None,
+            },
             validator,
         })
     }

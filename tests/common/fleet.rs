@@ -68,7 +68,7 @@ impl Drop for Proc {
 /// `genfleet worker` with the given `GENFLEET__...` settings; its log goes to `log_dir`.
 pub fn worker(id: &str, nats_url: &str, env: &[(&str, String)], log_dir: &Path) -> Proc {
     let log = std::fs::File::create(log_dir.join(format!("{id}.log"))).expect("worker log");
-    let child = Command::new(env!("CARGO_BIN_EXE_genfleet"))
+    let child = super::process::genfleet_command()
         .arg("worker")
         .env("GENFLEET__NATS__URL", nats_url)
         .env("GENFLEET__WORKER__ID", id)

@@ -36,7 +36,7 @@ impl Running {
         args: &[&str],
         env: &[(K, String)],
     ) -> Running {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_genfleet"))
+        let mut child = genfleet_command()
             .current_dir(dir)
             .args(args)
             .envs(env.iter().map(|(k, v)| (k, v)))
@@ -131,4 +131,16 @@ impl Drop for Running {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The genfleet executable, with the OpenTelemetry variables of the shell that runs the tests
+/// removed: a process exports traces only where a test asks for it.
+pub fn genfleet_command() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_genfleet"));
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("OTEL_") {
+            command.env_remove(key);
+        }
+    }
+    command
 }

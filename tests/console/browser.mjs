@@ -169,11 +169,19 @@ try {
   await page.waitForURL(`**/#/request/${decision.request_id}`);
   const view = page.locator(`.follow[data-request-id="${decision.request_id}"][data-state="COMPLETED"]`);
   await view.waitFor();
-  await view.locator('.act-tool_call').first().waitFor();
+  await view.locator('.act-tool_call').first().waitFor({ state: 'attached' });
   const viewText = await view.textContent();
   for (const needle of ['decision_requested', 'calculate', '7006652', 'Continued as', 'Transcript']) {
     check(viewText.includes(needle), `the request view does not show ${JSON.stringify(needle)}`);
   }
+  // Its timeline: the turns, the tool call, the decision asked and answered, the continuation.
+  const timeline = view.locator('ol.timeline');
+  for (const kind of ['started', 'turn', 'tool_call', 'tool_result', 'decision', 'answered', 'finished']) {
+    await timeline.locator(`li[data-kind="${kind}"]`).first().waitFor();
+  }
+  await timeline.locator(`li[data-kind="answered"] a[data-request-link="${answer.continuation_request_id}"]`).waitFor();
+  check((await timeline.locator('li[data-kind="tool_call"]').first().textContent()).includes('calculate'), 'the timeline does not name the tool');
+  check((await textOf(page, '[data-field="timeline-note"]')).includes('pool default'), 'the timeline does not name the pool');
   await page.screenshot({ path: path.join(shots, 'request.png'), fullPage: true });
   await checkTimes(page, 'the request view');
 
@@ -204,6 +212,14 @@ try {
   await page.locator('#fleet-busy', { hasText: /^1$/ }).waitFor();
   await page.locator(`tr[data-worker-id] td[data-field="busy"]`, { hasText: /^1$/ }).waitFor();
   await page.locator(`tr[data-running="${slow.request_id}"]`).waitFor();
+  // The pool's sparklines: the requests finished so far, and their latency.
+  await page.locator('tr[data-series-pool="default"] td[data-field="finished"]', { hasText: /^[1-9]/ }).waitFor();
+  const spark = page.locator('svg[data-sparkline="throughput"][data-pool="default"]');
+  check(await spark.locator('polyline').count() === 1, 'the throughput sparkline has no line');
+  check((await spark.locator('title').textContent()).includes('requests finished in pool default'), 'the throughput sparkline says nothing');
+  const latency = page.locator('svg[data-sparkline="latency"][data-pool="default"]');
+  check(Number(await latency.getAttribute('data-points')) >= 1, 'the latency sparkline has no point');
+  check(/\d+ ms/.test(await textOf(page, 'tr[data-series-pool="default"] td[data-field="latency"]')), 'the mean latency is not shown');
   await page.screenshot({ path: path.join(shots, 'fleet.png'), fullPage: true });
   check(await checkTimes(page, 'the fleet') >= 3, 'the fleet shows fewer than 3 times');
   await live.locator(`.follow[data-state="RUNNING"] [data-field="output"]`, { hasText: /[a-z]+/ }).waitFor();
@@ -234,6 +250,69 @@ try {
   check(kept.includes('Fail loudly, please.'), `the failed request's summary is ${kept}`);
   await failedView.locator('[data-field="notice"]', { hasText: 'summary kept for people' }).waitFor();
   await checkTimes(page, 'the failed request');
+
+  // ---- requests: the list, filtered by state, tenant, job and pool, and searched by id ----
+  await page.goto(`${url}/#/requests`);
+  const failedListed = page.locator(`tr[data-request-row="${failed.request_id}"][data-state="FAILED"]`);
+  await failedListed.waitFor();
+  await page.locator(`tr[data-request-row="${decision.request_id}"][data-state="COMPLETED"]`).waitFor();
+  await page.locator(`tr[data-request-row="${answer.continuation_request_id}"]`).waitFor();
+  const everyRow = await page.locator('tr[data-request-row]').count();
+  check(everyRow >= 5, `only ${everyRow} requests listed`);
+  check((await failedListed.locator('[data-field="tenant"]').textContent()) === 'acme', 'the failed request\'s tenant is not shown');
+  check((await failedListed.locator('[data-field="job"]').textContent()) === 'doomed', 'the failed request\'s job is not shown');
+  check((await failedListed.locator('[data-field="pool"]').textContent()) === 'default', 'the failed request\'s pool is not shown');
+  check(await checkTimes(page, 'the requests list') >= 5, 'the requests list shows fewer than 5 times');
+  await page.screenshot({ path: path.join(shots, 'requests.png'), fullPage: true });
+  await page.selectOption('#request-filters select[data-filter="state"]', 'FAILED');
+  await page.waitForFunction(() => {
+    const rows = [...document.querySelectorAll('tr[data-request-row]')];
+    return rows.length > 0 && rows.every((r) => r.dataset.state === 'FAILED');
+  });
+  check(page.url().includes('state=FAILED'), 'the state filter is not in the address');
+  await page.fill('#request-filters input[data-filter="tenant"]', 'acme');
+  await page.waitForFunction((id) => {
+    const rows = [...document.querySelectorAll('tr[data-request-row]')];
+    return rows.length === 1 && rows[0].dataset.requestRow === id;
+  }, failed.request_id);
+  await page.fill('#request-filters input[data-filter="job"]', 'no-such-job');
+  await page.locator('#request-list td', { hasText: 'No request matches.' }).waitFor();
+  await page.click('#request-filters button[type="reset"]');
+  await page.waitForFunction((n) => document.querySelectorAll('tr[data-request-row]').length >= n, everyRow);
+  await page.fill('#request-filters input[data-filter="job"]', 'console-report');
+  await page.waitForFunction(() => {
+    const rows = [...document.querySelectorAll('tr[data-request-row]')];
+    return rows.length > 0 && rows.every((r) => r.querySelector('[data-field="job"]').textContent === 'console-report');
+  });
+  await page.click('#request-filters button[type="reset"]');
+  // The search: a part of the id finds the one request, Enter opens its page.
+  await page.fill('#request-search', failed.request_id.slice(-8));
+  await page.waitForFunction((id) => {
+    const rows = [...document.querySelectorAll('tr[data-request-row]')];
+    return rows.length === 1 && rows[0].dataset.requestRow === id;
+  }, failed.request_id);
+  await page.press('#request-search', 'Enter');
+  await page.waitForURL(`**/#/request/${failed.request_id}`);
+  await page.locator(`.follow[data-request-id="${failed.request_id}"] ol.timeline li[data-kind="finished"]`).waitFor();
+
+  // ---- cancel a running request from its page ----
+  const long = await ask('long');
+  await page.goto(`${url}/#/request/${long.request_id}`);
+  const longView = page.locator(`.follow[data-request-id="${long.request_id}"]`);
+  await longView.locator('ol.timeline li[data-kind="started"]').waitFor();
+  // It runs for a minute: cancelled once the model's turn shows.
+  await longView.locator('ol.timeline li[data-kind="turn"]').waitFor();
+  await longView.locator('button[data-action="cancel"]:not([disabled])').click();
+  const cancelled = longView.locator('[data-field="cancel-status"]');
+  await cancelled.waitFor();
+  const cancelText = await cancelled.textContent();
+  check(cancelText.includes('CANCELLED') && cancelText.includes('human:ann'), `the cancel's reply reads ${cancelText}`);
+  await page.locator(`.follow[data-request-id="${long.request_id}"][data-state="CANCELLED"]`).waitFor();
+  await longView.locator('ol.timeline li[data-kind="cancel"]').waitFor();
+  await longView.locator('ol.timeline li[data-kind="finished"]', { hasText: 'CANCELLED' }).waitFor();
+  check(await longView.locator('button[data-action="cancel"]').count() === 0, 'a cancelled request still offers to cancel');
+  await page.screenshot({ path: path.join(shots, 'request-cancelled.png'), fullPage: true });
+  await checkTimes(page, 'the cancelled request');
 
   // ---- signals: the live feed, filtered ----
   await page.goto(`${url}/#/signals`);
@@ -294,12 +373,18 @@ try {
     inside: t.parentElement.scrollWidth - t.parentElement.clientWidth,
     rows: t.tBodies[0].rows.length,
   })));
-  check(tables.length === 4 && tables.every((t) => t.rows > 0), `the narrow fleet view has the tables ${JSON.stringify(tables)}`);
+  check(tables.length === 6 && tables.every((t) => t.rows > 0), `the narrow fleet view has the tables ${JSON.stringify(tables)}`);
   for (const t of tables) {
     check(t.right <= 390, `the table ${t.caption} reaches ${t.right}px on a 390px screen`);
     check(t.inside <= 0, `the table ${t.caption} scrolls ${t.inside}px sideways in its box`);
   }
   await checkTimes(small, 'the narrow fleet view');
+  await small.goto(`${url}/#/requests`);
+  await small.locator('tr[data-request-row]').first().waitFor();
+  await noHorizontalScroll(small, 390);
+  await checkTimes(small, 'the narrow requests list');
+  await small.screenshot({ path: path.join(shots, 'requests-narrow.png'), fullPage: false });
+  await small.goto(`${url}/#/fleet`);
   await small.locator('#fleet-busy', { hasText: /^0$/ }).waitFor();
   await phone.close();
 
@@ -322,6 +407,15 @@ try {
     return { status: response.status, body: await response.json() };
   }, { id: third.decision_id, token });
   check(refused.status === 403 && refused.body.error.code === 'UNAUTHORIZED', `the read-only console answered ${JSON.stringify(refused)}`);
+  const noCancel = await ro.evaluate(async ({ id, token }) => {
+    const response = await fetch(`/api/requests/${id}/cancel`, {
+      method: 'POST',
+      headers: { 'Content-Type': 'application/json', 'X-Genfleet-Token': token },
+      body: JSON.stringify({ user: 'mallory' }),
+    });
+    return { status: response.status, body: await response.json() };
+  }, { id: third.request_id, token });
+  check(noCancel.status === 403 && noCancel.body.error.code === 'UNAUTHORIZED', `the read-only console cancelled: ${JSON.stringify(noCancel)}`);
   const still = await ask('pending', { decision_id: third.decision_id });
   check(still.pending === true, 'the decision was answered through the read-only console');
   await ro.close();

@@ -297,6 +297,64 @@ impl LocalFleet {
     }
 }
 
+/// A `genfleet gateway` process of the fleet (the gateway phase), killed when dropped.
+pub struct LocalGateway {
+    /// Its OpenAI base URL (`http://127.0.0.1:PORT/v1`).
+    pub base_url: String,
+    child: Child,
+}
+
+impl LocalGateway {
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+}
+
+impl LocalFleet {
+    /// Starts `genfleet gateway` on a free port, on the fleet's NATS with `pool` as its
+    /// `worker.pool`, and returns once it listens (it prints its address then).
+    pub async fn start_gateway(&self, pool: &str) -> anyhow::Result<LocalGateway> {
+        let log_path = self.dir.path().join("gateway.log");
+        let log = std::fs::File::create(&log_path).context("cannot create the gateway's log")?;
+        let mut command = Command::new(current_exe()?);
+        if let Some(config) = &self.options.config {
+            command.arg("--config").arg(config);
+        }
+        let mut child = command
+            .args(["gateway", "--listen", "127.0.0.1:0"])
+            .env("GENFLEET__NATS__URL", &self.nats_url)
+            .env("GENFLEET__WORKER__POOL", pool)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start genfleet gateway")?;
+        let stdout = child
+            .stdout
+            .take()
+            .context("the gateway's output is piped")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let first = tokio::time::timeout(START_TIMEOUT, lines.next_line()).await;
+        let log_text = || std::fs::read_to_string(&log_path).unwrap_or_default();
+        let line = match first {
+            Ok(Ok(Some(line))) => line,
+            Ok(_) => anyhow::bail!("genfleet gateway exited at start; its log:\n{}", log_text()),
+            Err(_) => anyhow::bail!(
+                "genfleet gateway did not listen within {START_TIMEOUT:?}; its log:\n{}",
+                log_text()
+            ),
+        };
+        let base_url = line
+            .strip_prefix("gateway listening on ")
+            .and_then(|rest| rest.split_whitespace().next())
+            .with_context(|| format!("unexpected first line from genfleet gateway: {line}"))?
+            .to_string();
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(LocalGateway { base_url, child })
+    }
+}
+
 /// The executable the workers and the mock are started from: this very one. On Linux
 /// `/proc/self/exe` names the running file even after a rebuild replaced the one at its path,
 /// so a long run never mixes versions.

@@ -3,8 +3,11 @@
 //!
 //! Phases (`--mode`): interactive submits at a fixed concurrency, a durable burst on the
 //! queue, a streaming relay of long replies, and (`--local` only) the memory of a worker with
-//! many slots and a real model server behind a worker against the same client calling it
-//! directly (`real-backend`, when `scripts/real-backend.sh` has installed one). In the same
+//! many slots, a real model server behind a worker against the same client calling it
+//! directly (`real-backend`, when `scripts/real-backend.sh` has installed one), and multi-turn
+//! conversations on workers whose backends have a prefix cache, with affinity and without
+//! (`scheduling`), and `genfleet gateway` beside the bus path and the mock called directly
+//! (`gateway`, run on its own). In the same
 //! run it measures the floors genfleet is compared with: plain NATS request-reply against an
 //! echo responder, JetStream writes as a lean request would make them, and the backend called
 //! directly over HTTP.
@@ -16,7 +19,9 @@
 
 mod budget;
 mod durable;
+mod fairness;
 mod floors;
+mod gateway;
 mod interactive;
 mod latency;
 mod local;
@@ -27,6 +32,7 @@ mod procstat;
 mod progress;
 mod real;
 mod report;
+mod scheduling;
 mod target;
 mod workload;
 
@@ -136,6 +142,31 @@ pub struct BenchArgs {
     /// against the same nats-server and mock; both are reported side by side.
     #[arg(long, value_name = "PATH")]
     pub baseline: Option<PathBuf>,
+    /// Scheduling phase: workers, each on a mock backend of its own with a prefix cache.
+    #[arg(long, default_value_t = 4)]
+    pub scheduling_workers: u32,
+    /// Scheduling phase: slots per worker.
+    #[arg(long, default_value_t = 4)]
+    pub scheduling_slots: u32,
+    /// Scheduling phase: conversations (each run with affinity, then without); --requests,
+    /// when given, bounds the turns of each pass.
+    #[arg(long, default_value_t = 64)]
+    pub scheduling_chains: usize,
+    /// Scheduling phase: turns per conversation.
+    #[arg(long, default_value_t = 5)]
+    pub scheduling_turns: usize,
+    /// Scheduling phase: conversations running at once.
+    #[arg(long, default_value_t = 8)]
+    pub scheduling_concurrency: usize,
+    /// Scheduling phase: bytes of each turn's question (the mock echoes it).
+    #[arg(long, default_value_t = 1024, value_name = "BYTES")]
+    pub scheduling_turn_bytes: usize,
+    /// Scheduling phase: the mocks' time to first token on a prefix-cache hit.
+    #[arg(long, default_value_t = 5, value_name = "MS")]
+    pub prefix_hit_ms: u64,
+    /// Scheduling phase: the mocks' time to first token on a miss, per KiB of conversation.
+    #[arg(long, default_value_t = 20, value_name = "MS")]
+    pub prefill_ms_per_kb: u64,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -148,6 +179,14 @@ pub enum Mode {
     Streaming,
     Memory,
     RealBackend,
+    Scheduling,
+    /// Fair share between tenants on the durable queue, and the cost of priority and tenants
+    /// on the interactive path; run on its own (not part of `all`).
+    Fairness,
+    /// HTTP through `genfleet gateway`, the same requests through the bus with the Rust
+    /// client, and straight to the mock, at concurrency 1 and --concurrency; `--local` only,
+    /// run on its own (not part of `all`).
+    Gateway,
     All,
 }
 
@@ -166,8 +205,16 @@ pub async fn run(
     // reqwest is built without a bundled TLS provider; the process-wide one goes in first.
     crate::llm::openai::install_crypto_provider();
     anyhow::ensure!(
-        args.local || !matches!(args.mode, Mode::Memory | Mode::RealBackend),
-        "--mode memory and --mode real-backend need --local (the bench starts the worker it measures)"
+        args.local
+            || !matches!(
+                args.mode,
+                Mode::Memory | Mode::RealBackend | Mode::Scheduling | Mode::Gateway
+            ),
+        "--mode memory, real-backend, scheduling and gateway need --local (the bench starts the workers it measures)"
+    );
+    anyhow::ensure!(
+        args.scheduling_chains > 0 && args.scheduling_turns > 0,
+        "--scheduling-chains and --scheduling-turns must be at least 1"
     );
     anyhow::ensure!(
         args.mode != Mode::RealBackend
@@ -253,6 +300,32 @@ async fn bench(
     )
     .await?;
 
+    if args.mode == Mode::Fairness {
+        let spec = fairness::FairnessSpec {
+            light: 20,
+            flood: requests.unwrap_or(args.burst),
+            reply_tokens: args.reply_tokens,
+            concurrency: args.concurrency,
+            turn: duration.unwrap_or(Duration::from_secs(10)),
+            turns: 2,
+        };
+        let report = fairness::run(&target, &spec).await?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            println!("{}", fairness::table(&report));
+        }
+        target.close().await;
+        drop(fleet);
+        return Ok(());
+    }
+    if args.mode == Mode::Gateway
+        && let Some(fleet) = fleet.take()
+    {
+        target.close().await;
+        // The fleet stops when this returns, whatever the outcome.
+        return gateway_phase(&fleet, &settings, args, pool, load_average_before).await;
+    }
     let monitor = match (&fleet, &args.nats_monitor) {
         (Some(fleet), _) => Some(
             Monitor::new(&fleet.monitor_url)?
@@ -353,6 +426,7 @@ async fn bench(
     });
     let mut memory_report = None;
     let mut real_report = None;
+    let mut scheduling_report = None;
     if let Some(fleet) = &fleet
         && args.mode.runs(Mode::Memory)
     {
@@ -362,6 +436,32 @@ async fn bench(
             prompt_bytes: args.memory_prompt_bytes,
         };
         memory_report = Some(memory::run(fleet, &target, &spec).await?);
+    }
+    if let Some(fleet) = &fleet
+        && args.mode.runs(Mode::Scheduling)
+    {
+        let spec = scheduling::SchedulingSpec {
+            workers: args.scheduling_workers.max(1),
+            slots: args.scheduling_slots.max(1),
+            // --requests bounds every phase: here the conversations of each pass.
+            chains: args.requests.map_or(args.scheduling_chains, |n| {
+                (n as usize / args.scheduling_turns).clamp(1, args.scheduling_chains)
+            }),
+            turns: args.scheduling_turns,
+            concurrency: args.scheduling_concurrency.max(1),
+            turn_bytes: args.scheduling_turn_bytes,
+            prefix_hit_ms: args.prefix_hit_ms,
+            prefill_ms_per_kb: args.prefill_ms_per_kb,
+        };
+        scheduling_report = Some(
+            scheduling::run(
+                fleet,
+                &settings,
+                &spec,
+                Duration::from_secs(args.timeout_secs),
+            )
+            .await?,
+        );
     }
     let real_paths = real::RealSpec::locate(args.real_server.clone(), args.real_model.clone());
     if let Some(fleet) = &fleet
@@ -408,6 +508,9 @@ async fn bench(
     if fleet.is_none() && args.mode.runs(Mode::Memory) {
         notes.push("memory is measured only with --local".into());
     }
+    if fleet.is_none() && args.mode.runs(Mode::Scheduling) {
+        notes.push("scheduling is measured only with --local".into());
+    }
     if args.mode == Mode::All && real_paths.is_none() {
         notes.push(
             "no real-backend phase: eval \"$(scripts/real-backend.sh)\" installs a model server \
@@ -436,13 +539,16 @@ async fn bench(
         token_delay_ms: args.token_delay_ms,
         memory_slots: args.memory_slots,
     };
-    let targets = targets(
+    let mut targets = targets(
         &conditions,
         &ratios,
         this.streaming.as_ref(),
         memory_report.as_ref(),
         real_report.as_ref(),
     );
+    if let Some(report) = &scheduling_report {
+        targets.extend(scheduling::targets(report));
+    }
     let report = Report {
         genfleet_version: env!("CARGO_PKG_VERSION"),
         build: if cfg!(debug_assertions) {
@@ -474,6 +580,7 @@ async fn bench(
         baseline,
         memory: memory_report,
         real_backend: real_report,
+        scheduling: scheduling_report,
         ratios,
         targets,
         notes,
@@ -490,6 +597,99 @@ async fn bench(
     }
     drop(fleet);
     nothing_completed(&report)
+}
+
+/// The gateway phase on its own: run, report, and fail the run when a path completed nothing.
+async fn gateway_phase(
+    fleet: &LocalFleet,
+    settings: &Settings,
+    args: &BenchArgs,
+    pool: String,
+    load_average_before: Option<f64>,
+) -> anyhow::Result<()> {
+    let duration_secs = match (args.duration_secs, args.requests) {
+        (Some(secs), _) => Some(secs as f64),
+        (None, Some(_)) => None,
+        (None, None) => Some(10.0),
+    };
+    let mut levels = vec![1, args.concurrency];
+    levels.dedup();
+    let spec = gateway::GatewaySpec {
+        pool,
+        model: settings.llm.model.clone(),
+        reply_tokens: args.reply_tokens,
+        levels,
+        requests: args.requests,
+        duration_secs,
+        token_delay_ms: args.token_delay_ms,
+        workers: args.workers,
+    };
+    let (gateway, levels) = gateway::run(
+        fleet,
+        settings,
+        &spec,
+        Duration::from_secs(args.timeout_secs),
+    )
+    .await?;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut notes = Vec::new();
+    if cfg!(debug_assertions) {
+        notes.push(
+            "a debug build: quote figures from a release build (cargo build --release)".into(),
+        );
+    }
+    if let Some(load) = load_average_before
+        && load > 0.5 * cpus as f64
+    {
+        notes.push(format!(
+            "the machine was busy before the run (load average {load:.2} on {cpus} CPUs): measure again when it is quiet"
+        ));
+    }
+    notes.push(
+        "the HTTP clients and the bus client run inside the bench process; the gateway, the \
+         worker(s), the mock and nats-server are processes of their own"
+            .into(),
+    );
+    let report = gateway::GatewayReport {
+        genfleet_version: env!("CARGO_PKG_VERSION"),
+        build: if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        cpus,
+        load_average_before,
+        gateway_url: gateway.base_url.clone(),
+        backend_url: fleet.backend_url.clone(),
+        targets: gateway::targets(&spec, &levels),
+        spec,
+        levels,
+        notes,
+    };
+    drop(gateway);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", gateway::table(&report));
+    }
+    for level in &report.levels {
+        for (path, figures) in [
+            ("gateway", &level.through_gateway),
+            ("bus", &level.through_bus),
+            ("mock direct", &level.backend_direct),
+        ] {
+            anyhow::ensure!(
+                figures.completed > 0 || figures.requests == 0,
+                "no request of the gateway phase's {path} path completed at concurrency {}: {}",
+                level.concurrency,
+                figures
+                    .first_error
+                    .as_deref()
+                    .unwrap_or("no error recorded")
+            );
+        }
+    }
+    Ok(())
 }
 
 /// A phase in which no request completed is a failed run, whatever the figures say.

@@ -12,6 +12,7 @@ use super::memory::MemoryReport;
 use super::monitor::BusOps;
 use super::procstat::ProcessUsage;
 use super::real::RealReport;
+use super::scheduling::SchedulingReport;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -32,6 +33,8 @@ pub struct Report {
     pub memory: Option<MemoryReport>,
     /// The real model server, direct and through one worker.
     pub real_backend: Option<RealReport>,
+    /// Conversations on prefix-cache backends, with affinity and without.
+    pub scheduling: Option<SchedulingReport>,
     pub ratios: Ratios,
     pub targets: Vec<TargetCheck>,
     pub notes: Vec<String>,
@@ -448,6 +451,9 @@ impl Report {
         if let Some(r) = &self.real_backend {
             out.push_str(&real_table(r));
         }
+        if let Some(r) = &self.scheduling {
+            out.push_str(&scheduling_table(r));
+        }
 
         let mut bus = Table::new(&[
             "phase",
@@ -701,6 +707,55 @@ fn latency_row(
     ]
 }
 
+/// The scheduling phase: each pass's time to first token and prefix hits.
+fn scheduling_table(r: &SchedulingReport) -> String {
+    let s = &r.spec;
+    let mut table = Table::new(&[
+        "scheduling",
+        "requests",
+        "errors",
+        "TTFT p50 ms",
+        "TTFT p90 ms",
+        "later TTFT p50",
+        "hit rate",
+        "later-turn hits",
+        "held",
+        "busy→pool",
+    ]);
+    for run in [&r.with_affinity, &r.without_affinity] {
+        table.row(vec![
+            if run.affinity {
+                "affinity on".into()
+            } else {
+                "affinity off".into()
+            },
+            run.requests.to_string(),
+            run.errors.to_string(),
+            opt(run.first_token_ms.map(|t| t.p50), 1),
+            opt(run.first_token_ms.map(|t| t.p90), 1),
+            opt(run.later_first_token_ms.map(|t| t.p50), 1),
+            pct(Some(run.hit_rate)),
+            pct(Some(run.later_turn_hit_rate)),
+            run.held.to_string(),
+            run.fell_back_busy.to_string(),
+        ]);
+    }
+    format!(
+        "scheduling: {} workers × {} slots, each on its own prefix-cache mock (hit {} ms, miss {} ms/KiB); \
+         {} conversations × {} turns of {} B questions, {} at once; TTFT p50 off ÷ on: {}\n{}\n",
+        s.workers,
+        s.slots,
+        s.prefix_hit_ms,
+        s.prefill_ms_per_kb,
+        s.chains,
+        s.turns,
+        s.turn_bytes,
+        s.concurrency,
+        opt(r.first_token_p50_ratio, 1),
+        table.render()
+    )
+}
+
 fn opt(value: Option<f64>, decimals: usize) -> String {
     value.map_or_else(|| "-".into(), |v| format!("{v:.decimals$}"))
 }
@@ -709,7 +764,7 @@ fn pct(value: Option<f64>) -> String {
     value.map_or_else(|| "-".into(), |v| format!("{:.1}%", v * 100.0))
 }
 
-fn yes_no(value: Option<bool>) -> String {
+pub(super) fn yes_no(value: Option<bool>) -> String {
     match value {
         Some(true) => "yes".into(),
         Some(false) => "no".into(),
@@ -719,7 +774,7 @@ fn yes_no(value: Option<bool>) -> String {
 
 /// A plain-text table: columns as wide as their widest cell, text columns left-aligned and
 /// figures right-aligned.
-struct Table {
+pub(super) struct Table {
     header: Vec<String>,
     rows: Vec<Vec<String>>,
     /// The first this many columns are text.
@@ -727,7 +782,7 @@ struct Table {
 }
 
 impl Table {
-    fn new(header: &[&str]) -> Table {
+    pub(super) fn new(header: &[&str]) -> Table {
         Table {
             header: header.iter().map(|h| h.to_string()).collect(),
             rows: Vec::new(),
@@ -735,16 +790,16 @@ impl Table {
         }
     }
 
-    fn text_columns(mut self, n: usize) -> Table {
+    pub(super) fn text_columns(mut self, n: usize) -> Table {
         self.text_columns = n;
         self
     }
 
-    fn row(&mut self, row: Vec<String>) {
+    pub(super) fn row(&mut self, row: Vec<String>) {
         self.rows.push(row);
     }
 
-    fn render(&self) -> String {
+    pub(super) fn render(&self) -> String {
         let width = |i: usize| {
             std::iter::once(&self.header)
                 .chain(&self.rows)

@@ -31,6 +31,12 @@ pub fn status(status: &StatusReply) -> String {
             .unwrap_or_default();
         let _ = writeln!(out, "  worker:   {worker}{attempt}");
     }
+    if let Some(band) = status.priority {
+        let _ = writeln!(out, "  band:     {band}");
+    }
+    if let Some(tenant) = &status.tenant {
+        let _ = writeln!(out, "  tenant:   {tenant}");
+    }
     if let Some(f) = finished {
         chain(
             &mut out,
@@ -259,6 +265,8 @@ mod tests {
                 &result,
                 Some("2026-11-24T10:00:00.000Z".into()),
             )),
+            priority: None,
+            tenant: None,
         };
         let text = super::status(&status);
         assert!(text.starts_with("r1 FAILED backend_error\n"), "{text}");
@@ -267,6 +275,26 @@ mod tests {
             "  worker:   w1 (attempt 2)",
             "  finished: 2026-11-24T10:00:00.000Z",
             "  time:     queued 3 ms, total 2.3 s",
+        ] {
+            assert!(text.contains(line), "{line:?} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn a_running_requests_status_shows_its_band_tenant_and_worker() {
+        let status = StatusReply {
+            worker_id: Some("w2".into()),
+            attempt: Some(1),
+            priority: Some(crate::protocol::Priority::High),
+            tenant: Some("acme".into()),
+            ..StatusReply::new("r2", RequestState::Running)
+        };
+        let text = super::status(&status);
+        for line in [
+            "r2 RUNNING\n",
+            "  worker:   w2\n",
+            "  band:     high\n",
+            "  tenant:   acme\n",
         ] {
             assert!(text.contains(line), "{line:?} in\n{text}");
         }

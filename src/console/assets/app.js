@@ -202,6 +202,9 @@
       store.fleet = JSON.parse(e.data);
       if (viewName === 'fleet') renderFleet();
     });
+    source.addEventListener('requests', () => {
+      if (viewName === 'requests') refreshRequestsSoon();
+    });
     source.addEventListener('links', (e) => {
       store.links = JSON.parse(e.data);
       renderLinks();
@@ -219,7 +222,7 @@
     const box = document.getElementById('links');
     const problems = [];
     if (store.links.nats_connected === false && store.fleet && store.fleet.polled_at) problems.push('NATS connection lost; reconnecting');
-    for (const key of ['decisions', 'signals', 'events']) if (store.links[key]) problems.push(store.links[key]);
+    for (const key of ['decisions', 'signals', 'events', 'results']) if (store.links[key]) problems.push(store.links[key]);
     box.hidden = problems.length === 0;
     clear(box);
     for (const p of problems) box.append(h('p', { text: p }));
@@ -239,7 +242,7 @@
     const parts = path.split('/');
     const params = new URLSearchParams(query || '');
     if (parts[0] === 'request' && parts[1]) return { name: 'request', id: decoded(parts[1]), params };
-    if (parts[0] === 'fleet' || parts[0] === 'signals') return { name: parts[0], params };
+    if (parts[0] === 'fleet' || parts[0] === 'signals' || parts[0] === 'requests') return { name: parts[0], params };
     return { name: 'inbox', params };
   }
 
@@ -272,6 +275,7 @@
     }
     else if (r.name === 'fleet') renderFleet();
     else if (r.name === 'signals') renderSignals(r.params, changed);
+    else if (r.name === 'requests') renderRequests(r.params, changed);
     else if (r.name === 'request') renderRequest(r.id);
   }
 
@@ -515,6 +519,7 @@
 
   function refreshForms() {
     for (const card of document.querySelectorAll('article.card.pending')) refreshForm(card);
+    for (const panel of document.querySelectorAll('section.follow')) if (panel.refreshControls) panel.refreshControls();
   }
 
   async function answer(item, option, form) {
@@ -620,6 +625,17 @@
         contextBlocks(item)));
   }
 
+  function plural(n, what) {
+    return n + ' ' + what + (n === 1 ? '' : 's');
+  }
+
+  // How each kind of moment reads in a timeline.
+  const TIMELINE_LABELS = {
+    queued: 'queued', started: 'started', turn: 'model', tool_call: 'tool call', tool_result: 'tool result',
+    signal: 'signal', decision: 'decision', answered: 'answered', cancel: 'cancel', finished: 'finished',
+    continued: 'continued', chain_ended: 'chain ended', released: 'released',
+  };
+
   // ---------- following one request ----------
 
   // A live view of one request: its state, streamed output, tool calls and results, signals
@@ -638,11 +654,18 @@
     const notice = h('p', { class: 'notice', 'data-field': 'notice' });
     // The decision it raised and the continuation an answer started.
     const chain = h('p', { class: 'muted', 'data-field': 'chain', hidden: true });
+    // The full view also has the request's timeline (as the console's requests list knows
+    // it) and a way to cancel it.
+    const controls = compact ? null : h('div', { class: 'controls', 'data-field': 'controls', hidden: true });
+    const timelineNote = compact ? null : h('p', { class: 'muted', 'data-field': 'timeline-note' });
+    const timelineList = compact ? null : h('ol', { class: 'timeline', 'data-field': 'timeline' });
     const el = h('section', { class: compact ? 'follow compact' : 'follow', 'data-request-id': id, 'aria-label': 'Request ' + id },
       h('p', { class: 'follow-head' }, compact ? ['Continuation ', requestLink(id), ' '] : null, stateBadge),
-      notice, chain, facts,
+      controls, notice, chain, facts,
+      compact ? null : [h('h4', { text: 'Timeline' }), timelineNote, timelineList],
       h('h4', { text: 'Output' }), output, reasoningBox,
-      h('h4', { text: 'Activity' }), activity,
+      compact ? [h('h4', { text: 'Activity' }), activity]
+        : h('details', { class: 'wire-events' }, h('summary', { text: 'Events this page received' }), activity),
       final);
     let lastSeq = null;
     let finished = false;
@@ -653,7 +676,83 @@
       stateBadge.textContent = state + (detail ? ' ' + detail : '');
       stateBadge.className = 'badge state state-' + String(state).toLowerCase();
       el.dataset.state = state;
+      refreshControls();
     }
+
+    // Cancel: offered while the request is queued or running, or waits on its decision.
+    let waitingDecision = false;
+    let cancelReply = null;
+    function refreshControls() {
+      if (compact) return;
+      const state = el.dataset.state;
+      const running = state === 'RUNNING' || state === 'QUEUED';
+      const cancellable = running || waitingDecision;
+      controls.hidden = !cancellable && !cancelReply;
+      clear(controls);
+      if (cancellable) {
+        const can = !store.console.read_only && !!session;
+        controls.append(
+          h('button', { type: 'button', class: 'danger', 'data-action': 'cancel', disabled: !can, onclick: cancelIt },
+            running ? 'Cancel this request' : 'Cancel: expire its pending decision'),
+          can ? null : h('span', { class: 'muted', text: store.console.read_only ? ' This console is read-only.' : ' Sign in (at the top) to cancel.' }));
+      }
+      if (cancelReply) controls.append(cancelReply);
+    }
+    el.refreshControls = refreshControls;
+
+    async function cancelIt(e) {
+      e.currentTarget.disabled = true;
+      const reply = await post('/api/requests/' + encodeURIComponent(id) + '/cancel', { user: session ? session.user : '' });
+      cancelReply = h('p', { class: 'cancel-status', 'data-field': 'cancel-status', 'data-ok': reply.ok ? 'true' : 'false', role: 'status' },
+        reply.ok
+          ? ['Cancel sent by ' + reply.data.cancelled_by + ': the fleet answered ', h('strong', { text: reply.data.state }),
+            reply.data.decision_id ? ' (its decision ' + reply.data.decision_id + ' expired)' : '', '.']
+          : 'Not cancelled: ' + errorText(reply.data, reply.status));
+      if (reply.ok && reply.data.decision_id) waitingDecision = false;
+      refreshControls();
+      refreshTimelineSoon();
+    }
+
+    let timelineTimer = null;
+    function refreshTimelineSoon() {
+      if (compact || timelineTimer) return;
+      timelineTimer = setTimeout(() => { timelineTimer = null; loadTimeline(); }, 300);
+    }
+
+    async function loadTimeline() {
+      let response = null;
+      let data = null;
+      try {
+        response = await fetch('/api/requests/' + encodeURIComponent(id) + '/timeline', { credentials: 'omit' });
+        data = await response.json();
+      } catch (_) {
+        return;
+      }
+      if (!response.ok) {
+        clear(timelineList);
+        timelineNote.dataset.notice = 'unseen';
+        timelineNote.textContent = (data && data.error ? data.error.message : 'HTTP ' + response.status) + '.';
+        return;
+      }
+      delete timelineNote.dataset.notice;
+      timelineNote.textContent = [
+        data.pool ? 'pool ' + data.pool : null,
+        data.job_name ? 'job ' + data.job_name : null,
+        data.tenant ? 'tenant ' + data.tenant : null,
+        plural(data.turns, 'model turn'), plural(data.tool_calls, 'tool call'),
+        data.latency_ms !== undefined ? data.latency_ms + ' ms from acceptance to result' : null,
+        data.timeline_dropped ? data.timeline_dropped + ' later moments not kept' : null,
+      ].filter(Boolean).join(' · ');
+      clear(timelineList);
+      for (const t of data.timeline) {
+        timelineList.append(h('li', { class: 'tl tl-' + t.kind, 'data-kind': t.kind },
+          time(t.ts), ' ', h('span', { class: 'tl-kind', text: TIMELINE_LABELS[t.kind] || t.kind }), ' ',
+          h('span', { class: 'tl-text', text: t.text }),
+          t.request_id && t.request_id !== id ? [' ', requestLink(t.request_id, 'open ' + t.request_id)] : null,
+          t.decision_id ? [' ', h('a', { href: '#/inbox?decision=' + encodeURIComponent(t.decision_id), text: 'decision' })] : null));
+      }
+    }
+    if (!compact) loadTimeline();
 
     // `kind` null: nothing to say.
     function setNotice(kind, ...content) {
@@ -678,6 +777,7 @@
 
     function showResult(result) {
       finished = true;
+      refreshTimelineSoon();
       setState(result.state, result.reason);
       if (notice.dataset.notice !== 'result_gone') setNotice(null);
       el.dataset.reason = result.reason;
@@ -758,6 +858,9 @@
     }
 
     function showStatus(status) {
+      waitingDecision = status.decision_outcome === 'pending';
+      refreshControls();
+      refreshTimelineSoon();
       if (!finished && status.finished) showSummary(status.finished);
       if (!finished && !summarised) {
         setState(status.state);
@@ -826,6 +929,8 @@
     });
     source.addEventListener('event', (e) => {
       const event = JSON.parse(e.data);
+      refreshTimelineSoon();
+      if (event.event === 'continued' || event.event === 'chain_ended') { waitingDecision = false; refreshControls(); }
       if (lastSeq !== null && event.seq > lastSeq + 1) addActivity('gap', 'missed ' + (event.seq - lastSeq - 1) + ' events; the result has all of it');
       // The request shows itself: what was said before (not known, queued, no answer) goes.
       if (!finished && el.dataset.state !== 'RUNNING' && event.event !== 'finished') {
@@ -931,6 +1036,7 @@
     if (f.workers.length === 0) main.append(h('p', { class: 'empty', text: 'No worker answers the service API ($SRV.INFO.genfleet).' }));
     main.append(table('Pools', ['pool', 'workers', 'slots', 'busy', 'free'],
       f.pools.map((p) => h('tr', { 'data-pool': p.pool }, h('td', { text: p.pool }), h('td', { text: p.workers }), h('td', { text: p.slots }), h('td', { text: p.busy }), h('td', { text: p.free })))));
+    if (f.series) main.append(seriesRows(f.series));
     main.append(table('Workers', ['worker', 'pool', 'slots in use', 'busy', 'free', 'state', 'version', 'started'],
       f.workers.map((w) => h('tr', { 'data-worker-id': w.worker_id, class: w.answering ? '' : 'stale' },
         h('td', {}, h('code', { text: w.worker_id })),
@@ -941,6 +1047,21 @@
         h('td', { text: !w.answering ? 'not answering' : w.draining ? 'draining' : 'ready' }),
         h('td', { text: w.version }),
         h('td', {}, time(w.started))))));
+    // Per tenant and band, over the workers: the queue's waiting count (each worker sees the
+    // same), the running and completed ones summed, the mean wait of those that started.
+    const tenants = new Map();
+    for (const w of f.workers) for (const t of (w.tenants || [])) {
+      const key = t.tenant + ' ' + t.band;
+      const row = tenants.get(key) || { tenant: t.tenant, band: t.band, waiting: 0, running: 0, completed: 0, started: 0, wait: 0 };
+      row.waiting = Math.max(row.waiting, t.waiting); row.running += t.running; row.completed += t.completed;
+      row.started += t.started; row.wait += t.wait_ms_total;
+      tenants.set(key, row);
+    }
+    if (tenants.size) main.append(table('Tenants', ['tenant', 'band', 'waiting', 'running', 'completed', 'mean wait'],
+      [...tenants.values()].map((t) => h('tr', { 'data-tenant': t.tenant, 'data-band': t.band },
+        h('td', {}, h('code', { text: t.tenant })), h('td', { text: t.band }), h('td', { text: t.waiting }),
+        h('td', { text: t.running }), h('td', { text: t.completed }),
+        h('td', { text: t.started ? Math.round(t.wait / t.started) + ' ms' : '-' })))));
     main.append(table('Running requests' + (f.running_total > f.running.length ? ' (newest ' + f.running.length + ' of ' + f.running_total + ')' : ''),
       ['request', 'worker', 'since', 'chain position', 'attempt'],
       f.running.length ? f.running.map((r) => h('tr', { 'data-running': r.request_id },
@@ -958,6 +1079,176 @@
 
   function tile(label, value, id) {
     return h('div', { class: 'tile' }, h('span', { class: 'tile-label', text: label }), h('strong', { id, text: String(value) }));
+  }
+
+  // ---------- requests ----------
+
+  const REQUEST_FILTERS = ['state', 'pool', 'job', 'tenant', 'id'];
+  const STATES = ['QUEUED', 'RUNNING', 'COMPLETED', 'FAILED', 'CANCELLED'];
+  let requestFilters = {};
+  let requestsTimer = null;
+  let requestsAsked = 0;
+
+  function refreshRequestsSoon() {
+    if (requestsTimer) return;
+    requestsTimer = setTimeout(() => { requestsTimer = null; loadRequests(); }, 300);
+  }
+
+  function renderRequests(params, fresh) {
+    requestFilters = {};
+    for (const k of REQUEST_FILTERS) if (params.get(k)) requestFilters[k] = params.get(k);
+    if (!fresh && document.getElementById('request-list')) { loadRequests(); return; }
+    clear(main);
+    const text = (name, label, attrs) => h('label', {}, label, ' ', h('input', Object.assign({ name, 'data-filter': name, value: requestFilters[name] || '', size: 12, spellcheck: 'false', autocomplete: 'off' }, attrs || {})));
+    const form = h('form', { class: 'filters', id: 'request-filters', role: 'search', 'aria-label': 'Filter and search the requests' },
+      text('id', 'Request id', { type: 'search', placeholder: 'search by id', size: 22, id: 'request-search' }),
+      h('label', {}, 'State ', h('select', { name: 'state', 'data-filter': 'state' },
+        [['', 'any'], ...STATES.map((st) => [st, st.toLowerCase()])].map(([v, t]) => h('option', { value: v, selected: (requestFilters.state || '') === v, text: t })))),
+      text('pool', 'Pool', { list: 'request-pools' }),
+      text('job', 'Job', { list: 'request-jobs' }),
+      text('tenant', 'Tenant', { list: 'request-tenants' }),
+      h('datalist', { id: 'request-pools' }), h('datalist', { id: 'request-jobs' }), h('datalist', { id: 'request-tenants' }),
+      h('button', { type: 'submit', title: 'Open the request whose id this is, or the only one that matches' }, 'Open'),
+      h('button', { type: 'reset' }, 'Clear'));
+    const sync = () => {
+      requestFilters = {};
+      for (const el of form.querySelectorAll('[data-filter]')) if (el.value.trim()) requestFilters[el.dataset.filter] = el.value.trim();
+      const query = new URLSearchParams(requestFilters).toString();
+      history.replaceState(null, '', '#/requests' + (query ? '?' + query : ''));
+      lastHash = location.hash;
+      loadRequests();
+    };
+    form.addEventListener('input', sync);
+    form.addEventListener('change', sync);
+    form.addEventListener('reset', () => setTimeout(sync, 0));
+    // Enter in the search box opens the request: the one whose id it is, or the only match.
+    form.addEventListener('submit', (e) => {
+      e.preventDefault();
+      const wanted = (requestFilters.id || '').trim();
+      if (!wanted) return;
+      const rows = [...document.querySelectorAll('#request-list tr[data-request-row]')].map((tr) => tr.dataset.requestRow);
+      const target = rows.includes(wanted) ? wanted : rows.length === 1 ? rows[0] : wanted;
+      location.hash = '#/request/' + encodeURIComponent(target);
+    });
+    append(main, [
+      h('h1', { text: 'Requests' }),
+      form,
+      h('p', { class: 'muted', id: 'request-count', role: 'status' }),
+      h('div', { id: 'request-list' }),
+    ]);
+    loadRequests();
+  }
+
+  async function loadRequests() {
+    const asked = ++requestsAsked;
+    const query = new URLSearchParams(Object.assign({ limit: '200' }, requestFilters)).toString();
+    let page = null;
+    let problem = null;
+    try {
+      const response = await fetch('/api/requests?' + query, { credentials: 'omit' });
+      const data = await response.json();
+      if (response.ok) page = data; else problem = errorText(data, response.status);
+    } catch (e) {
+      problem = 'the console does not answer';
+    }
+    // An answer to an older question (the filter changed meanwhile) is not shown.
+    if (asked !== requestsAsked || viewName !== 'requests') return;
+    const list = document.getElementById('request-list');
+    if (!list) return;
+    const count = document.getElementById('request-count');
+    if (!page) { count.textContent = 'The list cannot be read: ' + problem + '.'; return; }
+    for (const [id, values] of [['request-pools', page.pools], ['request-jobs', page.jobs], ['request-tenants', page.tenants]]) {
+      const dl = document.getElementById(id);
+      if (dl) { clear(dl); for (const v of values) dl.append(h('option', { value: v })); }
+    }
+    const filtered = Object.keys(requestFilters).length > 0;
+    count.textContent = (filtered ? page.matched + ' of the ' : '') + page.kept + ' requests the console keeps' + (filtered ? ' match' : '') +
+      (page.requests.length < page.matched ? ', the newest ' + page.requests.length + ' shown' : '') +
+      ' (newest first; it keeps at most ' + page.max + ', console.max_requests).';
+    const had = document.activeElement && list.contains(document.activeElement) ? document.activeElement.dataset.requestLink : null;
+    clear(list).append(table('Requests', ['request', 'state', 'pool', 'job', 'tenant', 'started', 'latency', 'turns, tools'],
+      page.requests.length ? page.requests.map((r) => h('tr', { 'data-request-row': r.request_id, 'data-state': r.state },
+        h('td', {}, requestLink(r.request_id), r.parent_request_id ? h('span', { class: 'muted', text: ' (continues ' + r.parent_request_id.slice(0, 10) + '…)' }) : null),
+        h('td', {}, badge(r.state, 'state state-' + r.state.toLowerCase()), r.reason ? ' ' + r.reason : '', r.released ? h('span', { class: 'muted', text: ' · read' }) : null),
+        h('td', { 'data-field': 'pool', text: r.pool || '-' }),
+        h('td', { 'data-field': 'job', text: r.job_name || '-' }),
+        h('td', { 'data-field': 'tenant', text: r.tenant || '-' }),
+        h('td', {}, time(r.started_at || r.accepted_at)),
+        h('td', { text: r.latency_ms !== undefined ? r.latency_ms + ' ms' : '-' }),
+        h('td', { text: r.turns + ', ' + r.tool_calls })))
+        : h('tr', {}, h('td', { colspan: 8, class: 'muted', text: filtered ? 'No request matches.' : 'No request seen yet.' }))));
+    if (had) {
+      const again = list.querySelector('[data-request-link="' + CSS.escape(had) + '"]');
+      if (again) again.focus({ preventScroll: true });
+    }
+  }
+
+  // ---------- sparklines ----------
+
+  const SVG = 'http://www.w3.org/2000/svg';
+
+  function svg(tag, attrs, ...children) {
+    const el = document.createElementNS(SVG, tag);
+    for (const [name, value] of Object.entries(attrs || {})) el.setAttribute(name, String(value));
+    for (const child of children.flat()) if (child) el.append(child);
+    return el;
+  }
+
+  // Small bars over `values` (null: no bar), highest at the top, as plain inline SVG: one
+  // bucket with a value shows as plainly as many.
+  function sparkbars(values, label, kind, pool) {
+    const width = 150;
+    const height = 32;
+    const max = Math.max(1, ...values.filter((v) => v !== null));
+    const step = width / values.length;
+    const bars = [];
+    values.forEach((v, i) => {
+      if (v === null) return;
+      const tall = Math.max(2, (v / max) * (height - 4));
+      bars.push(svg('rect', { x: (i * step + 0.5).toFixed(1), y: (height - 1 - tall).toFixed(1), width: Math.max(1, step - 1).toFixed(1), height: tall.toFixed(1) }));
+    });
+    return svg('svg', { class: 'sparkline spark-' + kind, viewBox: '0 0 ' + width + ' ' + height, width, height, role: 'img', 'aria-label': label, 'data-sparkline': kind, 'data-pool': pool, 'data-points': bars.length },
+      svg('title', {}, document.createTextNode(label)),
+      svg('line', { x1: 0, y1: height - 1, x2: width, y2: height - 1, class: 'baseline' }),
+      bars);
+  }
+
+  // A small line over `values` (null: no value), highest at the top, as plain inline SVG.
+  function sparkline(values, label, kind, pool) {
+    const width = 150;
+    const height = 32;
+    const max = Math.max(1, ...values.filter((v) => v !== null));
+    const step = width / Math.max(1, values.length - 1);
+    const points = [];
+    values.forEach((v, i) => {
+      if (v === null) return;
+      points.push((i * step).toFixed(1) + ',' + (height - 2 - (v / max) * (height - 4)).toFixed(1));
+    });
+    return svg('svg', { class: 'sparkline spark-' + kind, viewBox: '0 0 ' + width + ' ' + height, width, height, role: 'img', 'aria-label': label, 'data-sparkline': kind, 'data-pool': pool, 'data-points': points.length },
+      svg('title', {}, document.createTextNode(label)),
+      svg('line', { x1: 0, y1: height - 1, x2: width, y2: height - 1, class: 'baseline' }),
+      points.length > 1 ? svg('polyline', { points: points.join(' '), fill: 'none' }) : null,
+      points.length ? svg('circle', { cx: points[points.length - 1].split(',')[0], cy: points[points.length - 1].split(',')[1], r: 2 }) : null);
+  }
+
+  function seriesRows(series) {
+    const minutes = Math.round((series.bucket_ms * (series.pools[0] ? series.pools[0].points.length : 30)) / 60000);
+    const seconds = series.bucket_ms / 1000;
+    return table('Throughput and latency per pool (the last ' + minutes + ' minutes, ' + seconds + ' s a point)',
+      ['pool', 'finished', 'throughput', 'mean latency', 'latency'],
+      series.pools.length ? series.pools.map((p) => {
+        const finished = p.points.reduce((n, x) => n + x.finished, 0);
+        const failed = p.points.reduce((n, x) => n + x.failed, 0);
+        const withLatency = p.points.filter((x) => x.mean_latency_ms !== undefined);
+        const mean = withLatency.length ? Math.round(withLatency.reduce((n, x) => n + x.mean_latency_ms * x.finished, 0) / Math.max(1, finished)) : null;
+        const peak = withLatency.length ? Math.max(...withLatency.map((x) => x.max_latency_ms)) : null;
+        return h('tr', { 'data-series-pool': p.pool },
+          h('td', { text: p.pool }),
+          h('td', { 'data-field': 'finished', text: finished + (failed ? ' (' + failed + ' not completed)' : '') }),
+          h('td', {}, sparkline(p.points.map((x) => x.finished), finished + ' requests finished in pool ' + p.pool + ', per ' + seconds + ' s', 'throughput', p.pool)),
+          h('td', { 'data-field': 'latency', text: mean === null ? '-' : mean + ' ms (highest ' + peak + ' ms)' }),
+          h('td', {}, sparkbars(p.points.map((x) => (x.mean_latency_ms === undefined ? null : x.mean_latency_ms)), 'mean latency in pool ' + p.pool + (mean === null ? ': nothing finished' : ': ' + mean + ' ms'), 'latency', p.pool)));
+      }) : h('tr', {}, h('td', { colspan: 5, class: 'muted', text: 'No pool yet.' })));
   }
 
   // ---------- signals ----------

@@ -4,11 +4,12 @@
 //! Tool results and correction turns both end here, so the two modes are told apart in one
 //! place and a conversation never holds a call without its answer.
 
+use std::collections::HashMap;
 use std::fmt::Write;
 
 use serde_json::json;
 
-use crate::protocol::Message;
+use crate::protocol::{Message, Role};
 use crate::settings::ToolMode;
 
 use super::Generation;
@@ -49,6 +50,52 @@ impl Generation<'_> {
             }
         }
     }
+}
+
+/// The conversation as a text-mode model reads it: an assistant message's native calls written
+/// as `<tool_call>` blocks after its text, and each run of `tool` messages as one user message
+/// of `<tool_response>` blocks (named after the call they answer), exactly as the worker writes
+/// them itself in text mode. Other messages are unchanged.
+pub(super) fn calls_as_text(conversation: &[Message]) -> Vec<Message> {
+    let mut out: Vec<Message> = Vec::with_capacity(conversation.len());
+    let mut names: HashMap<&str, &str> = HashMap::new();
+    let mut responses = String::new();
+    for message in conversation {
+        if message.role == Role::Tool {
+            let id = message.tool_call_id.as_deref().unwrap_or_default();
+            let name = names.get(id).copied().unwrap_or(id);
+            let content = message.text();
+            let body = json!({"name": name, "content": RawJson(&content)});
+            let _ = writeln!(responses, "<tool_response>\n{body}\n</tool_response>");
+            continue;
+        }
+        if !responses.is_empty() {
+            out.push(Message::user(std::mem::take(&mut responses).trim_end()));
+        }
+        if message.role != Role::Assistant || message.tool_calls.is_empty() {
+            out.push(message.clone());
+            continue;
+        }
+        let mut text = message.text().into_owned();
+        for call in &message.tool_calls {
+            names.insert(&call.id, &call.function.name);
+            // Name first, as the BIOS shows the form (a JSON map would sort the keys).
+            let body = format!(
+                "{{\"name\":{},\"arguments\":{}}}",
+                json!(call.function.name),
+                json!(RawJson(&call.function.arguments))
+            );
+            if !text.is_empty() && !text.ends_with('\n') {
+                text.push('\n');
+            }
+            let _ = write!(text, "<tool_call>{body}</tool_call>");
+        }
+        out.push(Message::assistant(text));
+    }
+    if !responses.is_empty() {
+        out.push(Message::user(responses.trim_end()));
+    }
+    out
 }
 
 /// Embeds text that already is JSON without quoting it again.

@@ -6,6 +6,7 @@
 //! here, because a native conversation must answer every call by id, text calls included.
 
 use crate::engine::text_calls::{self, InvalidCallKind, ParsedItem};
+use crate::protocol::ids::new_id;
 use crate::protocol::{Content, FunctionCall, Message, ToolCall};
 use crate::settings::ToolMode;
 use crate::tools::Tool;
@@ -14,6 +15,7 @@ use super::Generation;
 use super::turn::Turn;
 
 /// One call the model made, native or written as text.
+#[derive(Clone)]
 pub(super) struct ModelCall {
     pub(super) id: String,
     pub(super) name: String,
@@ -31,9 +33,14 @@ pub(super) struct Problem {
 }
 
 impl Generation<'_> {
+    /// An id for a call the model made without one: unique in the conversation, also across
+    /// the requests that continue it (a caller's continuation after `tool_calls`, a decision's
+    /// continuation), since it carries 8 random characters (of a fresh ULID, whose last 16 are
+    /// random). Nothing of the request's id goes into it: the backend sees call ids.
     fn call_id(&mut self) -> String {
         self.next_call_id += 1;
-        format!("call_{}_{}", self.ctx.chain_position, self.next_call_id)
+        let fresh = new_id();
+        format!("call_{}_{}", &fresh[fresh.len() - 8..], self.next_call_id)
     }
 
     /// The turn's calls in order (native first, then those written as text), and the invalid ones.
@@ -109,6 +116,13 @@ impl Generation<'_> {
         if self.mode == ToolMode::Text || calls.is_empty() {
             return Message::assistant(turn.raw.clone());
         }
+        self.calls_message(turn, calls)
+    }
+
+    /// The assistant turn in OpenAI's shape whatever the tool mode: its visible text, and every
+    /// call as a native `tool_calls` entry with its id. A generation that ends with the caller's
+    /// tool calls leaves this message last, so the caller can answer them by id.
+    pub(super) fn calls_message(&self, turn: &Turn, calls: &[ModelCall]) -> Message {
         let tool_calls = calls
             .iter()
             .map(|call| ToolCall {
@@ -129,11 +143,17 @@ impl Generation<'_> {
         }
     }
 
-    /// Calls of tools this request may not use, and arguments their schemas refuse.
+    /// Calls of tools this request may not use, and arguments their schemas refuse (a caller
+    /// tool's arguments are held to the caller's schema exactly as a bus tool's).
     pub(super) fn tool_call_problems(&self, calls: &[ModelCall]) -> Vec<Problem> {
         let mut problems = Vec::new();
         for call in calls {
-            match self.tools.iter().find(|t| t.name() == call.name) {
+            let tool = self
+                .tools
+                .iter()
+                .chain(&self.caller_tools)
+                .find(|t| t.name() == call.name);
+            match tool {
                 None => problems.push(Problem {
                     call_id: Some(call.id.clone()),
                     tool: None,

@@ -67,6 +67,7 @@ impl Generation<'_> {
             let tool = self
                 .tools
                 .iter()
+                .chain(&self.caller_tools)
                 .chain(control::control_tools())
                 .find(|t| t.name() == name);
             if let Some(tool) = tool {
@@ -84,7 +85,8 @@ impl Generation<'_> {
         }
         if problems.iter().any(|p| p.tool.is_none()) {
             text.push_str("\nThe tools you can call:\n");
-            for tool in self.tools.iter().chain(control::control_tools()) {
+            let all = self.tools.iter().chain(&self.caller_tools);
+            for tool in all.chain(control::control_tools()) {
                 let _ = writeln!(
                     text,
                     "- {}: {}",

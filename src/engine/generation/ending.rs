@@ -67,6 +67,10 @@ impl Generation<'_> {
                 total: total.as_millis() as u64,
             },
             validation: self.validation,
+            tool_calls: self.caller_calls,
+            // Where the request was placed is the bus's to tell, not the engine's.
+            affinity: None,
+            tenant: None,
         };
         Finished {
             result,

@@ -11,6 +11,7 @@
 //! the signals raised, within their bounds, and the decisions asked of managers.
 
 mod answers;
+mod caller_calls;
 mod calls;
 mod checkpoint;
 mod control_calls;
@@ -29,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::control;
 use super::events::EventEmitter;
@@ -37,11 +39,12 @@ use super::signals::SignalBook;
 use super::{Engine, Finished, RequestContext};
 use crate::llm::{ChatRequest, FinishReason, LlmError};
 use crate::protocol::{
-    EventBody, GenerationRequest, Message, Reason, Severity, Usage, ValidationReport,
+    EventBody, GenerationRequest, Message, Reason, Severity, ToolCall, Usage, ValidationReport,
 };
 use crate::settings::ToolMode;
 use crate::tools::Tool;
 
+use caller_calls::TurnCalls;
 use calls::ModelCall;
 use ending::Stop;
 use turn::TurnError;
@@ -57,6 +60,11 @@ pub(super) struct Generation<'e> {
     loops: LoopDetector,
     mode: ToolMode,
     tools: Vec<Arc<Tool>>,
+    /// The caller's own tools (`caller_tools`): offered to the model beside `tools`, never run
+    /// here; a turn that calls one ends the generation with `tool_calls`.
+    caller_tools: Vec<Arc<Tool>>,
+    /// The caller-tool calls the generation ended with (the result's `tool_calls`).
+    caller_calls: Vec<ToolCall>,
     conversation: Vec<Message>,
     output: String,
     reasoning: String,
@@ -95,6 +103,8 @@ impl<'e> Generation<'e> {
             loops: LoopDetector::new(&config.loop_detection),
             mode: engine.effective_tool_mode(),
             tools: Vec::new(),
+            caller_tools: Vec::new(),
+            caller_calls: Vec::new(),
             conversation: request.messages.clone(),
             output: String::new(),
             reasoning: String::new(),
@@ -152,7 +162,22 @@ impl<'e> Generation<'e> {
                 }
             }
         }
+        for (i, tool) in self.request.caller_tools.iter().enumerate() {
+            match Tool::from_function(&tool.function) {
+                Ok(tool) => self.caller_tools.push(Arc::new(tool)),
+                Err(error) => {
+                    return Some(Stop::new(
+                        Reason::InvalidRequest,
+                        format!("caller_tools[{i}]: {error}"),
+                    ));
+                }
+            }
+        }
         None
+    }
+
+    fn is_caller_tool(&self, name: &str) -> bool {
+        self.caller_tools.iter().any(|t| t.name() == name)
     }
 
     /// The first backend call this request would make, exactly as it would be sent (what
@@ -172,7 +197,11 @@ impl<'e> Generation<'e> {
         let mut corrections_left = config.correction_attempts;
         let mut control_turns = 0;
         loop {
-            let turn = match self.model_turn().await {
+            let span = self.turn_span();
+            let before = self.usage;
+            let turn = self.model_turn().instrument(span.clone()).await;
+            self.end_turn_span(&span, before, &turn);
+            let turn = match turn {
                 Ok(turn) => turn,
                 Err(TurnError::Stop(stop)) => return stop,
                 Err(TurnError::ToolsRefused(body)) => {
@@ -209,6 +238,11 @@ impl<'e> Generation<'e> {
 
             let (calls, mut problems) = self.collect_calls(&turn);
             let assistant = self.assistant_message(&turn, &calls);
+            // Kept in order only when the turn may end with the caller's calls.
+            let in_order = calls
+                .iter()
+                .any(|c| self.is_caller_tool(&c.name))
+                .then(|| calls.clone());
             let (controls, normal): (Vec<ModelCall>, Vec<ModelCall>) = calls
                 .into_iter()
                 .partition(|c| control::is_control_tool(&c.name));
@@ -233,6 +267,19 @@ impl<'e> Generation<'e> {
                 corrections_left -= 1;
                 self.add_correction(&normal, &controls, &recorded, &problems);
                 continue;
+            }
+
+            let (caller, normal): (Vec<ModelCall>, Vec<ModelCall>) = normal
+                .into_iter()
+                .partition(|c| self.is_caller_tool(&c.name));
+            if let Some(all) = &in_order {
+                let calls = TurnCalls {
+                    all,
+                    bus: &normal,
+                    controls: &controls,
+                    caller: &caller,
+                };
+                return self.end_with_caller_calls(&turn, calls, &recorded).await;
             }
 
             if normal.is_empty() {

@@ -16,6 +16,7 @@ use crate::settings::ToolMode;
 use crate::tools::Tool;
 
 use super::Generation;
+use super::answers::calls_as_text;
 
 impl Generation<'_> {
     pub(super) fn stop_on_decision(&self) -> bool {
@@ -35,12 +36,14 @@ impl Generation<'_> {
     fn prompt(&self, shape: SystemShape) -> Vec<Message> {
         let config = &self.engine.config;
         let tools: Vec<&Tool> = self.tools.iter().map(|t| t.as_ref()).collect();
+        let caller_tools: Vec<&Tool> = self.caller_tools.iter().map(|t| t.as_ref()).collect();
         let controls: Vec<&Tool> = control::control_tools()
             .iter()
             .map(|t| t.as_ref())
             .collect();
         let bios = self.engine.bios.bios(&BiosContext {
             tools: &tools,
+            caller_tools: &caller_tools,
             control_tools: &controls,
             tool_mode: self.mode,
             iterations_remaining: self.iterations_left,
@@ -53,7 +56,12 @@ impl Generation<'_> {
         if let Some(system) = &self.request.system {
             messages.push(Message::system(system.clone()));
         }
-        messages.extend(self.conversation.iter().cloned());
+        match self.mode {
+            ToolMode::Native => messages.extend(self.conversation.iter().cloned()),
+            // Native calls and `tool` answers in the history (a caller's continuation after
+            // `tool_calls`) are written the way a text-mode model reads and writes them.
+            ToolMode::Text => messages.extend(calls_as_text(&self.conversation)),
+        }
         shape.apply(messages)
     }
 
@@ -61,14 +69,31 @@ impl Generation<'_> {
         if self.mode == ToolMode::Text {
             return Vec::new();
         }
+        let spec = |tool: &Tool| ToolSpec {
+            name: tool.definition.name.clone(),
+            description: tool.definition.brief.clone(),
+            parameters: tool.definition.schema.clone(),
+            strict: None,
+        };
+        // A caller's function goes to the backend as the caller defined it; one without
+        // `parameters` is sent with an empty object schema, which some servers require.
+        let caller = self.request.caller_tools.iter().map(|tool| {
+            let function = &tool.function;
+            ToolSpec {
+                name: function.name.clone(),
+                description: function.description.clone().unwrap_or_default(),
+                parameters: function
+                    .parameters
+                    .clone()
+                    .unwrap_or_else(|| serde_json::json!({"type": "object", "properties": {}})),
+                strict: function.strict,
+            }
+        });
         self.tools
             .iter()
-            .chain(control::control_tools())
-            .map(|tool| ToolSpec {
-                name: tool.definition.name.clone(),
-                description: tool.definition.brief.clone(),
-                parameters: tool.definition.schema.clone(),
-            })
+            .map(|tool| spec(tool))
+            .chain(caller)
+            .chain(control::control_tools().iter().map(|tool| spec(tool)))
             .collect()
     }
 
@@ -86,7 +111,9 @@ impl Generation<'_> {
             max_tokens: self.max_tokens(),
             temperature: self.request.temperature,
             options,
-            traceparent: self.ctx.traceparent.clone(),
+            // The turn's span when traces are exported, else the caller's context as it came.
+            traceparent: crate::telemetry::current_traceparent()
+                .or_else(|| self.ctx.traceparent.clone()),
         }
     }
 }

@@ -10,8 +10,10 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use serde_json::json;
+use tracing::Instrument;
 
 use crate::protocol::{EventBody, Reason, Severity};
+use crate::telemetry::{self, KeyValue};
 use crate::tools::{ToolInvocation, ToolReply};
 
 use super::calls::ModelCall;
@@ -53,15 +55,20 @@ impl Generation<'_> {
         Ok(replies)
     }
 
+    /// Tells the caller the model called a tool (a `tool_call` event).
+    pub(super) async fn announce_call(&mut self, call: &ModelCall) {
+        self.events
+            .emit(EventBody::ToolCall {
+                call_id: call.id.clone(),
+                name: call.name.clone(),
+                arguments: serde_json::Value::Object(call.arguments.clone()),
+            })
+            .await;
+    }
+
     async fn run_tools(&mut self, calls: &[ModelCall]) -> Result<Vec<ToolReply>, Stop> {
         for call in calls {
-            self.events
-                .emit(EventBody::ToolCall {
-                    call_id: call.id.clone(),
-                    name: call.name.clone(),
-                    arguments: serde_json::Value::Object(call.arguments.clone()),
-                })
-                .await;
+            self.announce_call(call).await;
         }
         let default_timeout = self.engine.config.default_tool_timeout;
         let runs = calls.iter().map(|call| {
@@ -74,15 +81,18 @@ impl Generation<'_> {
                 .definition
                 .timeout_ms
                 .map_or(default_timeout, Duration::from_millis);
+            let span = tool_span(call);
             let invocation = ToolInvocation {
                 name: call.name.clone(),
                 arguments: call.arguments.clone(),
                 request_id: self.ctx.request_id.clone(),
                 call_id: call.id.clone(),
                 job_name: self.request.job_name.clone(),
-                traceparent: self.ctx.traceparent.clone(),
+                // The tool service's span becomes a child of this call's.
+                traceparent: telemetry::traceparent_of(&span)
+                    .or_else(|| self.ctx.traceparent.clone()),
             };
-            let run = self.engine.runner.run(invocation);
+            let run = self.engine.runner.run(invocation).instrument(span);
             async move {
                 match tokio::time::timeout(timeout, run).await {
                     Ok(Ok(reply)) => Ok(reply),
@@ -137,22 +147,53 @@ impl Generation<'_> {
         recorded: &RecordedControls,
         replies: Vec<ToolReply>,
     ) {
-        let mut answers: Vec<(&ModelCall, String)> = calls
-            .iter()
-            .zip(replies)
-            .map(|(call, reply)| {
-                let content = match reply {
-                    ToolReply::Ok(value) => value.to_string(),
-                    ToolReply::Error(error) => json!({ "error": error }).to_string(),
-                };
-                (call, content)
-            })
-            .collect();
-        for call in controls {
-            answers.push((call, recorded.ack(call)));
-        }
+        let answers = tool_answers(calls, controls, recorded, replies);
         self.push_answers(answers, None);
     }
+}
+
+/// What answers each call: a tool's reply (an error reply as `{"error": ...}`), or a control
+/// call's acknowledgement.
+pub(super) fn tool_answers<'c>(
+    calls: &'c [ModelCall],
+    controls: &'c [ModelCall],
+    recorded: &RecordedControls,
+    replies: Vec<ToolReply>,
+) -> Vec<(&'c ModelCall, String)> {
+    let mut answers: Vec<(&ModelCall, String)> = calls
+        .iter()
+        .zip(replies)
+        .map(|(call, reply)| {
+            let content = match reply {
+                ToolReply::Ok(value) => value.to_string(),
+                ToolReply::Error(error) => json!({ "error": error }).to_string(),
+            };
+            (call, content)
+        })
+        .collect();
+    for call in controls {
+        answers.push((call, recorded.ack(call)));
+    }
+    answers
+}
+
+/// The span of one tool call, named as OpenTelemetry's GenAI conventions name it; none when
+/// traces are not exported.
+fn tool_span(call: &ModelCall) -> tracing::Span {
+    if !telemetry::exporting() {
+        return tracing::Span::none();
+    }
+    let span =
+        tracing::info_span!("execute_tool", otel.name = %format!("execute_tool {}", call.name));
+    telemetry::annotate(
+        &span,
+        vec![
+            KeyValue::new("gen_ai.operation.name", "execute_tool"),
+            KeyValue::new("gen_ai.tool.name", call.name.clone()),
+            KeyValue::new("gen_ai.tool.call.id", call.id.clone()),
+        ],
+    );
+    span
 }
 
 /// A tool's answer as the model and the conversation get it: at most `max` bytes of JSON text.

@@ -6,6 +6,7 @@
 //! back only what may be a call), so a looping model is stopped mid-turn, not at `max_tokens`.
 
 use std::collections::BTreeMap;
+use std::time::Instant;
 
 use futures_util::StreamExt;
 
@@ -14,6 +15,7 @@ use crate::engine::text_calls::{ParseMode, ParsedItem, TextCallParser};
 use crate::llm::{FinishReason, LlmError, StreamEvent};
 use crate::protocol::{EventBody, Message, Reason};
 use crate::settings::ToolMode;
+use crate::telemetry::{self, KeyValue};
 
 use super::ending::Stop;
 use super::{Generation, sleep_until};
@@ -56,6 +58,7 @@ impl From<Stop> for TurnError {
 impl Generation<'_> {
     /// Streams one model call. Cancellation and the deadline are checked at every await.
     pub(super) async fn model_turn(&mut self) -> Result<Turn, TurnError> {
+        let turn_started = Instant::now();
         let cap = self.engine.config.max_output_bytes;
         let shape = self.engine.system_shape();
         let chat = self.chat_request(shape);
@@ -120,6 +123,9 @@ impl Generation<'_> {
                 any_token = true;
                 self.first_token
                     .get_or_insert_with(|| self.started_at.elapsed());
+                let first_token = turn_started.elapsed().as_secs_f64() * 1000.0;
+                let ttft = KeyValue::new("genfleet.time_to_first_token_ms", first_token);
+                telemetry::annotate(&tracing::Span::current(), vec![ttft]);
             }
             match event {
                 StreamEvent::Text(text) => {
@@ -165,6 +171,68 @@ impl Generation<'_> {
         self.events.flush().await;
         turn.finish = finish.unwrap_or(FinishReason::Stop);
         Ok(turn)
+    }
+
+    /// The span of the turn about to be taken, named as OpenTelemetry's GenAI conventions
+    /// name a chat call (`chat <model>`); none when traces are not exported.
+    pub(super) fn turn_span(&self) -> tracing::Span {
+        if !telemetry::exporting() {
+            return tracing::Span::none();
+        }
+        let model = self
+            .request
+            .model
+            .as_deref()
+            .unwrap_or(&self.engine.config.model);
+        let span = tracing::info_span!("chat", otel.name = %format!("chat {model}"));
+        telemetry::annotate(
+            &span,
+            vec![
+                KeyValue::new("gen_ai.operation.name", "chat"),
+                KeyValue::new("gen_ai.request.model", model.to_string()),
+            ],
+        );
+        span
+    }
+
+    /// What the turn used and how it ended, on its span.
+    pub(super) fn end_turn_span(
+        &self,
+        span: &tracing::Span,
+        before: crate::protocol::Usage,
+        turn: &Result<Turn, TurnError>,
+    ) {
+        if !telemetry::exporting() {
+            return;
+        }
+        let mut attributes = vec![
+            KeyValue::new(
+                "gen_ai.usage.input_tokens",
+                self.usage
+                    .prompt_tokens
+                    .saturating_sub(before.prompt_tokens) as i64,
+            ),
+            KeyValue::new(
+                "gen_ai.usage.output_tokens",
+                self.usage
+                    .completion_tokens
+                    .saturating_sub(before.completion_tokens) as i64,
+            ),
+        ];
+        if let Ok(turn) = turn {
+            let reason = match &turn.finish {
+                FinishReason::Stop => "stop",
+                FinishReason::Length => "length",
+                FinishReason::ToolCalls => "tool_calls",
+                FinishReason::ContentFilter => "content_filter",
+                FinishReason::Other(other) => other.as_str(),
+            };
+            attributes.push(telemetry::string_list(
+                "gen_ai.response.finish_reasons",
+                vec![reason.to_string()],
+            ));
+        }
+        telemetry::annotate(span, attributes);
     }
 
     /// Adds visible text to the output and the event stream, and watches it for loops.

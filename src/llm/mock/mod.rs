@@ -12,7 +12,13 @@
 //! - `GET /v1/models` (the script's model, default `mock`);
 //! - `GET /mock/requests` (the last 256 chat request bodies, oldest first) and
 //!   `DELETE /mock/requests` (clears them);
+//! - `GET /mock/stats` (the prefix cache's hits, misses and entries) and `DELETE /mock/stats`
+//!   (forgets what the cache holds and zeroes its counters);
 //! - `GET /health` (`ok`).
+//!
+//! A streamed reply whose client hangs up before its last frame is counted
+//! ([`MockServer::abandoned_streams`]): a worker that cancels a generation closes its backend
+//! connection, and the tests check it does.
 //!
 //! Errors use OpenAI's shape `{"error": {"message", "type", "param", "code"}}`: 400 for a body
 //! that is not JSON or lacks `messages`, 401 for a wrong or missing key when the script sets
@@ -32,6 +38,10 @@
 //! reject_stream_options = false  # 400 (param "stream_options") for any request carrying it
 //! reject_system = "after_first"  # 400 like Gemma's template: "after_first" (a system message not first) or "all"
 //! token_delay_ms = 0             # default delay before each generated chunk
+//! # A prefix cache (absent: none): a request whose messages start with a conversation served
+//! # recently gets its first token after prefix_hit_ms, any other after prefill_ms_per_kb per
+//! # KiB of its messages' text (see docs/mock-llm.md).
+//! prefix_cache = { entries = 4096, prefix_hit_ms = 5, prefill_ms_per_kb = 50 }
 //!
 //! [[rules]]
 //! # conditions (all optional; none = match everything)
@@ -71,6 +81,7 @@
 //! Tool-call arguments are streamed in 8-char fragments with `chunk = "word"` (JSON has no
 //! spaces to split at), else by the rule's `chunk`.
 
+mod prefix_cache;
 mod script;
 mod server;
 #[cfg(test)]
@@ -84,6 +95,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
+pub use prefix_cache::{PrefixCacheSettings, PrefixCacheStats};
 pub use script::{
     Chunking, DEFAULT_MODEL, RejectSystem, Rule, Script, ToolCallSpec, UsageOverride,
 };
@@ -157,6 +169,17 @@ impl MockServer {
     /// first; a body that was not JSON appears as a JSON string.
     pub fn requests(&self) -> Vec<serde_json::Value> {
         self.shared.requests()
+    }
+
+    /// Streamed replies whose client closed the connection before their last frame (a worker
+    /// that cancels a generation closes its backend connection).
+    pub fn abandoned_streams(&self) -> u64 {
+        self.shared.abandoned_streams()
+    }
+
+    /// What the prefix cache has done (`None` without one).
+    pub fn prefix_cache_stats(&self) -> Option<PrefixCacheStats> {
+        self.shared.prefix_cache_stats()
     }
 
     /// Forgets the recorded requests.

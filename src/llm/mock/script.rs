@@ -8,6 +8,8 @@ use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
+use super::prefix_cache::PrefixCacheSettings;
+
 /// Model name reported when the script does not set one.
 pub const DEFAULT_MODEL: &str = "mock";
 
@@ -43,6 +45,10 @@ pub struct Script {
     /// Default delay before each generated chunk, for rules that set no `delay_ms`.
     #[serde(skip_serializing_if = "is_zero")]
     pub token_delay_ms: u64,
+    /// A prefix cache (see [`PrefixCacheSettings`]); absent, none: every first token comes after
+    /// the rules' delays alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_cache: Option<PrefixCacheSettings>,
     /// Rules, first match wins.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<Rule>,
@@ -280,6 +286,9 @@ impl Script {
 
     /// Checks what serde cannot: statuses are error statuses, chunk sizes are positive.
     pub fn validate(&self) -> Result<(), String> {
+        if let Some(cache) = &self.prefix_cache {
+            cache.validate()?;
+        }
         for (i, rule) in self.rules.iter().enumerate() {
             let n = i + 1;
             if let Some(replay) = &rule.replay {
@@ -313,6 +322,12 @@ impl Script {
     /// Appends a rule (builder style).
     pub fn with_rule(mut self, rule: Rule) -> Script {
         self.rules.push(rule);
+        self
+    }
+
+    /// Gives the server a prefix cache (builder style).
+    pub fn with_prefix_cache(mut self, settings: PrefixCacheSettings) -> Script {
+        self.prefix_cache = Some(settings);
         self
     }
 

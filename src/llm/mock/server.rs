@@ -16,6 +16,7 @@ use futures_util::stream;
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::prefix_cache::{PrefixCache, PrefixCacheStats};
 use super::script::{Conversation, RejectSystem, Rule, Script};
 
 /// How many request bodies the log keeps (oldest dropped first).
@@ -34,16 +35,21 @@ pub(super) struct Shared {
     next_id: AtomicU64,
     /// Raw bodies, parsed only when read back, to keep the hot path cheap.
     log: Mutex<VecDeque<Bytes>>,
+    /// Streamed replies whose client closed the connection before the last frame.
+    abandoned: AtomicU64,
+    prefix_cache: Option<PrefixCache>,
 }
 
 impl Shared {
     pub(super) fn new(script: Script) -> Arc<Shared> {
         let matched = script.rules.iter().map(|_| AtomicU32::new(0)).collect();
         Arc::new(Shared {
+            prefix_cache: script.prefix_cache.map(PrefixCache::new),
             script,
             matched,
             next_id: AtomicU64::new(1),
             log: Mutex::new(VecDeque::with_capacity(LOG_CAPACITY)),
+            abandoned: AtomicU64::new(0),
         })
     }
 
@@ -59,8 +65,17 @@ impl Shared {
             .collect()
     }
 
+    /// Streamed replies the client hung up on before their last frame.
+    pub(super) fn abandoned_streams(&self) -> u64 {
+        self.abandoned.load(Ordering::Relaxed)
+    }
+
     pub(super) fn clear_requests(&self) {
         self.lock_log().clear();
+    }
+
+    pub(super) fn prefix_cache_stats(&self) -> Option<PrefixCacheStats> {
+        self.prefix_cache.as_ref().map(PrefixCache::stats)
     }
 
     fn record(&self, body: &Bytes) {
@@ -127,6 +142,7 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
         .route("/mock/requests", get(get_requests).delete(delete_requests))
+        .route("/mock/stats", get(get_stats).delete(delete_stats))
         .route("/health", get(|| async { "ok" }))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(shared)
@@ -154,6 +170,18 @@ async fn get_requests(State(shared): State<Arc<Shared>>) -> Json<Vec<Value>> {
 
 async fn delete_requests(State(shared): State<Arc<Shared>>) -> StatusCode {
     shared.clear_requests();
+    StatusCode::NO_CONTENT
+}
+
+/// `{"prefix_cache": {...}}`, `null` without a cache.
+async fn get_stats(State(shared): State<Arc<Shared>>) -> Json<Value> {
+    Json(json!({ "prefix_cache": shared.prefix_cache_stats() }))
+}
+
+async fn delete_stats(State(shared): State<Arc<Shared>>) -> StatusCode {
+    if let Some(cache) = &shared.prefix_cache {
+        cache.reset();
+    }
     StatusCode::NO_CONTENT
 }
 
@@ -244,9 +272,13 @@ async fn chat_completions(
     }
 
     let n = shared.next_id.fetch_add(1, Ordering::Relaxed);
-    let plan = Plan::build(script, rule, &conv, &params, n);
+    let mut plan = Plan::build(script, rule, &conv, &params, n);
+    if let Some(cache) = &shared.prefix_cache {
+        // The prefill comes before the rule's own wait for its first token.
+        plan.first_delay += cache.first_token_delay(&conv);
+    }
     if params.stream {
-        plan.into_sse()
+        plan.into_sse(shared.clone())
     } else {
         plan.into_json().await
     }
@@ -417,18 +449,18 @@ impl Plan {
         .into_response()
     }
 
-    fn into_sse(self) -> Response {
-        let frames = self.frames();
-        let body = Body::from_stream(stream::unfold(
-            frames.into_iter(),
-            |mut frames| async move {
-                let frame = frames.next()?;
-                if !frame.delay.is_zero() {
-                    tokio::time::sleep(frame.delay).await;
-                }
-                Some((frame.data, frames))
-            },
-        ));
+    fn into_sse(self, shared: Arc<Shared>) -> Response {
+        let frames = Unsent {
+            frames: self.frames().into_iter(),
+            shared,
+        };
+        let body = Body::from_stream(stream::unfold(frames, |mut frames| async move {
+            let frame = frames.frames.next()?;
+            if !frame.delay.is_zero() {
+                tokio::time::sleep(frame.delay).await;
+            }
+            Some((frame.data, frames))
+        }));
         sse_response(StatusCode::OK, body)
     }
 
@@ -556,6 +588,20 @@ impl Frame {
         Frame {
             delay,
             data: Ok(data),
+        }
+    }
+}
+
+/// The frames of a streamed reply not sent yet: dropped with some left, the client hung up.
+struct Unsent {
+    frames: std::vec::IntoIter<Frame>,
+    shared: Arc<Shared>,
+}
+
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        if self.frames.len() > 0 {
+            self.shared.abandoned.fetch_add(1, Ordering::Relaxed);
         }
     }
 }

@@ -904,3 +904,68 @@ async fn file_script_drives_the_server() {
     let v = complete(&server, json!({"messages": [user("plain")]})).await;
     assert_eq!(v["choices"][0]["message"]["content"], "plain");
 }
+
+#[tokio::test]
+async fn the_prefix_cache_counts_conversations_that_go_on() {
+    let script = Script::from_toml_str(
+        "prefix_cache = { entries = 16, prefix_hit_ms = 0, prefill_ms_per_kb = 0 }",
+    )
+    .unwrap();
+    let server = start(script).await;
+    let stats = || async {
+        let body: Value = get(format!("http://{}/mock/stats", server.addr()))
+            .await
+            .json()
+            .await
+            .unwrap();
+        body["prefix_cache"].clone()
+    };
+    complete(&server, json!({"messages": [user("chain one")]})).await;
+    complete(
+        &server,
+        json!({"messages": [user("chain one"), {"role": "assistant", "content": "chain one"}, user("next")]}),
+    )
+    .await;
+    complete(&server, json!({"messages": [user("chain two")]})).await;
+    let seen = stats().await;
+    assert_eq!(seen["hits"], 1, "{seen}");
+    assert_eq!(seen["misses"], 2, "{seen}");
+    assert_eq!(seen["entries"], 3, "{seen}");
+    assert_eq!(seen["capacity"], 16, "{seen}");
+    assert_eq!(server.prefix_cache_stats().unwrap().hits, 1);
+
+    // A reset forgets what was served: the first chain misses again.
+    let reset = client()
+        .delete(format!("http://{}/mock/stats", server.addr()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reset.status(), 204);
+    complete(
+        &server,
+        json!({"messages": [user("chain one"), user("more")]}),
+    )
+    .await;
+    let seen = stats().await;
+    assert_eq!(
+        (seen["hits"].as_u64(), seen["misses"].as_u64()),
+        (Some(0), Some(1))
+    );
+}
+
+#[tokio::test]
+async fn without_a_prefix_cache_the_stats_say_so() {
+    let server = start(Script::echo()).await;
+    complete(&server, json!({"messages": [user("x")]})).await;
+    let body: Value = get(format!("http://{}/mock/stats", server.addr()))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body, json!({"prefix_cache": null}));
+    assert!(server.prefix_cache_stats().is_none());
+    let err = Script::from_toml_str("prefix_cache = { entries = 0 }").unwrap_err();
+    assert!(err.contains("prefix_cache.entries"), "{err}");
+    let err = Script::from_toml_str("prefix_cache = { hit_ms = 1 }").unwrap_err();
+    assert!(err.contains("hit_ms"), "{err}");
+}

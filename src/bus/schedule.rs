@@ -1,0 +1,477 @@
+//! The durable queue's scheduler: which waiting request a free slot takes.
+//!
+//! The queue stream holds every band and tenant of a pool under its own subjects
+//! (`gen.queue.<pool>.<band>.<tenant>.<id>`, and the v1 `gen.queue.<pool>.<id>`, which is band
+//! `normal` of the default tenant). Each band and tenant has its own durable pull consumer
+//! (`genfleet-<pool>=<band>=<tenant>`; the v1 subjects keep `genfleet-<pool>`), whose filters
+//! never overlap, as a work-queue stream requires. nats-server 2.9 has no consumer with several
+//! filters, so the choice between them is made here, in each worker, for each free slot:
+//!
+//! - the highest band first: a slot only looks at `normal` when no `high` queue has a message,
+//!   and never takes a band whose reserve (`worker.reserved_slots`) the free slots do not
+//!   cover;
+//! - within a band, the tenant running the fewest requests on this worker first, and among
+//!   equals the next in turn (round robin, one message each): deficit round robin by running
+//!   slots, so a tenant with a backlog of thousands cannot keep another tenant waiting for
+//!   more than the next free slot;
+//! - within a tenant, FIFO (the consumer's order), with redelivery, max deliveries and
+//!   in-progress acks as for any message of the queue;
+//! - a tenant at its limit on this worker (`worker.tenants.max_running`) is skipped: its
+//!   messages stay on the queue, for this worker later or for another.
+//!
+//! A worker learns which bands and tenants have waiting requests from the queue's notices (the
+//! stream republishes the headers of each message it stores on `gen.queued.<pool>.>`, and the
+//! worker keeps the set of queues heard of, not the notices), from a
+//! scan of the stream's subjects when it starts and every [`SCAN_EVERY`] (notices are not
+//! durable), and tries every queue it knows once a second in case a notice was missed. What it
+//! keeps is bounded: at most [`MAX_QUEUES`] queues, the idle ones forgotten first; an idle
+//! consumer is removed by the server after [`IDLE_CONSUMER`] and made again when its tenant
+//! comes back (the stream keeps the messages meanwhile).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer};
+use futures_util::StreamExt;
+
+use super::BusError;
+use super::shared::Shared;
+use crate::protocol::{DEFAULT_TENANT, Priority};
+
+/// Queues a worker keeps track of at most.
+pub(super) const MAX_QUEUES: usize = 1024;
+
+/// How often a worker scans the stream's subjects for bands and tenants it missed.
+pub(super) const SCAN_EVERY: Duration = Duration::from_secs(30);
+
+/// How long a band and tenant's consumer lives unused before the server removes it.
+const IDLE_CONSUMER: Duration = Duration::from_secs(3600);
+
+/// One queue: a band of a tenant (the v1 subjects apart from the banded ones of the default
+/// tenant). Orders by band first, the order in which they are served.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(super) struct QueueKey {
+    pub(super) band: Priority,
+    pub(super) tenant: String,
+    pub(super) v1: bool,
+}
+
+impl QueueKey {
+    pub(super) fn v1() -> QueueKey {
+        QueueKey {
+            band: Priority::Normal,
+            tenant: DEFAULT_TENANT.to_string(),
+            v1: true,
+        }
+    }
+}
+
+/// The durable consumer of a pool's v1 queue.
+pub fn consumer_name(pool: &str) -> String {
+    format!("genfleet-{pool}")
+}
+
+/// The durable consumer of a queue (`=` never appears in a pool, band or tenant name, so the
+/// names of two queues never meet).
+pub(super) fn queue_consumer_name(pool: &str, key: &QueueKey) -> String {
+    if key.v1 {
+        consumer_name(pool)
+    } else {
+        format!("genfleet-{pool}={}={}", key.band, key.tenant)
+    }
+}
+
+/// True when `name` is the consumer of one of `pool`'s queues.
+pub fn is_pool_consumer(pool: &str, name: &str) -> bool {
+    let own = consumer_name(pool);
+    name == own
+        || name
+            .strip_prefix(&own)
+            .is_some_and(|rest| rest.starts_with('='))
+}
+
+/// The queue whose consumer `name` is, if it is one of `pool`'s.
+pub(super) fn queue_of_consumer(pool: &str, name: &str) -> Option<QueueKey> {
+    let own = consumer_name(pool);
+    if name == own {
+        return Some(QueueKey::v1());
+    }
+    let rest = name.strip_prefix(&own)?.strip_prefix('=')?;
+    let (band, tenant) = rest.split_once('=')?;
+    Some(QueueKey {
+        band: Priority::from_token(band)?,
+        tenant: tenant.to_string(),
+        v1: false,
+    })
+}
+
+struct Queue {
+    consumer: consumer::PullConsumer,
+    /// A message may wait: heard of, or not yet found empty since the last tick.
+    maybe_pending: bool,
+}
+
+pub(super) struct Scheduler {
+    shared: Arc<Shared>,
+    queues: BTreeMap<QueueKey, Queue>,
+    /// The queue each band served last (the round robin goes on after it).
+    served: HashMap<Priority, QueueKey>,
+    heard: Arc<Heard>,
+}
+
+impl Scheduler {
+    /// The scheduler with the pool's v1 queue; `heard` brings the queues the notices and scans
+    /// find.
+    pub(super) async fn open(
+        shared: Arc<Shared>,
+        heard: Arc<Heard>,
+    ) -> Result<Scheduler, BusError> {
+        let mut scheduler = Scheduler {
+            shared,
+            queues: BTreeMap::new(),
+            served: HashMap::new(),
+            heard,
+        };
+        let v1 = open_consumer(&scheduler.shared, &QueueKey::v1()).await?;
+        scheduler.queues.insert(
+            QueueKey::v1(),
+            Queue {
+                consumer: v1,
+                maybe_pending: true,
+            },
+        );
+        Ok(scheduler)
+    }
+
+    /// Takes in the queues heard of since the last call.
+    pub(super) async fn absorb(&mut self) {
+        for key in self.heard.take() {
+            self.learn(key).await;
+        }
+    }
+
+    /// Waits until a queue is heard of (or `within` passes), then takes it in.
+    pub(super) async fn wait_heard(&mut self, within: Duration) {
+        let heard = self.heard.clone();
+        if tokio::time::timeout(within, heard.notify.notified())
+            .await
+            .is_ok()
+        {
+            self.absorb().await;
+        }
+    }
+
+    async fn learn(&mut self, key: QueueKey) {
+        if let Some(queue) = self.queues.get_mut(&key) {
+            queue.maybe_pending = true;
+            return;
+        }
+        if self.queues.len() >= MAX_QUEUES {
+            // Forget an idle queue (never the v1 one); a later notice brings it back.
+            let idle = self
+                .queues
+                .iter()
+                .find(|(k, q)| !q.maybe_pending && !k.v1)
+                .map(|(k, _)| k.clone());
+            match idle {
+                Some(idle) => {
+                    self.queues.remove(&idle);
+                }
+                None => {
+                    tracing::warn!(message = "too many queues with waiting requests; one waits for the next scan", band = %key.band, tenant = %key.tenant);
+                    return;
+                }
+            }
+        }
+        match open_consumer(&self.shared, &key).await {
+            Ok(consumer) => {
+                self.queues.insert(
+                    key,
+                    Queue {
+                        consumer,
+                        maybe_pending: true,
+                    },
+                );
+            }
+            Err(error) => {
+                tracing::warn!(message = "cannot open a queue's consumer", %error, band = %key.band, tenant = %key.tenant)
+            }
+        }
+    }
+
+    /// Every queue may have a message again (once a second, in case a notice was missed).
+    pub(super) fn try_all(&mut self) {
+        for queue in self.queues.values_mut() {
+            queue.maybe_pending = true;
+        }
+    }
+
+    /// True when some queue may hold a message.
+    pub(super) fn any_pending(&self) -> bool {
+        self.queues.values().any(|q| q.maybe_pending)
+    }
+
+    /// The next messages for `free` free slots: from the highest band whose reserve the free
+    /// slots cover, the next tenant in turn with a message, not one of `held_back`. Empty when
+    /// no queue it may take from has a message.
+    pub(super) async fn next(
+        &mut self,
+        free: u32,
+        held_back: &HashSet<String>,
+        running: &HashMap<String, u32>,
+    ) -> Vec<jetstream::Message> {
+        let reserved = self.shared.settings.worker.reserved_slots;
+        for band in Priority::ALL {
+            let reserve = reserved.above(band);
+            if free <= reserve {
+                // Lower bands must leave even more.
+                break;
+            }
+            let in_turn = self.in_turn(band, held_back, running);
+            let alone = in_turn.len() == 1;
+            for key in in_turn {
+                // One message per turn, so tenants alternate; a queue alone in its band takes
+                // as many as the band may.
+                let take = if alone { free - reserve } else { 1 };
+                let Some(queue) = self.queues.get_mut(&key) else {
+                    continue;
+                };
+                let messages = fetch(&queue.consumer, take as usize).await;
+                if messages.is_empty() {
+                    queue.maybe_pending = false;
+                    continue;
+                }
+                self.served.insert(band, key);
+                return messages;
+            }
+        }
+        Vec::new()
+    }
+
+    /// The band's queues that may hold a message, in turn: the tenants running the fewest
+    /// requests here first, and among equals those after the one served last first.
+    fn in_turn(
+        &self,
+        band: Priority,
+        held_back: &HashSet<String>,
+        running: &HashMap<String, u32>,
+    ) -> Vec<QueueKey> {
+        let candidates: Vec<&QueueKey> = self
+            .queues
+            .iter()
+            .filter(|(k, q)| k.band == band && q.maybe_pending && !held_back.contains(&k.tenant))
+            .map(|(k, _)| k)
+            .collect();
+        let start = match self.served.get(&band) {
+            Some(last) => candidates.iter().position(|k| *k > last).unwrap_or(0),
+            None => 0,
+        };
+        let mut in_turn: Vec<QueueKey> = candidates[start..]
+            .iter()
+            .chain(candidates[..start].iter())
+            .map(|k| (*k).clone())
+            .collect();
+        // Stable: the turn order stays among tenants running as many.
+        in_turn.sort_by_key(|k| running.get(&k.tenant).copied().unwrap_or(0));
+        in_turn
+    }
+}
+
+/// How long one pull may take: a pull whose answer is lost (its server died, a leader is
+/// being elected) must not hold the scheduler. A message delivered to a pull given up is
+/// redelivered after the ack wait.
+const PULL_FOR: Duration = Duration::from_secs(2);
+
+/// The messages a queue has now, up to `max` (none when it is empty or cannot be read).
+async fn fetch(consumer: &consumer::PullConsumer, max: usize) -> Vec<jetstream::Message> {
+    let mut messages = Vec::new();
+    let pulled = tokio::time::timeout(PULL_FOR, async {
+        // No wait: an empty queue answers at once (a pull that waited would hold the slot's
+        // turn from every other queue).
+        let batch = consumer.fetch().max_messages(max).messages().await;
+        let mut batch = match batch {
+            Ok(batch) => batch,
+            Err(error) => {
+                tracing::warn!(message = "pulling from the queue failed", %error);
+                return;
+            }
+        };
+        while let Some(message) = batch.next().await {
+            match message {
+                Ok(message) => messages.push(message),
+                Err(error) => tracing::debug!(message = "queue pull ended", %error),
+            }
+        }
+    })
+    .await;
+    if pulled.is_err() {
+        tracing::warn!(message = "a pull from the queue got no answer in time");
+    }
+    messages
+}
+
+/// Opens (or makes) the durable consumer of a queue.
+async fn open_consumer(
+    shared: &Shared,
+    key: &QueueKey,
+) -> Result<consumer::PullConsumer, BusError> {
+    let pool = &shared.settings.worker.pool;
+    let js = &shared.settings.jetstream;
+    let name = queue_consumer_name(pool, key);
+    let (filter, description, inactive) = if key.v1 {
+        (
+            shared.subjects.pool_queue(pool),
+            format!("genfleet workers of pool {pool}"),
+            Duration::ZERO,
+        )
+    } else {
+        (
+            shared.subjects.band_queue(pool, key.band, &key.tenant),
+            format!(
+                "genfleet workers of pool {pool}: band {}, tenant {}",
+                key.band, key.tenant
+            ),
+            IDLE_CONSUMER,
+        )
+    };
+    let config = consumer::pull::Config {
+        durable_name: Some(name.clone()),
+        description: Some(description),
+        filter_subject: filter.clone(),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait: Duration::from_millis(js.queue_ack_wait_ms),
+        max_deliver: js.queue_max_deliver,
+        inactive_threshold: inactive,
+        ..Default::default()
+    };
+    let queue = &shared.stores.queue;
+    if key.v1 {
+        // The v1 consumer once took the pool's whole queue (`gen.queue.<pool>.>`), which
+        // overlaps every banded queue: it is remade with the v1 subjects alone. Messages it
+        // had delivered come again from the new one; their claims keep them from running
+        // twice.
+        if let Ok(info) = queue.consumer_info(&name).await
+            && info.config.filter_subject != filter
+        {
+            tracing::info!(message = "narrowing the pool's v1 queue consumer", consumer = %name, filter = %filter);
+            let _ = queue.delete_consumer(&name).await;
+        }
+    }
+    queue
+        .get_or_create_consumer(&name, config)
+        .await
+        .map_err(|e| BusError::Setup(format!("cannot open the queue consumer {name}: {e}")))
+}
+
+/// The queues heard of and not yet taken in by the scheduler: a set, so a flood of one
+/// tenant's notices is one entry and never crowds out another tenant's.
+#[derive(Default)]
+pub(super) struct Heard {
+    keys: std::sync::Mutex<HashSet<QueueKey>>,
+    notify: tokio::sync::Notify,
+}
+
+impl Heard {
+    /// Notes a queue (at most [`MAX_QUEUES`] wait to be taken in; past that the next scan
+    /// brings the rest).
+    fn note(&self, key: QueueKey) {
+        let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        if keys.len() < MAX_QUEUES || keys.contains(&key) {
+            keys.insert(key);
+        }
+        drop(keys);
+        self.notify.notify_one();
+    }
+
+    fn take(&self) -> HashSet<QueueKey> {
+        std::mem::take(&mut *self.keys.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// Hears the pool's queue notices.
+pub(super) async fn hear_notices(
+    shared: Arc<Shared>,
+    heard: Arc<Heard>,
+    mut sub: async_nats::Subscriber,
+) {
+    while let Some(message) = sub.next().await {
+        if let Some(queued) = shared.subjects.parse_queued(&message.subject) {
+            heard.note(QueueKey {
+                band: queued.band,
+                tenant: queued.tenant,
+                v1: queued.v1,
+            });
+        }
+    }
+}
+
+/// Subscribes to the pool's queue notices.
+pub(super) async fn notices(shared: &Shared) -> Result<async_nats::Subscriber, BusError> {
+    shared
+        .client
+        .subscribe(shared.subjects.pool_notices(&shared.settings.worker.pool))
+        .await
+        .map_err(|e| BusError::Setup(format!("cannot follow the queue's notices: {e}")))
+}
+
+/// Scans the stream's banded subjects of the pool when the worker starts and every
+/// [`SCAN_EVERY`]: the queues of requests stored while no worker heard their notices.
+pub(super) async fn scan(shared: Arc<Shared>, heard: Arc<Heard>) {
+    loop {
+        let mut found = HashSet::new();
+        let filter = shared.subjects.banded_queues(&shared.settings.worker.pool);
+        match shared.stores.queue.info_with_subjects(filter).await {
+            Ok(mut subjects) => {
+                while let Some(Ok((subject, _))) = subjects.next().await {
+                    let Some(queued) = shared.subjects.parse_queued(&subject) else {
+                        continue;
+                    };
+                    let key = QueueKey {
+                        band: queued.band,
+                        tenant: queued.tenant,
+                        v1: queued.v1,
+                    };
+                    if found.len() < MAX_QUEUES && found.insert(key.clone()) {
+                        heard.note(key);
+                    }
+                }
+            }
+            Err(error) => tracing::debug!(message = "cannot scan the queue's subjects", %error),
+        }
+        tokio::time::sleep(SCAN_EVERY).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consumer_names_keep_pools_apart() {
+        let key = QueueKey {
+            band: Priority::High,
+            tenant: "acme".into(),
+            v1: false,
+        };
+        assert_eq!(queue_consumer_name("p", &key), "genfleet-p=high=acme");
+        assert_eq!(queue_consumer_name("p", &QueueKey::v1()), "genfleet-p");
+        assert!(is_pool_consumer("p", "genfleet-p"));
+        assert!(is_pool_consumer("p", "genfleet-p=low=x"));
+        assert!(!is_pool_consumer("p", "genfleet-p2"));
+        assert!(!is_pool_consumer("p", "genfleet-p-x=low=y"));
+        assert_eq!(queue_of_consumer("p", "genfleet-p=high=acme"), Some(key));
+        assert_eq!(queue_of_consumer("p", "genfleet-p"), Some(QueueKey::v1()));
+        assert_eq!(queue_of_consumer("p", "genfleet-q=high=acme"), None);
+    }
+
+    #[test]
+    fn bands_order_before_tenants() {
+        let high = QueueKey {
+            band: Priority::High,
+            tenant: "zz".into(),
+            v1: false,
+        };
+        assert!(high < QueueKey::v1());
+    }
+}

@@ -1,0 +1,534 @@
+//! The gateway phase (`--local` only): what `genfleet gateway` adds to the bus path.
+//!
+//! A `genfleet gateway` process starts beside the worker(s) and the mock, and the same
+//! requests (a user message the echoing mock answers with `reply_tokens` words, not streamed)
+//! go three ways, at concurrency 1 and at `--concurrency`, in one run:
+//! - through the gateway: `POST /v1/chat/completions` over HTTP (one reqwest client, its
+//!   connections kept alive), the whole answer read;
+//! - through the bus: the same request with the Rust client ([`Client`], one NATS connection
+//!   as the gateway has), followed until its `finished` event, its stored result released
+//!   afterwards off the timed path (as the gateway releases it);
+//! - straight to the mock's `/v1/chat/completions` over HTTP (what the model call costs without
+//!   genfleet).
+//!
+//! Every answer is checked: a reply of another length counts as an error.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures_util::StreamExt;
+use serde::Serialize;
+use serde_json::json;
+
+use super::budget::Budget;
+use super::latency::{Samples, Summary};
+use super::local::{LocalFleet, LocalGateway};
+use super::meter::Meter;
+use super::procstat::{ProcessUsage, Watched};
+use super::progress::Progress;
+use super::report::{Table, TargetCheck, yes_no};
+use super::workload;
+use crate::bus::client::Client;
+use crate::protocol::{EventBody, GenerationResult, RequestState};
+use crate::settings::Settings;
+
+/// How the phase is run.
+#[derive(Debug, Clone, Serialize)]
+pub struct GatewaySpec {
+    pub pool: String,
+    /// The backend's model name, sent to the mock directly.
+    pub model: String,
+    pub reply_tokens: usize,
+    /// The concurrencies measured (1 and `--concurrency`).
+    pub levels: Vec<usize>,
+    pub requests: Option<u64>,
+    pub duration_secs: Option<f64>,
+    /// The mock's delay before each token (the targets hold for 0).
+    pub token_delay_ms: u64,
+    pub workers: u32,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct GatewayReport {
+    pub genfleet_version: &'static str,
+    pub build: &'static str,
+    pub cpus: usize,
+    pub load_average_before: Option<f64>,
+    pub gateway_url: String,
+    pub backend_url: String,
+    pub spec: GatewaySpec,
+    pub levels: Vec<GatewayLevel>,
+    pub targets: Vec<TargetCheck>,
+    pub notes: Vec<String>,
+}
+
+/// The three paths at one concurrency.
+#[derive(Debug, Clone, Serialize)]
+pub struct GatewayLevel {
+    pub concurrency: usize,
+    pub through_gateway: PathFigures,
+    pub through_bus: PathFigures,
+    pub backend_direct: PathFigures,
+    /// Gateway p50 − bus p50, ms.
+    pub gateway_added_p50_ms: Option<f64>,
+    /// Gateway p99 − bus p99, ms.
+    pub gateway_added_p99_ms: Option<f64>,
+    /// Gateway requests/s ÷ bus requests/s.
+    pub gateway_throughput_vs_bus: Option<f64>,
+}
+
+/// One path at one concurrency.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PathFigures {
+    pub requests: u64,
+    pub completed: u64,
+    pub errors: u64,
+    pub first_error: Option<String>,
+    pub duration_secs: f64,
+    /// Completed requests per second.
+    pub requests_per_sec: f64,
+    /// From sending the request to the whole answer.
+    pub latency_ms: Option<Summary>,
+    /// CPU of the fleet's processes, the gateway and the bench over the path's run.
+    pub processes: Vec<ProcessUsage>,
+}
+
+/// The three ways a request is sent.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Path {
+    Gateway,
+    Bus,
+    Direct,
+}
+
+impl Path {
+    fn label(self) -> &'static str {
+        match self {
+            Path::Gateway => "gateway",
+            Path::Bus => "bus",
+            Path::Direct => "mock direct",
+        }
+    }
+}
+
+/// What the paths share: the clients and the request bodies.
+struct Callers {
+    http: reqwest::Client,
+    bus: Client,
+    gateway_url: String,
+    backend_url: String,
+    gateway_body: bytes::Bytes,
+    direct_body: bytes::Bytes,
+    spec: GatewaySpec,
+    run_id: String,
+    /// Numbers the bus path's request ids.
+    sent: AtomicU64,
+    timeout: Duration,
+}
+
+impl Callers {
+    /// One request on `path`: `Ok` when the whole answer came, of the asked length.
+    async fn call(&self, path: Path) -> Result<(), String> {
+        match path {
+            Path::Gateway => {
+                let url = format!("{}/chat/completions", self.gateway_url);
+                self.http_call(&url, self.gateway_body.clone()).await
+            }
+            Path::Direct => {
+                let url = format!("{}/chat/completions", self.backend_url);
+                self.http_call(&url, self.direct_body.clone()).await
+            }
+            Path::Bus => self.bus_call().await,
+        }
+    }
+
+    async fn http_call(&self, url: &str, body: bytes::Bytes) -> Result<(), String> {
+        let response = self
+            .http
+            .post(url)
+            .header("content-type", "application/json")
+            .body(body)
+            .timeout(self.timeout)
+            .send()
+            .await
+            .map_err(|e| format!("HTTP: {e}"))?;
+        let status = response.status();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| format!("HTTP body: {e}"))?;
+        if !status.is_success() {
+            return Err(format!("HTTP {status}"));
+        }
+        let answer: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|_| "an answer that is not JSON".to_string())?;
+        let content = answer
+            .pointer("/choices/0/message/content")
+            .and_then(|c| c.as_str())
+            .unwrap_or_default();
+        self.check_length(content)
+    }
+
+    /// Follow, submit, wait for `finished`; the stored result is released off the timed path.
+    async fn bus_call(&self) -> Result<(), String> {
+        let n = self.sent.fetch_add(1, Ordering::Relaxed);
+        let id = format!("{}-{n}", self.run_id);
+        let request = workload::request(id.clone(), self.spec.reply_tokens);
+        let mut events = Box::pin(self.bus.follow(&id).await.map_err(|e| e.to_string())?);
+        self.bus
+            .submit(&self.spec.pool, &request)
+            .await
+            .map_err(|e| format!("submit: {e}"))?;
+        let finished = tokio::time::timeout(self.timeout, async {
+            while let Some(event) = events.next().await {
+                if let EventBody::Finished { result } = event.body {
+                    return Some(*result);
+                }
+            }
+            None
+        })
+        .await;
+        let result: GenerationResult = match finished {
+            Ok(Some(result)) => result,
+            // An event missed: the stored result says how it ended.
+            _ => self
+                .bus
+                .result(&id, false)
+                .await
+                .map_err(|e| format!("no finished event, and the result: {e}"))?,
+        };
+        let client = self.bus.clone();
+        tokio::spawn(async move {
+            let _ = client.result(&id, true).await;
+        });
+        if result.state != RequestState::Completed {
+            return Err(format!(
+                "{} {}",
+                result.state.as_str(),
+                result.reason.as_str()
+            ));
+        }
+        self.check_length(&result.output)
+    }
+
+    fn check_length(&self, content: &str) -> Result<(), String> {
+        let words = workload::count_tokens(content);
+        if words == self.spec.reply_tokens {
+            Ok(())
+        } else {
+            Err(format!(
+                "an answer of {words} words, not {}",
+                self.spec.reply_tokens
+            ))
+        }
+    }
+}
+
+pub async fn run(
+    fleet: &LocalFleet,
+    settings: &Settings,
+    spec: &GatewaySpec,
+    timeout: Duration,
+) -> anyhow::Result<(LocalGateway, Vec<GatewayLevel>)> {
+    eprintln!("gateway: starting genfleet gateway");
+    let gateway = fleet.start_gateway(&spec.pool).await?;
+    eprintln!("gateway: listening on {}", gateway.base_url);
+    let text = workload::words(spec.reply_tokens);
+    let max_tokens = spec.reply_tokens + 16;
+    let gateway_body = serde_json::to_vec(&json!({
+        "model": spec.pool,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+    }))?;
+    let direct_body = serde_json::to_vec(&json!({
+        "model": spec.model,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+    }))?;
+    let callers = Arc::new(Callers {
+        http: reqwest::Client::builder()
+            .pool_max_idle_per_host(spec.levels.iter().copied().max().unwrap_or(1))
+            .build()?,
+        bus: Client::connect(settings)
+            .await
+            .context("cannot connect to NATS")?,
+        gateway_url: gateway.base_url.trim_end_matches('/').to_string(),
+        backend_url: fleet.backend_url.trim_end_matches('/').to_string(),
+        gateway_body: gateway_body.into(),
+        direct_body: direct_body.into(),
+        spec: spec.clone(),
+        run_id: format!("bench-gateway-{}", crate::protocol::ids::new_id()),
+        sent: AtomicU64::new(0),
+        timeout,
+    });
+    let mut watched = fleet.watched();
+    if let Some(pid) = gateway.pid() {
+        watched.push(Watched {
+            role: "genfleet gateway".into(),
+            pid,
+        });
+    }
+    watched.push(Watched {
+        role: "genfleet bench".into(),
+        pid: std::process::id(),
+    });
+    let meter = Meter {
+        watched,
+        monitor: None,
+    };
+    // One of each first: a path that cannot answer at all fails the run here, plainly.
+    for path in [Path::Gateway, Path::Bus, Path::Direct] {
+        callers
+            .call(path)
+            .await
+            .map_err(|error| anyhow::anyhow!("{}: {error}", path.label()))
+            .with_context(|| format!("the {} path does not answer", path.label()))?;
+    }
+    let duration = spec.duration_secs.map(Duration::from_secs_f64);
+    let mut levels = Vec::new();
+    for &concurrency in &spec.levels {
+        let mut figures = Vec::new();
+        for path in [Path::Gateway, Path::Bus, Path::Direct] {
+            // Warm-up: one request per client, so every connection is open.
+            let warm = (0..concurrency as u64).map(|_| callers.call(path));
+            futures_util::future::join_all(warm).await;
+            let label = format!("gateway phase: {} c{concurrency}", path.label());
+            figures.push(
+                drive(
+                    &callers,
+                    path,
+                    concurrency,
+                    spec.requests,
+                    duration,
+                    &meter,
+                    &label,
+                )
+                .await,
+            );
+        }
+        let direct = figures.pop().unwrap_or_default();
+        let bus = figures.pop().unwrap_or_default();
+        let through = figures.pop().unwrap_or_default();
+        let at = |f: &PathFigures, p: fn(&Summary) -> f64| f.latency_ms.as_ref().map(p);
+        let added = |p: fn(&Summary) -> f64| at(&through, p).zip(at(&bus, p)).map(|(g, b)| g - b);
+        levels.push(GatewayLevel {
+            concurrency,
+            gateway_added_p50_ms: added(|s| s.p50),
+            gateway_added_p99_ms: added(|s| s.p99),
+            gateway_throughput_vs_bus: (bus.requests_per_sec > 0.0)
+                .then(|| through.requests_per_sec / bus.requests_per_sec),
+            through_gateway: through,
+            through_bus: bus,
+            backend_direct: direct,
+        });
+    }
+    callers.bus.nats().flush().await.ok();
+    Ok((gateway, levels))
+}
+
+/// `concurrency` clients sending `path` requests until the budget is spent.
+#[allow(clippy::too_many_arguments)]
+async fn drive(
+    callers: &Callers,
+    path: Path,
+    concurrency: usize,
+    requests: Option<u64>,
+    duration: Option<Duration>,
+    meter: &Meter,
+    label: &str,
+) -> PathFigures {
+    let budget = Arc::new(Budget::new(requests, duration));
+    let progress = Progress::start(label, budget.clone());
+    let start = meter.start().await;
+    let started = Instant::now();
+    let clients = (0..concurrency).map(|_| {
+        let budget = budget.clone();
+        async move {
+            let mut samples = Samples::default();
+            let mut errors = Vec::new();
+            while budget.take().is_some() {
+                let at = Instant::now();
+                match callers.call(path).await {
+                    Ok(()) => samples.push(at.elapsed()),
+                    Err(error) => errors.push(error),
+                }
+                budget.done();
+            }
+            (samples, errors)
+        }
+    });
+    let results = futures_util::future::join_all(clients).await;
+    let secs = started.elapsed().as_secs_f64().max(1e-9);
+    let spent = meter.stop(start).await;
+    progress.finish();
+    let mut samples = Samples::default();
+    let mut errors = Vec::new();
+    for (s, e) in results {
+        samples.extend(s);
+        errors.extend(e);
+    }
+    let completed = samples.len() as u64;
+    PathFigures {
+        requests: completed + errors.len() as u64,
+        completed,
+        errors: errors.len() as u64,
+        first_error: errors.into_iter().next(),
+        duration_secs: secs,
+        requests_per_sec: completed as f64 / secs,
+        latency_ms: samples.summary(),
+        processes: spent.per_request(completed).processes,
+    }
+}
+
+/// The targets of docs/benchmarks.md that this phase measures.
+pub fn targets(spec: &GatewaySpec, levels: &[GatewayLevel]) -> Vec<TargetCheck> {
+    let one = levels.iter().find(|l| l.concurrency == 1);
+    let sixteen = levels.iter().find(|l| l.concurrency == 16);
+    let zero_delay = spec.token_delay_ms == 0 && spec.workers == 1;
+    let added = one.and_then(|l| l.gateway_added_p50_ms);
+    let ratio = sixteen.and_then(|l| l.gateway_throughput_vs_bus);
+    vec![
+        TargetCheck {
+            name: "gateway added p50 over the bus path",
+            target: "<= 0.5 ms at concurrency 1 (zero-delay mock, one worker)",
+            value: added,
+            unit: "ms",
+            met: added.map(|ms| ms <= 0.5),
+            conditions_met: Some(zero_delay),
+        },
+        TargetCheck {
+            name: "gateway throughput vs the bus path",
+            target: ">= 95% of the bus path's requests/s at concurrency 16 (one gateway)",
+            value: ratio.map(|r| r * 100.0),
+            unit: "%",
+            met: ratio.map(|r| r >= 0.95),
+            conditions_met: Some(zero_delay && sixteen.is_some()),
+        },
+    ]
+}
+
+/// The readable form.
+pub fn table(report: &GatewayReport) -> String {
+    use std::fmt::Write;
+    let s = &report.spec;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "genfleet bench {} ({} build), {} CPUs, load average before: {}",
+        report.genfleet_version,
+        report.build,
+        report.cpus,
+        report
+            .load_average_before
+            .map_or("-".into(), |l| format!("{l:.2}"))
+    );
+    let _ = writeln!(
+        out,
+        "gateway phase: {} worker(s), mock token delay {} ms, replies of {} words, not streamed; \
+         gateway {}, mock {}\n",
+        s.workers, s.token_delay_ms, s.reply_tokens, report.gateway_url, report.backend_url
+    );
+    let header = [
+        "path",
+        "conc",
+        "requests",
+        "errors",
+        "req/s",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "max ms",
+        "added p50",
+        "added p99",
+    ];
+    let mut rows = Table::new(&header);
+    let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.3}"));
+    for level in &report.levels {
+        for (name, f, added) in [
+            (
+                "HTTP → gateway → fleet → mock",
+                &level.through_gateway,
+                Some((level.gateway_added_p50_ms, level.gateway_added_p99_ms)),
+            ),
+            ("Rust client → bus → fleet → mock", &level.through_bus, None),
+            ("HTTP → mock", &level.backend_direct, None),
+        ] {
+            let at = |p: fn(&Summary) -> f64| ms(f.latency_ms.as_ref().map(p));
+            rows.row(vec![
+                name.to_string(),
+                level.concurrency.to_string(),
+                f.requests.to_string(),
+                f.errors.to_string(),
+                format!("{:.0}", f.requests_per_sec),
+                at(|s| s.p50),
+                at(|s| s.p90),
+                at(|s| s.p99),
+                at(|s| s.max),
+                added.map_or(String::new(), |a| ms(a.0)),
+                added.map_or(String::new(), |a| ms(a.1)),
+            ]);
+        }
+    }
+    out.push_str(&rows.render());
+    for level in &report.levels {
+        let _ = writeln!(
+            out,
+            "concurrency {}: the gateway's requests/s are {} of the bus path's",
+            level.concurrency,
+            level
+                .gateway_throughput_vs_bus
+                .map_or("-".into(), |r| format!("{:.1}%", r * 100.0))
+        );
+        for (name, f) in [
+            ("gateway", &level.through_gateway),
+            ("bus", &level.through_bus),
+            ("mock direct", &level.backend_direct),
+        ] {
+            if let Some(error) = &f.first_error {
+                let _ = writeln!(
+                    out,
+                    "{name} at concurrency {}: {} errors, the first: {error}",
+                    level.concurrency, f.errors
+                );
+            }
+        }
+    }
+    let mut cpu = Table::new(&["path", "process", "cores", "CPU µs/req"]).text_columns(2);
+    for level in &report.levels {
+        for (name, f) in [
+            ("gateway", &level.through_gateway),
+            ("bus", &level.through_bus),
+            ("mock direct", &level.backend_direct),
+        ] {
+            for p in &f.processes {
+                cpu.row(vec![
+                    format!("{name} c{}", level.concurrency),
+                    format!("{} ({})", p.role, p.pid),
+                    format!("{:.2}", p.cpu_cores),
+                    p.cpu_us_per_request
+                        .map_or("-".into(), |us| format!("{us:.0}")),
+                ]);
+            }
+        }
+    }
+    let _ = writeln!(out, "\n{}", cpu.render());
+    let mut targets =
+        Table::new(&["target", "goal", "value", "met", "run had its conditions"]).text_columns(2);
+    for t in &report.targets {
+        targets.row(vec![
+            t.name.to_string(),
+            t.target.to_string(),
+            t.value
+                .map_or("not measured".into(), |v| format!("{v:.2} {}", t.unit)),
+            yes_no(t.met),
+            yes_no(t.conditions_met),
+        ]);
+    }
+    let _ = writeln!(out, "{}", targets.render());
+    for note in &report.notes {
+        let _ = writeln!(out, "note: {note}");
+    }
+    out
+}

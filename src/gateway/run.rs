@@ -1,0 +1,547 @@
+//! One chat completion on the fleet: the request started (at once, or through the durable
+//! queue), its events followed through the decisions of its chain, and what the caller sees
+//! as one completion handed out piece by piece.
+//!
+//! Architecture invariant: a caller that goes away cancels its request, on every path. The
+//! [`CancelGuard`] is armed before the request is sent and follows it to its continuations;
+//! it lives in the handler's future (a whole completion) or in the SSE stream (a streamed one),
+//! so when hyper drops either because the connection closed, `gen.cancel.<id>` goes out. It is
+//! disarmed only once the request (or its chain) reached its end and the caller was told.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::{Stream, StreamExt};
+use tokio::time::Instant;
+
+use super::Shared;
+use super::mapping::{DECISION_TIMEOUT, Ending, Mapped, ending_of, ending_of_chain};
+use crate::bus::client::{Client, ClientError};
+use crate::protocol::{
+    ErrorCode, Event, EventBody, GenerationResult, Reason, RequestState, ToolCall,
+};
+
+/// How often the stored state is read while following: events are at most once, so a missed
+/// `finished` or `continued` is found there.
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+type Events = Pin<Box<dyn Stream<Item = Event> + Send>>;
+
+/// What the caller is given next.
+#[derive(Debug)]
+pub enum Piece {
+    Text(String),
+    Reasoning(String),
+    End(End),
+}
+
+/// How the completion ended.
+#[derive(Debug)]
+pub struct End {
+    /// A finish reason, or an error (status, type, code) with its message.
+    pub ending: Ending,
+    pub message: String,
+    pub tool_calls: Vec<ToolCall>,
+    pub usage: crate::protocol::result::Usage,
+}
+
+/// Why a request could not be started.
+#[derive(Debug)]
+pub enum StartError {
+    /// No slot free and the caller asked not to queue.
+    NoSlot,
+    /// `gateway.queue_wait_ms` ran out; the request was cancelled.
+    QueueTimeout,
+    /// The fleet refused the request.
+    Refused(crate::protocol::WireError),
+    /// NATS could not be reached or did not answer.
+    Bus(String),
+    /// The gateway stopped and its drain ran out while the request waited; it was cancelled.
+    Shutdown,
+}
+
+impl From<ClientError> for StartError {
+    fn from(error: ClientError) -> StartError {
+        match error {
+            ClientError::Wire(wire) if wire.code == ErrorCode::NoSlotAvailable => {
+                StartError::NoSlot
+            }
+            ClientError::Wire(wire) => StartError::Refused(wire),
+            other => StartError::Bus(other.to_string()),
+        }
+    }
+}
+
+/// Sends `gen.cancel.<id>` for the request it follows when dropped armed.
+pub struct CancelGuard {
+    client: Client,
+    current: Arc<Mutex<Option<String>>>,
+    shared: Arc<Shared>,
+    tenant: String,
+}
+
+impl CancelGuard {
+    fn new(shared: &Arc<Shared>, tenant: &str) -> CancelGuard {
+        CancelGuard {
+            client: shared.client.clone(),
+            current: Arc::new(Mutex::new(None)),
+            shared: shared.clone(),
+            tenant: tenant.to_string(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.current.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn arm(&self, request_id: &str) {
+        *self.lock() = Some(request_id.to_string());
+    }
+
+    fn disarm(&self) {
+        *self.lock() = None;
+    }
+}
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        let Some(request_id) = self.lock().take() else {
+            return;
+        };
+        self.shared.metrics.client_gone(&self.tenant);
+        tracing::info!(
+            message = "the caller went away: cancelling its request",
+            request_id
+        );
+        let client = self.client.clone();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            // A cancel that overtook the request's own submit finds nothing yet: try again.
+            for _ in 0..5 {
+                match client.cancel(&request_id).await {
+                    Err(error) if error.code() == Some(ErrorCode::NotFound) => {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    Err(error) => {
+                        tracing::warn!(message = "cancel failed", %error, request_id);
+                        return;
+                    }
+                    Ok(_) => return,
+                }
+            }
+        });
+    }
+}
+
+/// A request on its way: follow it with [`Run::next`].
+pub struct Run {
+    shared: Arc<Shared>,
+    guard: CancelGuard,
+    events: Events,
+    backlog: VecDeque<Event>,
+    /// The first request of the chain (the completion's id).
+    pub root: String,
+    current: String,
+    next_seq: u64,
+    /// An event of the current request was missed: its text comes from its result instead.
+    gapped: bool,
+    streamed: String,
+    streamed_reasoning: String,
+    usage: crate::protocol::result::Usage,
+    follow_decisions: bool,
+    /// Set while a decision of the chain waits for its answer.
+    decision_deadline: Option<Instant>,
+    check: tokio::time::Interval,
+    pending: VecDeque<Piece>,
+    done: bool,
+}
+
+impl Run {
+    /// Sends the request: to a free slot at once, else (unless the caller said
+    /// `queue: false`) through the durable queue, and waits until it started, up to
+    /// `gateway.queue_wait_ms`.
+    pub async fn start(
+        shared: &Arc<Shared>,
+        mut mapped: Mapped,
+        tenant: &str,
+    ) -> Result<Run, StartError> {
+        // Submitted under the key's tenant, a subject token the gateway's NATS user is
+        // granted (the tenant's metadata entry is for people and metrics only).
+        let tenant_client;
+        let client = if tenant.is_empty() {
+            &shared.client
+        } else {
+            tenant_client = shared.client.clone().with_tenant(tenant)?;
+            &tenant_client
+        };
+        let request_id = mapped
+            .request
+            .request_id
+            .get_or_insert_with(crate::protocol::ids::new_id)
+            .clone();
+        let events: Events = Box::pin(client.follow(&request_id).await?);
+        let guard = CancelGuard::new(shared, tenant);
+        guard.arm(&request_id);
+        let mut check = tokio::time::interval(CHECK_EVERY);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut run = Run {
+            shared: shared.clone(),
+            guard,
+            events,
+            backlog: VecDeque::new(),
+            root: request_id.clone(),
+            current: request_id,
+            next_seq: 0,
+            gapped: false,
+            streamed: String::new(),
+            streamed_reasoning: String::new(),
+            usage: Default::default(),
+            follow_decisions: mapped.follow_decisions,
+            decision_deadline: None,
+            check,
+            pending: VecDeque::new(),
+            done: false,
+        };
+        let started = if mapped.durable {
+            client
+                .enqueue(&mapped.pool, &mapped.request)
+                .await
+                .map(|_| false)
+        } else {
+            match client.submit_once(&mapped.pool, &mapped.request).await {
+                Ok(accepted) => Ok(accepted.state == RequestState::Running),
+                Err(ClientError::Wire(error))
+                    if error.code == ErrorCode::NoSlotAvailable && mapped.queue =>
+                {
+                    client
+                        .enqueue(&mapped.pool, &mapped.request)
+                        .await
+                        .map(|_| false)
+                }
+                Err(error) => Err(error),
+            }
+        };
+        let started = match started {
+            Ok(started) => started,
+            Err(error) => {
+                run.guard.disarm();
+                return Err(error.into());
+            }
+        };
+        if !started {
+            run.wait_started().await?;
+        }
+        Ok(run)
+    }
+
+    /// Waits for the `started` event (or a state past QUEUED), keeping what else arrives.
+    async fn wait_started(&mut self) -> Result<(), StartError> {
+        let wait = self.shared.settings.gateway.queue_wait_ms;
+        let deadline = (wait > 0).then(|| Instant::now() + Duration::from_millis(wait));
+        let abort = self.shared.abort.clone();
+        loop {
+            tokio::select! {
+                _ = abort.cancelled() => {
+                    self.guard.disarm();
+                    let _ = self.shared.client.cancel(&self.current).await;
+                    return Err(StartError::Shutdown);
+                }
+                event = self.events.next() => {
+                    let Some(event) = event else {
+                        return Err(StartError::Bus("the bus connection closed".into()));
+                    };
+                    let started = matches!(event.body, EventBody::Started { .. } | EventBody::Finished { .. });
+                    self.backlog.push_back(event);
+                    if started {
+                        return Ok(());
+                    }
+                }
+                _ = self.check.tick() => {
+                    if let Ok(status) = self.shared.client.status(&self.current).await
+                        && status.state != RequestState::Queued
+                    {
+                        return Ok(());
+                    }
+                }
+                _ = sleep_until(deadline) => {
+                    self.guard.disarm();
+                    // Had it started meanwhile, the cancel ends it too: the caller is told
+                    // it timed out either way.
+                    let _ = self.shared.client.cancel(&self.current).await;
+                    return Err(StartError::QueueTimeout);
+                }
+            }
+        }
+    }
+
+    /// The next piece for the caller; `None` after the end.
+    pub async fn next(&mut self) -> Option<Piece> {
+        loop {
+            if let Some(piece) = self.pending.pop_front() {
+                return Some(piece);
+            }
+            if self.done {
+                return None;
+            }
+            let abort = self.shared.abort.clone();
+            let event = if let Some(event) = self.backlog.pop_front() {
+                Some(event)
+            } else {
+                tokio::select! {
+                    biased;
+                    _ = abort.cancelled() => {
+                        self.end_on_shutdown().await;
+                        continue;
+                    }
+                    event = self.events.next() => match event {
+                        Some(event) => Some(event),
+                        None => {
+                            self.fail(503, "api_connection_error", "bus_closed", "the gateway lost the bus connection".into());
+                            continue;
+                        }
+                    },
+                    _ = sleep_until(self.decision_deadline) => {
+                        self.end_decision_wait().await;
+                        continue;
+                    }
+                    _ = self.check.tick() => None,
+                }
+            };
+            match event {
+                Some(event) => {
+                    // The stored state is read only after a silence: events are flowing.
+                    self.check.reset();
+                    self.on_event(event).await;
+                }
+                None => self.check_stored().await,
+            }
+        }
+    }
+
+    async fn on_event(&mut self, event: Event) {
+        if event.request_id != self.current {
+            return;
+        }
+        if event.seq != self.next_seq && !self.gapped {
+            tracing::debug!(
+                message = "an event was missed: the text comes from the result",
+                request_id = %self.current,
+                expected = self.next_seq,
+                seq = event.seq
+            );
+            self.gapped = true;
+        }
+        self.next_seq = event.seq + 1;
+        match event.body {
+            EventBody::Delta { text } if !self.gapped && self.decision_deadline.is_none() => {
+                self.streamed.push_str(&text);
+                self.pending.push_back(Piece::Text(text));
+            }
+            EventBody::Reasoning { text } if !self.gapped && self.decision_deadline.is_none() => {
+                self.streamed_reasoning.push_str(&text);
+                self.pending.push_back(Piece::Reasoning(text));
+            }
+            EventBody::Finished { result } if self.decision_deadline.is_none() => {
+                self.on_result(*result).await;
+            }
+            EventBody::Continued {
+                continuation_request_id,
+            } => {
+                self.catch_up().await;
+                if !self.done {
+                    self.continue_as(continuation_request_id).await;
+                }
+            }
+            EventBody::ChainEnded { outcome, .. } => {
+                self.catch_up().await;
+                if !self.done {
+                    self.finish(ending_of_chain(outcome), "the decision ended the chain");
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A `continued` or `chain_ended` came while the `finished` before it was missed: its
+    /// result is read first.
+    async fn catch_up(&mut self) {
+        if self.decision_deadline.is_some() || self.done {
+            return;
+        }
+        if let Some(result) = self.stored_result().await {
+            self.on_result(result).await;
+        }
+    }
+
+    /// The current request's stored result, waiting while it is not ready (bounded).
+    async fn stored_result(&mut self) -> Option<GenerationResult> {
+        for _ in 0..50 {
+            match self.shared.client.result(&self.current, false).await {
+                Ok(result) => return Some(result),
+                Err(error) if error.code() == Some(ErrorCode::NotReady) => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(error) => {
+                    self.fail(
+                        502,
+                        "server_error",
+                        "result_unavailable",
+                        format!("the request's result cannot be read: {error}"),
+                    );
+                    return None;
+                }
+            }
+        }
+        None
+    }
+
+    /// The stored state, read now and then: a missed `finished` or `continued`.
+    async fn check_stored(&mut self) {
+        let Ok(status) = self.shared.client.status(&self.current).await else {
+            return;
+        };
+        if self.decision_deadline.is_some() {
+            if let Some(next) = status.continuation_request_id {
+                self.continue_as(next).await;
+            } else if let Some(outcome) = status.decision_outcome
+                && !matches!(
+                    outcome,
+                    crate::protocol::DecisionOutcome::Pending
+                        | crate::protocol::DecisionOutcome::Continued
+                )
+            {
+                self.finish(ending_of_chain(outcome), "the decision ended the chain");
+            }
+        } else if status.state.is_terminal()
+            && let Some(result) = self.stored_result().await
+        {
+            self.on_result(result).await;
+        }
+    }
+
+    async fn on_result(&mut self, result: GenerationResult) {
+        if result.request_id != self.current {
+            return;
+        }
+        // What the events missed (or all of it, if none came): the joined deltas are the
+        // output, so the rest is what follows the text streamed; the same for the reasoning.
+        if let Some(rest) = result
+            .reasoning
+            .strip_prefix(self.streamed_reasoning.as_str())
+            && !rest.is_empty()
+        {
+            self.pending.push_back(Piece::Reasoning(rest.to_string()));
+        }
+        if let Some(rest) = result.output.strip_prefix(self.streamed.as_str())
+            && !rest.is_empty()
+        {
+            self.pending.push_back(Piece::Text(rest.to_string()));
+        }
+        self.usage.add(result.usage);
+        let client = self.shared.client.clone();
+        let id = result.request_id.clone();
+        let has_decision = result.signals.iter().any(|s| s.decision.is_some());
+        let waits =
+            result.reason == Reason::DecisionRequested && self.follow_decisions && has_decision;
+        if !waits {
+            // The caller gets all of it: the stored copy is released.
+            tokio::spawn(async move {
+                let _ = client.result(&id, true).await;
+            });
+        }
+        if waits {
+            let wait = Duration::from_millis(self.shared.settings.gateway.decision_wait_ms);
+            self.decision_deadline = Some(Instant::now() + wait);
+            return;
+        }
+        let message = result
+            .detail
+            .clone()
+            .unwrap_or_else(|| format!("the request ended {}", result.reason.as_str()));
+        self.guard.disarm();
+        self.done = true;
+        self.pending.push_back(Piece::End(End {
+            ending: ending_of(result.reason),
+            message,
+            tool_calls: result.tool_calls,
+            usage: self.usage,
+        }));
+    }
+
+    async fn continue_as(&mut self, next: String) {
+        match self.shared.client.follow(&next).await {
+            Ok(events) => {
+                tracing::debug!(message = "following the continuation", request_id = %next, root = %self.root);
+                self.events = Box::pin(events);
+                self.backlog.clear();
+                self.guard.arm(&next);
+                self.current = next;
+                self.next_seq = 0;
+                self.gapped = false;
+                self.streamed.clear();
+                self.streamed_reasoning.clear();
+                self.decision_deadline = None;
+                // The continuation may have run before it was followed.
+                self.check.reset_immediately();
+            }
+            Err(error) => self.fail(
+                503,
+                "api_connection_error",
+                "bus_unavailable",
+                format!("cannot follow the continuation: {error}"),
+            ),
+        }
+    }
+
+    async fn end_decision_wait(&mut self) {
+        // Cancelling a request that waits on its decision expires the decision.
+        let _ = self.shared.client.cancel(&self.current).await;
+        self.finish(
+            DECISION_TIMEOUT,
+            "no answer to the decision within gateway.decision_wait_ms",
+        );
+    }
+
+    async fn end_on_shutdown(&mut self) {
+        let _ = self.shared.client.cancel(&self.current).await;
+        self.fail(
+            503,
+            "server_error",
+            "gateway_shutdown",
+            "the gateway is shutting down: the request was cancelled".into(),
+        );
+    }
+
+    fn finish(&mut self, finish: &'static str, message: &str) {
+        self.guard.disarm();
+        self.done = true;
+        self.pending.push_back(Piece::End(End {
+            ending: Ending::Finish(finish),
+            message: message.into(),
+            tool_calls: Vec::new(),
+            usage: self.usage,
+        }));
+    }
+
+    fn fail(&mut self, status: u16, kind: &'static str, code: &'static str, message: String) {
+        self.guard.disarm();
+        self.done = true;
+        self.pending.push_back(Piece::End(End {
+            ending: Ending::Error { status, kind, code },
+            message,
+            tool_calls: Vec::new(),
+            usage: self.usage,
+        }));
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
