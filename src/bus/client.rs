@@ -182,19 +182,25 @@ impl Client {
             .headers(headers)
             .payload(payload)
             .timeout(Some(self.timeout));
-        let reply = self.nats.send_request(subject.clone(), request).await.map_err(|error| match error.kind() {
-            // Only submits are answered by workers with a free slot; any connected worker
-            // answers the other subjects.
-            async_nats::RequestErrorKind::NoResponders if is_submit => ClientError::Wire(WireError::new(
-                ErrorCode::NoSlotAvailable,
-                "no worker of the pool answers (none has a free slot, or none is connected)",
-            )),
-            async_nats::RequestErrorKind::NoResponders => ClientError::Transport(format!(
-                "no worker answers on {subject}: is a genfleet worker connected?"
-            )),
-            async_nats::RequestErrorKind::TimedOut => ClientError::Timeout(self.timeout),
-            _ => ClientError::Transport(error.to_string()),
-        })?;
+        let reply = self
+            .nats
+            .send_request(subject.clone(), request)
+            .await
+            .map_err(|error| match error.kind() {
+                // A submit on a pool with no worker connected, or on the own subject of a worker
+                // that is gone (or a peer a full worker forwarded it to that stopped just then).
+                async_nats::RequestErrorKind::NoResponders if is_submit => {
+                    ClientError::Wire(WireError::new(
+                        ErrorCode::NoSlotAvailable,
+                        "no worker answers (none of the pool is connected, or the worker is gone)",
+                    ))
+                }
+                async_nats::RequestErrorKind::NoResponders => ClientError::Transport(format!(
+                    "no worker answers on {subject}: is a genfleet worker connected?"
+                )),
+                async_nats::RequestErrorKind::TimedOut => ClientError::Timeout(self.timeout),
+                _ => ClientError::Transport(error.to_string()),
+            })?;
         let encoding = super::reply::encoding_of(&reply);
         if let Ok(error) = encoding.decode::<ErrorReply>(&reply.payload) {
             return Err(ClientError::Wire(error.into()));

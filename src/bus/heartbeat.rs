@@ -106,28 +106,6 @@ pub(super) async fn beat(shared: &Shared) -> Result<(), HeartbeatError> {
         .map_err(HeartbeatError::Write)
 }
 
-/// Whether another worker of this pool, not draining, had a free slot at its last heartbeat.
-pub(super) async fn a_peer_has_a_free_slot(shared: &Shared) -> bool {
-    let Ok(keys) = shared.workers.keys().await else {
-        return false;
-    };
-    let mut keys = keys.take(MAX_PEERS);
-    while let Some(Ok(key)) = keys.next().await {
-        if key == shared.worker_id {
-            continue;
-        }
-        if let Ok(Some(value)) = shared.workers.get(&key).await
-            && let Ok(beat) = serde_json::from_slice::<Heartbeat>(&value)
-            && beat.pool == shared.settings.worker.pool
-            && !beat.draining
-            && beat.busy < beat.slots
-        {
-            return true;
-        }
-    }
-    false
-}
-
 /// The first heartbeat, tried again for a while: on a JetStream cluster, a bucket created a
 /// moment ago (by this worker or one starting beside it) may not take writes yet.
 pub(super) async fn first_beat(shared: &Shared) -> Result<(), BusError> {
@@ -231,6 +209,7 @@ fn note(shared: &Shared, peers: &mut HashMap<String, Peer>, entry: kv::Entry) {
     if entry.operation != kv::Operation::Put {
         // It stopped and said so: everything it held ended.
         peers.remove(&entry.key);
+        shared.peer_slots.forget(&entry.key);
         return;
     }
     let Ok(heartbeat) = serde_json::from_slice::<Heartbeat>(&entry.value) else {
@@ -239,6 +218,12 @@ fn note(shared: &Shared, peers: &mut HashMap<String, Peer>, entry: kv::Entry) {
     if !peers.contains_key(&entry.key) && peers.len() >= MAX_PEERS {
         return;
     }
+    let free = if heartbeat.pool == shared.settings.worker.pool && !heartbeat.draining {
+        heartbeat.slots.saturating_sub(heartbeat.busy)
+    } else {
+        0
+    };
+    shared.peer_slots.note(&entry.key, free);
     let followed: usize = peers
         .iter()
         .filter(|(id, _)| **id != entry.key)
@@ -275,6 +260,7 @@ async fn reap(
             }
             continue;
         }
+        shared.peer_slots.forget(&worker);
         let Some(peer) = peers.remove(&worker) else {
             continue;
         };

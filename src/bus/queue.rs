@@ -222,7 +222,7 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
         && handed_back < MAX_HAND_BACKS
         && i64::from(u32::try_from(info.delivered).unwrap_or(u32::MAX))
             < shared.settings.jetstream.queue_max_deliver
-        && super::heartbeat::a_peer_has_a_free_slot(shared).await;
+        && shared.peer_slots.any_free();
     let state = if no_slot {
         RequestState::Queued
     } else {

@@ -7,6 +7,7 @@
 //! whole with `Release` when the request ends. A request cannot be on record in one table and
 //! missing from the other.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -35,6 +36,8 @@ pub(super) struct Shared {
     pub(super) capacity: watch::Receiver<Capacity>,
     /// Heartbeats (`GENFLEET_WORKERS`).
     pub(super) workers: jetstream::kv::Store,
+    /// The pool peers' free slots, from their heartbeats.
+    pub(super) peer_slots: PeerSlots,
     pub(super) decisions: Decisions,
     /// Handlers of incoming requests running at once.
     pub(super) in_flight: Arc<Semaphore>,
@@ -46,6 +49,52 @@ pub(super) struct Shared {
     pub(super) metrics: Arc<Metrics>,
     /// What each tenant and band does, for the metrics and the service stats.
     pub(super) tenant_stats: super::tenants::TenantStats,
+}
+
+/// The free slots of this worker's pool peers (not draining) as their last heartbeats told
+/// them, kept by the task that follows the heartbeats: where a pool submit this worker cannot
+/// start goes (see `super::submit`), and whether a pulled queue message is better handed back.
+/// A peer sent a submit is counted one slot fewer until its next heartbeat, so a full worker
+/// does not send a peer more than it had free.
+#[derive(Default)]
+pub(super) struct PeerSlots(std::sync::Mutex<HashMap<String, u32>>);
+
+impl PeerSlots {
+    pub(super) fn note(&self, worker: &str, free: u32) {
+        let mut peers = self.0.lock().expect("peer slots");
+        if free == 0 {
+            peers.remove(worker);
+        } else {
+            peers.insert(worker.to_string(), free);
+        }
+    }
+
+    pub(super) fn forget(&self, worker: &str) {
+        self.0.lock().expect("peer slots").remove(worker);
+    }
+
+    /// Whether a peer had a free slot at its last heartbeat.
+    pub(super) fn any_free(&self) -> bool {
+        !self.0.lock().expect("peer slots").is_empty()
+    }
+
+    /// The peer with the most free slots at its last heartbeat (less what was sent it since),
+    /// counted one slot fewer from now.
+    pub(super) fn take(&self) -> Option<String> {
+        let mut peers = self.0.lock().expect("peer slots");
+        let worker = peers
+            .iter()
+            .max_by_key(|(_, free)| **free)
+            .map(|(worker, _)| worker.clone())?;
+        let left = peers.get_mut(&worker).map(|free| {
+            *free -= 1;
+            *free
+        });
+        if left == Some(0) {
+            peers.remove(&worker);
+        }
+        Some(worker)
+    }
 }
 
 /// Requests handled at once per worker; past it, messages wait in the client's bounded

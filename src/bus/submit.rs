@@ -3,20 +3,19 @@
 //! or refused. The tenant is the subject's (the default tenant on a subject without one): NATS
 //! permissions pin it to the caller's user, so no caller can submit as another.
 //!
-//! A worker is subscribed to its pool's submit subject only while it has a free slot, so a
-//! submit that finds no responders means no worker of the pool has one. Leaving the queue
-//! group drains the subscription, but async-nats 0.51 forgets the subscription's sid on its
-//! next poll after writing the UNSUB (it does not wait for the drain's PONG) and drops what
-//! arrives for an unknown sid: a submit the server routed here just before it saw the UNSUB
-//! is lost, its caller waiting out its timeout (docs/protocol.md, Submit, says so).
+//! A worker is subscribed to its pool's submit subjects (in the pool's queue group) and to its
+//! own for as long as it runs, full or not: leaving and joining a subject with every change of
+//! capacity would lose a submit already on its way (async-nats 0.51 forgets a subscription's
+//! sid as soon as its UNSUB is written and drops what arrives for it afterwards). A pool submit
+//! that reaches a worker with no free slot (or whose slots turn out taken or reserved) is
+//! forwarded, with the caller's reply subject, to the own subject of a peer whose last
+//! heartbeat showed a free slot; that peer answers the caller. With no such peer the caller is
+//! answered NO_SLOT_AVAILABLE, without the request being decoded.
 //!
 //! Its own subject is where a submitter sends a request whose affinity key this worker served
-//! last (see [`super::affinity`]). The worker stays subscribed to it and answers
-//! NO_SLOT_AVAILABLE at once when it has no free slot: a submitter then goes to the pool
-//! straight away. Leaving and joining it with every change of capacity would double the
-//! subscription churn, and async-nats drops a subscription's sid as soon as its UNSUB is
-//! written, so a submit already on its way to a subscription being left is lost, its caller
-//! waiting out its timeout.
+//! last (see [`super::affinity`]), and where peers forward. A submit there is started or
+//! refused NO_SLOT_AVAILABLE at once, never forwarded again: a submitter then goes to the pool
+//! straight away.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,11 +25,14 @@ use tokio::sync::watch;
 
 use super::admission::{self, Claim};
 use super::affinity::Preference;
-use super::reply::{decode, guarded, respond};
+use super::reply::{decode, guarded, header, respond};
 use super::shared::{Shared, spawn_handler};
 use super::store::LiveRecord;
 use crate::actors::{Accepted, Capacity, Placement};
-use crate::protocol::{DEFAULT_TENANT, GenerationRequest, RequestState, WireError};
+use crate::protocol::{
+    DEFAULT_TENANT, ErrorCode, GenerationRequest, RequestState, WireError,
+    request::FORWARDED_BY_HEADER,
+};
 
 /// Which submit subjects a worker serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,21 +112,16 @@ impl Route {
     }
 }
 
-/// Serves the route's submit subjects: the pool's while a slot is free, the worker's own
-/// always.
+/// Serves the route's submit subjects for as long as the worker runs. When it stops (its
+/// capacity's sender is gone) the subscription is drained, and what already reached the client
+/// is answered.
 pub(super) async fn serve_submits(
     shared: Arc<Shared>,
     mut capacity: watch::Receiver<Capacity>,
     mut first: Option<Submits>,
     route: Route,
 ) {
-    if route == Route::Own {
-        return serve_own(shared, first).await;
-    }
     loop {
-        if capacity.wait_for(|c| c.free() > 0).await.is_err() {
-            return;
-        }
         let subscribed = match first.take() {
             Some(sub) => Ok(sub),
             None => route.subscribe(&shared).await,
@@ -144,15 +141,12 @@ pub(super) async fn serve_submits(
                     None => break,
                 },
                 changed = capacity.changed() => {
-                    if changed.is_err() || capacity.borrow().free() == 0 {
-                        // Drain, not unsubscribe: what already reached the client is answered
-                        // (a submit still on its way when the sid is forgotten is not; see the
-                        // module's doc).
+                    if changed.is_err() {
                         sub.drain().await;
                         while let Some(message) = sub.next().await {
                             spawn_handler(&shared, handle_submit(shared.clone(), message, route)).await;
                         }
-                        break;
+                        return;
                     }
                 }
             }
@@ -160,29 +154,77 @@ pub(super) async fn serve_submits(
     }
 }
 
-/// The worker's own submit subject, for as long as the worker runs.
-async fn serve_own(shared: Arc<Shared>, mut first: Option<Submits>) {
-    loop {
-        let mut sub = match first.take() {
-            Some(sub) => sub,
-            None => match Route::Own.subscribe(&shared).await {
-                Ok(sub) => sub,
-                Err(error) => {
-                    tracing::error!(message = "cannot subscribe to own submits; retrying", %error);
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    continue;
-                }
-            },
+async fn handle_submit(shared: Arc<Shared>, message: async_nats::Message, route: Route) {
+    let forwarding = route == Route::Pool && !is_forwarded(&message);
+    if forwarding && shared.capacity.borrow().free() == 0 {
+        // Full (or draining): not even decoded here.
+        let refused = match forward(&shared, &message).await {
+            Ok(()) => return,
+            Err(refused) => refused,
         };
-        while let Some(message) = sub.next().await {
-            spawn_handler(&shared, handle_submit(shared.clone(), message, Route::Own)).await;
-        }
+        respond::<Accepted>(&shared.client, &message, Err(refused)).await;
+        return;
     }
+    let reply = guarded(submit(&shared, &message, route)).await;
+    if forwarding
+        && let Err(error) = &reply
+        && error.code == ErrorCode::NoSlotAvailable
+        && forward(&shared, &message).await.is_ok()
+    {
+        // The last free slot went to another request meanwhile, or the free ones are reserved
+        // for higher bands: a peer may have one.
+        return;
+    }
+    respond(&shared.client, &message, reply).await;
 }
 
-async fn handle_submit(shared: Arc<Shared>, message: async_nats::Message, route: Route) {
-    let reply = guarded(submit(&shared, &message, route)).await;
-    respond(&shared.client, &message, reply).await;
+/// Whether a peer forwarded this submit here.
+fn is_forwarded(message: &async_nats::Message) -> bool {
+    header(message, FORWARDED_BY_HEADER).is_some()
+}
+
+/// Sends a pool submit this worker cannot start to a peer whose last heartbeat showed a free
+/// slot, on that peer's own subject for the submit's tenant, with the caller's reply subject:
+/// the peer answers the caller (an acceptance, or NO_SLOT_AVAILABLE if its slots went
+/// meanwhile; "no responders" if it is gone). The refusal to send when no peer had one.
+async fn forward(shared: &Shared, message: &async_nats::Message) -> Result<(), WireError> {
+    let no_slot = || {
+        WireError::new(
+            ErrorCode::NoSlotAvailable,
+            format!(
+                "no free slot: worker {} is full and no other worker of pool {} had a free slot at its last heartbeat",
+                shared.worker_id, shared.settings.worker.pool
+            ),
+        )
+    };
+    let (Some(reply), Some(tenant)) = (
+        message.reply.clone(),
+        Route::Pool.tenant(shared, &message.subject),
+    ) else {
+        return Err(no_slot());
+    };
+    let Some(peer) = shared.peer_slots.take() else {
+        return Err(no_slot());
+    };
+    let tenant = (tenant != DEFAULT_TENANT).then_some(tenant);
+    let mut headers = message.headers.clone().unwrap_or_default();
+    headers.insert(FORWARDED_BY_HEADER, shared.worker_id.as_str());
+    let subject = shared.subjects.worker_submit(&peer, tenant);
+    match shared
+        .client
+        .publish_with_reply_and_headers(subject, reply, headers, message.payload.clone())
+        .await
+    {
+        Ok(()) => {
+            shared.metrics.submits_forwarded.inc();
+            tracing::debug!(message = "a submit forwarded to a peer with a free slot", peer = %peer);
+            Ok(())
+        }
+        Err(error) => {
+            tracing::warn!(message = "cannot forward a submit", %error);
+            Err(no_slot())
+        }
+    }
 }
 
 /// Checks, claims the id fleet-wide (the request's one write before it runs), and starts it.
@@ -209,14 +251,17 @@ async fn submit(
         handed_back: 0,
     };
     let revision = shared.stores.claim(&live).await?;
-    let placement = match route {
-        // A continuation offered by the worker that took its decision's answer carries its
-        // chain, as on the queue (see `super::decisions`).
-        Route::Own => admission::chain_placement(message),
-        Route::Pool => Placement {
+    // A pool submit a peer forwarded here is one of the pool's still.
+    let pooled = route == Route::Pool || is_forwarded(message);
+    let placement = if pooled {
+        Placement {
             traceparent: super::tools::traceparent_of(message),
             ..Placement::default()
-        },
+        }
+    } else {
+        // A continuation offered by the worker that took its decision's answer carries its
+        // chain, as on the queue (see `super::decisions`).
+        admission::chain_placement(message)
     };
     let placement = Placement {
         band,
@@ -225,9 +270,10 @@ async fn submit(
     };
     let request_id = live.request_id.clone();
     let claim = Claim { live, revision };
-    let preference = match route {
-        Route::Own => Preference::direct(&shared.worker_id),
-        Route::Pool => Preference::from_headers(message.headers.as_ref()),
+    let preference = if pooled {
+        Preference::from_headers(message.headers.as_ref())
+    } else {
+        Preference::direct(&shared.worker_id)
     };
     let admitted = admission::admit(shared, request, placement, claim, None, preference).await;
     if admitted.is_err() {

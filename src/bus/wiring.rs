@@ -155,6 +155,7 @@ async fn serve(
         checker: handle.checker.clone(),
         capacity: handle.capacity.clone(),
         workers,
+        peer_slots: Default::default(),
         decisions,
         in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
         finishing: Arc::new(tokio::sync::Semaphore::new(FINISHING_AT_ONCE as usize)),

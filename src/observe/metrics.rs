@@ -74,6 +74,7 @@ pub struct Metrics {
     pub tenant_running: Family<TenantLabels, Gauge>,
     pub tenant_completed: Family<TenantLabels, Counter>,
     pub tenant_queue_wait: Family<TenantLabels, Histogram>,
+    pub submits_forwarded: Counter,
 }
 
 /// Seconds, from 5 ms to about 20 minutes.
@@ -194,8 +195,15 @@ impl Metrics {
             "From acceptance until the generation started, by tenant and band",
             tenant_queue_wait.clone(),
         );
+        let submits_forwarded = Counter::default();
+        registry.register(
+            "submits_forwarded",
+            "Pool submits this worker could not start and sent to a peer with a free slot",
+            submits_forwarded.clone(),
+        );
         Metrics {
             registry,
+            submits_forwarded,
             tenant_waiting,
             tenant_running,
             tenant_completed,

@@ -75,6 +75,9 @@ pub const PREFERRED_WORKER_HEADER: &str = "Genfleet-Preferred-Worker";
 /// Header of a submit sent to the pool after its preferred worker refused it: why
 /// (`busy`: no free slot there, or the worker is gone).
 pub const AFFINITY_FALLBACK_HEADER: &str = "Genfleet-Affinity-Fallback";
+/// Header of a pool submit a full worker forwarded to a peer's own subject: the forwarding
+/// worker. The peer serves it as a pool submit, and never forwards it again.
+pub const FORWARDED_BY_HEADER: &str = "Genfleet-Forwarded-By";
 
 /// One check of the final output; the confidence of a result is the weighted share of checks
 /// that pass.

@@ -146,10 +146,9 @@ pub async fn worker_stats(
     stats
 }
 
-/// A raw submit to `pool`, sent again for up to 20 s while no worker listens. By the contract,
-/// "no responders" means no worker has a free slot at that moment (a worker leaves the submit
-/// subject while full and joins again once a slot is freed, just after the result is stored),
-/// so callers send again, as the client library does.
+/// A raw submit to `pool`, sent again for up to 20 s while no worker has a free slot ("no
+/// responders": no worker is there yet; or `NO_SLOT_AVAILABLE`: a one-slot worker frees its
+/// slot just after the result is stored), as the client library does.
 pub async fn submit_raw(
     nats: &async_nats::Client,
     pool: &str,
@@ -159,18 +158,21 @@ pub async fn submit_raw(
     let body = body.into();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        match nats
+        let reply = nats
             .request_with_headers(format!("gen.submit.{pool}"), headers.clone(), body.clone())
-            .await
-        {
-            Err(e)
-                if e.kind() == async_nats::RequestErrorKind::NoResponders
-                    && Instant::now() < deadline =>
-            {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            other => return other,
+            .await;
+        let no_slot = match &reply {
+            Err(e) => e.kind() == async_nats::RequestErrorKind::NoResponders,
+            Ok(reply) => reply
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("Nats-Service-Error-Code"))
+                .is_some_and(|code| code.as_str() == "503"),
+        };
+        if !no_slot || Instant::now() >= deadline {
+            return reply;
         }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
