@@ -488,20 +488,8 @@ async fn bench(
     }
 
     let ratios = report::ratios(&floors, this.interactive.as_ref(), this.streaming.as_ref());
-    let mut notes = Vec::new();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cfg!(debug_assertions) {
-        notes.push(
-            "a debug build: quote figures from a release build (cargo build --release)".into(),
-        );
-    }
-    if let Some(load) = load_average_before
-        && load > 0.5 * cpus as f64
-    {
-        notes.push(format!(
-            "the machine was busy before the run (load average {load:.2} on {cpus} CPUs): measure again when it is quiet"
-        ));
-    }
+    let mut notes = run_notes(load_average_before, cpus);
     notes.push(
         "the NATS floor's echo responder and all clients run inside the bench process".into(),
     );
@@ -632,19 +620,7 @@ async fn gateway_phase(
     )
     .await?;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut notes = Vec::new();
-    if cfg!(debug_assertions) {
-        notes.push(
-            "a debug build: quote figures from a release build (cargo build --release)".into(),
-        );
-    }
-    if let Some(load) = load_average_before
-        && load > 0.5 * cpus as f64
-    {
-        notes.push(format!(
-            "the machine was busy before the run (load average {load:.2} on {cpus} CPUs): measure again when it is quiet"
-        ));
-    }
+    let mut notes = run_notes(load_average_before, cpus);
     notes.push(
         "the HTTP clients and the bus client run inside the bench process; the gateway, the \
          worker(s), the mock and nats-server are processes of their own"
@@ -851,4 +827,23 @@ fn targets(
         });
     }
     checks
+}
+
+/// What a report says of the run itself whatever its mode: a debug build, a machine busy
+/// before it started.
+fn run_notes(load_average_before: Option<f64>, cpus: usize) -> Vec<String> {
+    let mut notes = Vec::new();
+    if cfg!(debug_assertions) {
+        notes.push(
+            "a debug build: quote figures from a release build (cargo build --release)".into(),
+        );
+    }
+    if let Some(load) = load_average_before
+        && load > 0.5 * cpus as f64
+    {
+        notes.push(format!(
+            "the machine was busy before the run (load average {load:.2} on {cpus} CPUs): measure again when it is quiet"
+        ));
+    }
+    notes
 }
