@@ -11,6 +11,8 @@ use tokio::process::{Child, Command};
 
 /// How long the server may take to accept connections.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// Starts tried, each on ports of its own, before giving up on a server that exits at once.
+const START_TRIES: u32 = 5;
 
 pub struct PrivateNats {
     pub url: String,
@@ -43,38 +45,55 @@ impl PrivateNats {
         monitoring: Monitoring,
     ) -> anyhow::Result<PrivateNats> {
         let binary = find_nats_server(given)?;
-        let port = free_port()?;
-        let monitor_port = match monitoring {
-            Monitoring::On => Some(free_port()?),
-            Monitoring::Off => None,
-        };
-        let mut command = Command::new(&binary);
-        command.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
-        if let Some(monitor_port) = monitor_port {
-            command.args(["-m", &monitor_port.to_string()]);
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            // A free port is free when chosen; another process may bind it before the server
+            // does, and the server then exits at once: it is started again on other ports.
+            let port = free_port()?;
+            let monitor_port = match monitoring {
+                Monitoring::On => Some(free_port()?),
+                Monitoring::Off => None,
+            };
+            let mut command = Command::new(&binary);
+            command.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
+            if let Some(monitor_port) = monitor_port {
+                command.args(["-m", &monitor_port.to_string()]);
+            }
+            command
+                .args(["-js", "-sd"])
+                .arg(dir.join("jetstream"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .kill_on_drop(true);
+            // Its own process group: a Ctrl-C at the terminal reaches genfleet only, which
+            // stops what it started with the server still there, and the server last.
+            #[cfg(unix)]
+            command.process_group(0);
+            let child = command
+                .spawn()
+                .with_context(|| format!("cannot start {}", binary.display()))?;
+            let mut nats = PrivateNats {
+                url: format!("nats://127.0.0.1:{port}"),
+                binary: binary.clone(),
+                monitor_url: monitor_port.map(|p| format!("http://127.0.0.1:{p}")),
+                child,
+            };
+            match wait_for_nats(&nats.url, &mut nats.child).await {
+                Ok(()) => return Ok(nats),
+                Err(Unstarted::Exited(status)) if tries < START_TRIES => {
+                    tracing::debug!(message = "nats-server exited at start; starting it again on other ports", %status);
+                }
+                Err(Unstarted::Exited(status)) => anyhow::bail!(
+                    "nats-server exited at start ({status}), {tries} times: is {} a working nats-server?",
+                    nats.binary.display()
+                ),
+                Err(Unstarted::Silent(error)) => {
+                    anyhow::bail!("nats-server did not come up at {}: {error}", nats.url)
+                }
+            }
         }
-        command
-            .args(["-js", "-sd"])
-            .arg(dir.join("jetstream"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true);
-        // Its own process group: a Ctrl-C at the terminal reaches genfleet only, which stops
-        // what it started with the server still there, and the server last.
-        #[cfg(unix)]
-        command.process_group(0);
-        let child = command
-            .spawn()
-            .with_context(|| format!("cannot start {}", binary.display()))?;
-        let nats = PrivateNats {
-            url: format!("nats://127.0.0.1:{port}"),
-            binary,
-            monitor_url: monitor_port.map(|p| format!("http://127.0.0.1:{p}")),
-            child,
-        };
-        wait_for_nats(&nats.url).await?;
-        Ok(nats)
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -110,16 +129,29 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-async fn wait_for_nats(url: &str) -> anyhow::Result<()> {
+/// Why a started server is not there.
+enum Unstarted {
+    /// It exited (its port taken, most likely).
+    Exited(std::process::ExitStatus),
+    /// It runs but accepted no connection within [`START_TIMEOUT`].
+    Silent(async_nats::ConnectError),
+}
+
+async fn wait_for_nats(url: &str, child: &mut Child) -> Result<(), Unstarted> {
     let started = Instant::now();
     loop {
         match async_nats::connect(url).await {
             Ok(_) => return Ok(()),
-            Err(error) if started.elapsed() < START_TIMEOUT => {
+            Err(error) => {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(Unstarted::Exited(status));
+                }
+                if started.elapsed() >= START_TIMEOUT {
+                    return Err(Unstarted::Silent(error));
+                }
                 tracing::debug!(%error, "nats-server not up yet");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            Err(error) => anyhow::bail!("nats-server did not come up at {url}: {error}"),
         }
     }
 }
