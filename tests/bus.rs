@@ -1139,7 +1139,8 @@ async fn the_request_commands_print_for_people_and_refuse_malformed_ids_as_such(
     assert_eq!(result["output"], "Hello from the fleet.");
     // A malformed id is named as such, whatever the command; nothing is sent for it.
     for args in [
-        &["result", "a.b"][..],
+        &["result", "a.b.c"][..],
+        &["status", "default.b"],
         &["status", "a*"],
         &["cancel", ""],
         &["decide", "x y", "fast"],

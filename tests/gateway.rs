@@ -29,14 +29,18 @@ fn root() -> PathBuf {
 
 async fn fleet(slots: u32) -> Fleet {
     let script = Script::from_file(root().join("tests/data/gateway.toml")).unwrap();
-    Fleet::builder()
+    let mut fleet = Fleet::builder()
         .mock_script(script)
         .slots(slots)
         .calculator()
         // The slow answer repeats itself on purpose.
         .settings(|s| s.loop_detection.enabled = false)
         .start()
-        .await
+        .await;
+    // The test looks at the requests the gateway sends as the key's tenant: its client is
+    // that tenant's, so the ids the test chose name them (`<tenant>.<id>` on the bus).
+    fleet.client = fleet.client.clone().with_tenant(TENANT).unwrap();
+    fleet
 }
 
 /// A `genfleet gateway` process of the fleet, listening on `port`.

@@ -523,7 +523,10 @@ async fn a_tenant_submits_only_under_the_tenant_its_user_is_granted() {
         .default_settings()
         .slots(2)
         .settings(|s| as_user(s, "worker", "wpass"))
-        .client_settings(|s| as_user(s, "acme", "acpass"))
+        .client_settings(|s| {
+            as_user(s, "acme", "acpass");
+            s.nats.inbox_prefix = "_INBOX_acme".into();
+        })
         .start()
         .await;
     let acme = f.client.clone().with_tenant("acme").unwrap();
@@ -541,6 +544,10 @@ async fn a_tenant_submits_only_under_the_tenant_its_user_is_granted() {
         Some("acme"),
         "the result names its tenant"
     );
+    assert_eq!(
+        done.request_id, "acme.t-run",
+        "a tenant's request is known on the bus by its qualified id"
+    );
     let mut queued = request("t-queued", "hello");
     queued.priority = Some(genfleet::protocol::Priority::High);
     acme.enqueue("default", &queued).await.unwrap();
@@ -554,6 +561,9 @@ async fn a_tenant_submits_only_under_the_tenant_its_user_is_granted() {
         "gen.queue.default.normal.other.x1",
         "gen.queue.default.high.default.x2",
         "gen.queue.default.x3",
+        "gen.status.x4",
+        "gen.result.other.x5",
+        "gen.cancel.other.x6",
     ] {
         raw.publish(subject, "{}".into()).await.unwrap();
         raw.flush().await.unwrap();

@@ -9,8 +9,15 @@ use common::fleet::Fleet;
 use genfleet::llm::mock::Script;
 
 async fn fleet() -> Fleet {
+    fleet_with("", None).await
+}
+
+/// The fleet on a server configured with `nats_config`, its workers (and client) connecting as
+/// `user` (name, password) when given.
+async fn fleet_with(nats_config: &str, user: Option<(&str, &str)>) -> Fleet {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/openai_compat.toml");
     Fleet::builder()
+        .nats_config(nats_config)
         .mock_script(Script::from_file(&script).unwrap())
         .default_settings()
         .slots(2)
@@ -18,6 +25,10 @@ async fn fleet() -> Fleet {
             s.llm.api_key = "test-key".into();
             s.worker.pool = "default".into();
             s.worker.drain_timeout_ms = 2000;
+            if let Some((name, password)) = user {
+                s.nats.user = name.into();
+                s.nats.password = password.into();
+            }
         })
         .start()
         .await
@@ -176,4 +187,47 @@ async fn the_python_package_and_its_examples_work_against_the_fleet() {
     );
     let _ = tools.kill().await;
     let _ = manager.kill().await;
+}
+
+/// Users for python/tests/check_tenant.py: `acme` may use only tenant acme's subjects, its own
+/// events and its own reply prefix; `worker` may do anything.
+const TENANT_USERS: &str = r#"
+authorization {
+  users = [
+    { user: worker, password: wpass }
+    { user: acme, password: acpass, permissions: {
+        publish = { allow = [
+          "gen.submit.*.acme", "gen.queue.*.*.acme.*",
+          "gen.status.acme.*", "gen.result.acme.*", "gen.cancel.acme.*"
+        ] }
+        subscribe = { allow = [ "gen.events.acme.*", "_INBOX_acme.>" ] }
+    } }
+  ]
+}
+"#;
+
+/// The package as a tenant's client (`tenant`, `inbox_prefix`, qualified ids, priority bands
+/// on the queue) under a NATS user allowed nothing but that tenant's subjects.
+#[tokio::test]
+async fn the_python_package_acts_as_a_tenant_with_its_own_inbox() {
+    let python = python();
+    let f = fleet_with(TENANT_USERS, Some(("worker", "wpass"))).await;
+    let url = f.nats.url();
+    let output = package_python(&python, &url)
+        .arg("tests/check_tenant.py")
+        .arg(&url)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    println!("{stdout}");
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("python tenant client: all checks passed"),
+        "{stdout}"
+    );
 }

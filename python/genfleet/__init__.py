@@ -2,19 +2,20 @@
 
 Thin over nats-py; the wire protocol (docs/protocol.md) is the contract:
 
-- :class:`Client` submits, enqueues, follows events, reads status and results, cancels and
-  answers decisions;
+- :class:`Client` submits, enqueues (in a priority band), follows events, reads status and
+  results, cancels and answers decisions, as the default tenant or as one it is given;
 - :func:`tool` and :class:`ToolService` register Python functions as tools the fleet's models
   call;
 - :class:`Manager` follows the signals with a durable consumer and answers decisions.
 """
 
-from .client import Client, check_id, new_id, request
+from .client import BANDS, Client, check_id, check_tenant, new_id, qualified_id, request
 from .errors import GenfleetError, NoWorker
 from .manager import Manager
 from .tools import Tool, ToolError, ToolService, schema_from_hints, tool
 
 __all__ = [
+    "BANDS",
     "Client",
     "GenfleetError",
     "Manager",
@@ -23,7 +24,9 @@ __all__ = [
     "ToolError",
     "ToolService",
     "check_id",
+    "check_tenant",
     "new_id",
+    "qualified_id",
     "request",
     "schema_from_hints",
     "tool",

@@ -2,19 +2,26 @@
 
 Every call is one message of docs/protocol.md over nats-py; replies are the wire's JSON as
 dicts, and error replies raise :class:`GenfleetError`.
+
+A client acts for one tenant: the default one (the v1 subjects, bare request ids) unless
+:meth:`Client.connect` is given `tenant`, in which case its submits and queued requests carry
+the tenant token in their subjects and its requests are known on the bus by their qualified
+ids, `<tenant>.<id>`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import uuid
-from typing import Any, AsyncIterator, Dict, Iterable, List, Optional, Union
+from typing import Any, AsyncIterator, Dict, Iterable, List, Optional, Tuple, Union
 
-import nats
+import nats.aio.client as _nats_client
 from nats.aio.client import Client as NATS
-from nats.errors import NoRespondersError
+from nats.errors import AuthorizationError, NoRespondersError
+from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
 
 from .errors import GenfleetError, NoWorker
@@ -22,9 +29,22 @@ from .errors import GenfleetError, NoWorker
 Request = Dict[str, Any]
 
 _ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+_TENANT = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+# A subject prefix: dot-separated tokens, none empty, no wildcard and no whitespace.
+_PREFIX = re.compile(r"^[^\s.*>]+(\.[^\s.*>]+)*$")
 #: How often a submit refused with NO_SLOT_AVAILABLE is tried again (another worker of the pool
 #: may be free by then), as the protocol advises.
 SUBMIT_RETRIES = 3
+#: The tenant of the v1 subjects (`gen.submit.<pool>`, `gen.queue.<pool>.<id>`).
+DEFAULT_TENANT = "default"
+#: The priority bands, the most urgent first; a request without `priority` is `normal`.
+BANDS = ("high", "normal", "low")
+#: How many times :meth:`Client.connect` tries each server before it gives up, and how long it
+#: waits between two tries (nats-py's reconnect settings apply once connected).
+CONNECT_TRIES = 2
+CONNECT_TRY_WAIT = 0.5
+
+_log = logging.getLogger("genfleet")
 
 
 def new_id() -> str:
@@ -34,11 +54,57 @@ def new_id() -> str:
 
 def check_id(what: str, value: str) -> str:
     """Refuses an id that could never name a request or decision, before anything is sent."""
-    if not isinstance(value, str) or not _ID.match(value):
+    if not isinstance(value, str) or not _ID.fullmatch(value):
         raise ValueError(
             f"{value!r} is not a valid {what} id: 1 to 128 letters, digits, '_' or '-'"
         )
     return value
+
+
+def check_tenant(value: Optional[str], what: str = "tenant") -> Optional[str]:
+    """The tenant a client acts as: `None` for the default tenant (`"default"` is the same);
+    a name that is not 1 to 32 letters, digits, '_' or '-' raises ValueError."""
+    if value is None or value == DEFAULT_TENANT:
+        return None
+    if not isinstance(value, str) or not _TENANT.fullmatch(value):
+        raise ValueError(
+            f"{what}={value!r} is not a valid tenant: 1 to 32 letters, digits, '_' or '-'"
+        )
+    return value
+
+
+def check_priority(value: Optional[str]) -> str:
+    """The band a request's `priority` names (`normal` when absent); another value raises
+    ValueError."""
+    if value is None:
+        return "normal"
+    if value not in BANDS:
+        raise ValueError(f"priority={value!r} is not a priority band: one of high, normal, low")
+    return value
+
+
+def qualified_id(request_id: str, tenant: Optional[str] = None) -> str:
+    """A request's id on the bus: the bare id for the default tenant, `<tenant>.<id>` for
+    another. An id that is already qualified is checked and returned as it is."""
+    tenant_of, bare = split_id(request_id)
+    if tenant_of is not None:
+        return request_id
+    tenant = check_tenant(tenant)
+    return f"{tenant}.{bare}" if tenant else bare
+
+
+def split_id(request_id: str) -> Tuple[Optional[str], str]:
+    """The tenant (`None` for the default tenant) and the bare id of a request id as the bus
+    knows it (`<id>` or `<tenant>.<id>`); anything else raises ValueError."""
+    if isinstance(request_id, str) and request_id.count(".") == 1:
+        tenant, bare = request_id.split(".")
+        if tenant != DEFAULT_TENANT and _TENANT.fullmatch(tenant) and _ID.fullmatch(bare):
+            return tenant, bare
+        raise ValueError(
+            f"{request_id!r} is not a valid request id: an id (1 to 128 letters, digits, '_' or "
+            "'-'), or <tenant>.<id> for a tenant's request"
+        )
+    return None, check_id("request", request_id)
 
 
 def request(
@@ -52,12 +118,15 @@ def request(
     job_name: Optional[str] = None,
     metadata: Optional[Dict[str, Any]] = None,
     request_id: Optional[str] = None,
+    priority: Optional[str] = None,
     **fields: Any,
 ) -> Request:
     """A generation request: a prompt (one user message) or `messages`, and the common fields.
 
-    Any other field of docs/protocol.md's generation request goes in `fields` as it is named
-    there (`deadline_ms`, `validation`, `checkpoints`, `options`, ...).
+    `request_id` is the bare id (the client qualifies it with its tenant on the bus);
+    `priority` is the band, `high`, `normal` or `low` (absent: `normal`). Any other field of
+    docs/protocol.md's generation request goes in `fields` as it is named there
+    (`deadline_ms`, `validation`, `checkpoints`, `options`, `affinity_key`, ...).
     """
     if (prompt is None) == (messages is None):
         raise ValueError("give a prompt or messages (one of them)")
@@ -71,6 +140,7 @@ def request(
         "temperature": temperature,
         "job_name": job_name,
         "metadata": metadata,
+        "priority": check_priority(priority) if priority is not None else None,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     tools = list(tools)
@@ -86,17 +156,79 @@ def _as_request(given: Union[str, Request]) -> Request:
     body = dict(given)
     body.setdefault("request_id", new_id())
     check_id("request", body["request_id"])
+    if body.get("priority") is not None:
+        check_priority(body["priority"])
     return body
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error).strip()
+    return text if text else type(error).__name__
+
+
+async def _open(servers: Union[str, List[str]], options: Dict[str, Any]) -> NATS:
+    """A nats-py connection that fails at once, with one GenfleetError, when no server takes
+    it: each server is tried CONNECT_TRIES times, CONNECT_TRY_WAIT apart, and what goes wrong
+    meanwhile is not logged (nats-py logs a traceback for each try). Once connected, nats-py's
+    reconnect settings (the caller's, or its defaults) apply, and its asynchronous errors go to
+    the caller's `error_cb` or, without one, to the `genfleet` logger as one line each."""
+    options = dict(options)
+    caller_error_cb = options.pop("error_cb", None)
+    reconnect = {
+        "max_reconnect_attempts": options.pop(
+            "max_reconnect_attempts", getattr(_nats_client, "DEFAULT_MAX_RECONNECT_ATTEMPTS", 60)
+        ),
+        "reconnect_time_wait": options.pop(
+            "reconnect_time_wait", getattr(_nats_client, "DEFAULT_RECONNECT_TIME_WAIT", 2)
+        ),
+    }
+    errors: List[BaseException] = []
+    connected = False
+
+    async def on_error(error: Exception) -> None:
+        if not connected:
+            errors.append(error)
+        if caller_error_cb is not None:
+            await caller_error_cb(error)
+        elif connected:
+            _log.warning("NATS: %s", _describe(error))
+
+    nc = NATS()
+    try:
+        await nc.connect(
+            servers,
+            error_cb=on_error,
+            max_reconnect_attempts=CONNECT_TRIES - 1,
+            reconnect_time_wait=min(CONNECT_TRY_WAIT, reconnect["reconnect_time_wait"]),
+            **options,
+        )
+    except Exception as error:  # noqa: BLE001 - every way a connect fails ends the same
+        # What the server said (a refused login, say) tells more than the socket's end after it.
+        said = [e for e in errors if type(e) in (NatsError, AuthorizationError)]
+        cause = said[0] if said else errors[-1] if errors else error
+        try:
+            await nc.close()
+        except Exception:  # noqa: BLE001 - it never opened
+            pass
+        where = servers if isinstance(servers, str) else ", ".join(servers)
+        raise GenfleetError(
+            "CONNECT_FAILED", f"cannot connect to NATS at {where}: {_describe(cause)}"
+        ) from None
+    nc.options.update(reconnect)
+    connected = True
+    return nc
 
 
 class Client:
     """A caller of the fleet over one NATS connection.
 
     Use :meth:`connect`, or wrap a connection you have (`Client(nc)`). `pool` is where
-    :meth:`submit`, :meth:`enqueue`, :meth:`stream` and :meth:`run` send by default.
+    :meth:`submit`, :meth:`enqueue`, :meth:`stream` and :meth:`run` send by default. `tenant`
+    is the tenant it acts as (`None`: the default tenant, the v1 subjects).
     """
 
-    def __init__(self, nc: NATS, *, pool: str = "default", timeout: float = 15.0):
+    def __init__(self, nc: NATS, *, pool: str = "default", timeout: float = 15.0, tenant: Optional[str] = None):
+        self.tenant = check_tenant(tenant)
         self.nc = nc
         self.pool = pool
         self.timeout = timeout
@@ -109,13 +241,46 @@ class Client:
         *,
         pool: str = "default",
         timeout: float = 15.0,
+        tenant: Optional[str] = None,
+        inbox_prefix: Union[str, bytes, None] = None,
         **nats_options: Any,
     ) -> "Client":
-        """Connects to NATS (`nats_options` go to `nats.connect`: credentials, TLS, ...)."""
-        nc = await nats.connect(servers, **nats_options)
-        client = cls(nc, pool=pool, timeout=timeout)
+        """Connects to NATS (`nats_options` go to nats-py's `connect`: credentials, TLS, ...).
+
+        `tenant` (1 to 32 letters, digits, '_' or '-') makes every submit, queued request,
+        status, result, cancel and event subscription the tenant's; `inbox_prefix` is the
+        prefix of the connection's reply subjects (nats-py's `_INBOX` otherwise), for a NATS
+        user allowed only its own replies (`_INBOX_acme`, say). A server that cannot be
+        reached, or refuses the connection, raises GenfleetError `CONNECT_FAILED` within a few
+        seconds.
+        """
+        tenant = check_tenant(tenant)
+        if inbox_prefix is not None:
+            text = inbox_prefix.decode() if isinstance(inbox_prefix, bytes) else inbox_prefix
+            if not isinstance(text, str) or not _PREFIX.fullmatch(text):
+                raise ValueError(
+                    f"inbox_prefix={inbox_prefix!r} is not a subject prefix: dot-separated "
+                    "tokens, none empty, without '*', '>' or whitespace"
+                )
+            nats_options["inbox_prefix"] = text
+        nc = await _open(servers, nats_options)
+        client = cls(nc, pool=pool, timeout=timeout, tenant=tenant)
         client._owned = True
         return client
+
+    def qualify(self, request_id: str) -> str:
+        """A request's id as the bus knows it: a bare id is this client's tenant's
+        (`<tenant>.<id>`, or the id itself for the default tenant); a qualified id
+        (`<tenant>.<id>`) is taken as it is, but a tenant's client refuses another tenant's
+        (ValueError)."""
+        tenant, bare = split_id(request_id)
+        if tenant is None:
+            return f"{self.tenant}.{bare}" if self.tenant else bare
+        if self.tenant is not None and tenant != self.tenant:
+            raise ValueError(
+                f"{request_id!r} is a request of tenant {tenant!r}; this client acts as {self.tenant!r}"
+            )
+        return request_id
 
     async def close(self) -> None:
         """Closes the connection if this client opened it."""
@@ -150,6 +315,8 @@ class Client:
         """
         body = _as_request(given)
         subject = f"gen.submit.{pool or self.pool}"
+        if self.tenant:
+            subject += f".{self.tenant}"
         for attempt in range(SUBMIT_RETRIES + 1):
             try:
                 return await self._call(subject, body)
@@ -159,22 +326,36 @@ class Client:
             await asyncio.sleep(0.05 * (attempt + 1))
         raise AssertionError("unreachable")
 
+    def queue_subject(self, body: Request, *, pool: Optional[str] = None) -> str:
+        """Where a request is queued: its band (`priority`) and this client's tenant;
+        `gen.queue.<pool>.<id>` for a `normal` request of the default tenant,
+        `gen.queue.<pool>.<band>.<tenant>.<id>` otherwise."""
+        band = check_priority(body.get("priority"))
+        request_id = check_id("request", body["request_id"])
+        pool = pool or self.pool
+        if band == "normal" and self.tenant is None:
+            return f"gen.queue.{pool}.{request_id}"
+        return f"gen.queue.{pool}.{band}.{self.tenant or DEFAULT_TENANT}.{request_id}"
+
     async def enqueue(self, given: Union[str, Request], *, pool: Optional[str] = None) -> str:
-        """Puts a request on the durable queue (it runs when a slot is free, and survives a
-        worker's loss); returns its id. Published twice within the duplicate window, it is kept
-        once."""
+        """Puts a request on the durable queue, in the band its `priority` names (it runs when
+        a slot is free, higher bands first, and survives a worker's loss); returns its id on
+        the bus (qualified for a tenant). Published twice within the duplicate window, it is
+        kept once."""
         body = _as_request(given)
-        request_id = body["request_id"]
+        subject = self.queue_subject(body, pool=pool)
+        request_id = self.qualify(body["request_id"])
         js = self.nc.jetstream(timeout=self.timeout)
         await js.publish(
-            f"gen.queue.{pool or self.pool}.{request_id}",
+            subject,
             json.dumps(body).encode(),
             headers={"Nats-Msg-Id": request_id},
         )
         return request_id
 
     async def _subscribe(self, request_id: str) -> Any:
-        """Subscribed to the request's events, and the server knows it (flushed)."""
+        """Subscribed to the request's events (`request_id` qualified), and the server knows it
+        (flushed)."""
         subscription = await self.nc.subscribe(f"gen.events.{request_id}")
         await self.nc.flush()
         return subscription
@@ -185,9 +366,11 @@ class Client:
         Subscribe before the request starts, or use :meth:`stream`: events are not kept. With
         `chain`, a request that ends asking a decision is followed on: its `continued` event,
         then the continuation's events, until a request finishes without a decision pending
-        (or the chain ends). Gives up after `wait` seconds without an event.
+        (or the chain ends). Gives up after `wait` seconds without an event. `request_id` is
+        the bare id or the qualified one.
         """
-        subscription = await self._subscribe(check_id("request", request_id))
+        request_id = self.qualify(request_id)
+        subscription = await self._subscribe(request_id)
         async for event in self._events(subscription, request_id, chain, wait):
             yield event
 
@@ -242,14 +425,15 @@ class Client:
                         return
             finally:
                 await subscription.unsubscribe()
-            current = next_id
+            current = self.qualify(next_id)
             finished = False
             subscription = await self._subscribe(current)
 
     async def stream(self, given: Union[str, Request], *, pool: Optional[str] = None, chain: bool = True, durable: bool = False, wait: float = 600.0) -> AsyncIterator[Dict[str, Any]]:
         """Submits (or enqueues) a request and yields its events, subscribed before it starts."""
         body = _as_request(given)
-        subscription = await self._subscribe(body["request_id"])
+        request_id = self.qualify(body["request_id"])
+        subscription = await self._subscribe(request_id)
         try:
             if durable:
                 await self.enqueue(body, pool=pool)
@@ -258,7 +442,7 @@ class Client:
         except BaseException:
             await subscription.unsubscribe()
             raise
-        async for event in self._events(subscription, body["request_id"], chain, wait):
+        async for event in self._events(subscription, request_id, chain, wait):
             yield event
 
     async def run(self, given: Union[str, Request], *, pool: Optional[str] = None, chain: bool = True, durable: bool = False) -> Dict[str, Any]:
@@ -273,13 +457,14 @@ class Client:
 
     async def status(self, request_id: str) -> Dict[str, Any]:
         """`{"request_id", "state", ...}`; a finished request also carries `finished`, its
-        summary (kept after its result is read)."""
-        return await self._call(f"gen.status.{check_id('request', request_id)}", {})
+        summary (kept after its result is read). Here and in :meth:`result`, :meth:`cancel`
+        and :meth:`follow`, `request_id` is the bare id or the qualified one."""
+        return await self._call(f"gen.status.{self.qualify(request_id)}", {})
 
     async def result(self, request_id: str, *, release: bool = True) -> Dict[str, Any]:
         """The terminal result. `release` (the default) removes it: a second read gets
         NOT_FOUND. Not finished yet: NOT_READY."""
-        return await self._call(f"gen.result.{check_id('request', request_id)}", {"release": release})
+        return await self._call(f"gen.result.{self.qualify(request_id)}", {"release": release})
 
     async def wait_result(self, request_id: str, *, release: bool = True, wait: float = 600.0, every: float = 0.2) -> Dict[str, Any]:
         """Polls for the result until it is there (for requests not followed by events)."""
@@ -294,7 +479,7 @@ class Client:
 
     async def cancel(self, request_id: str) -> Dict[str, Any]:
         """Cancels a queued or running request: `{"request_id", "state"}`."""
-        return await self._call(f"gen.cancel.{check_id('request', request_id)}", {})
+        return await self._call(f"gen.cancel.{self.qualify(request_id)}", {})
 
     async def decide(
         self,

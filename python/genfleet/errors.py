@@ -9,7 +9,9 @@ class GenfleetError(Exception):
     """An error reply of the fleet (`{"error": {"code", "message", "detail"}}`).
 
     `code` is one of the codes of docs/protocol.md (`NOT_FOUND`, `NO_SLOT_AVAILABLE`,
-    `INVALID_REQUEST`, ...); `detail` is the reply's detail object (empty when absent).
+    `INVALID_REQUEST`, ...), or one of the client's own: `TIMEOUT` (no answer in time),
+    `NO_RESPONDERS` (:class:`NoWorker`), `CONNECT_FAILED` (no NATS server took the
+    connection); `detail` is the reply's detail object (empty when absent).
     """
 
     def __init__(self, code: str, message: str, detail: Optional[Dict[str, Any]] = None):

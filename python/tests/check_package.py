@@ -7,7 +7,10 @@ tests/data/openai_compat.toml. Exits non-zero with a message on the first failed
 """
 
 import asyncio
+import json
+import logging
 import sys
+import time
 from typing import List, Literal, Optional
 
 import genfleet
@@ -52,7 +55,71 @@ def check_schemas():
             check("is not a valid request id" in str(error), str(error))
         else:
             raise AssertionError(f"{bad!r} was taken for an id")
-    print("ok: schemas from type hints, ids checked before sending")
+    for bad in ("", "a.b", "x" * 33, "a b"):
+        try:
+            genfleet.check_tenant(bad)
+        except ValueError as error:
+            check("tenant=" in str(error) and "is not a valid tenant" in str(error), str(error))
+        else:
+            raise AssertionError(f"{bad!r} was taken for a tenant")
+    check(genfleet.check_tenant("default") is None, "the default tenant is the v1 subjects")
+    try:
+        genfleet.request("x", priority="urgent")
+    except ValueError as error:
+        check("priority='urgent'" in str(error), str(error))
+    else:
+        raise AssertionError("an unknown priority band was taken")
+    acme = genfleet.Client(None, tenant="acme")
+    check(acme.qualify("r1") == "acme.r1" and acme.qualify("acme.r1") == "acme.r1", "qualified")
+    for bad in ("bob.r1", "default.r1", "a.b.c"):
+        try:
+            acme.qualify(bad)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(f"{bad!r} was taken for one of acme's ids")
+    check(
+        acme.queue_subject(genfleet.request("x", request_id="r1", priority="high")) == "gen.queue.default.high.acme.r1",
+        "a tenant's band subject",
+    )
+    v1 = genfleet.Client(None)
+    check(v1.qualify("r1") == "r1", "the default tenant's ids are bare")
+    check(v1.queue_subject(genfleet.request("x", request_id="r1")) == "gen.queue.default.r1", "v1 queue")
+    check(
+        v1.queue_subject(genfleet.request("x", request_id="r1", priority="low")) == "gen.queue.default.low.default.r1",
+        "the default tenant's low band",
+    )
+    print("ok: schemas from type hints, ids, tenants and bands checked before sending")
+
+
+class Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+async def check_wrong_url():
+    """A server that is not there fails the connect in seconds, with one error and nothing
+    logged (nats-py alone logs a traceback every 2 s for two minutes)."""
+    records = Records()
+    logging.getLogger().addHandler(records)
+    started = time.monotonic()
+    try:
+        await genfleet.Client.connect("nats://127.0.0.1:1", timeout=2.0)
+    except GenfleetError as error:
+        check(error.code == "CONNECT_FAILED", f"{error}")
+        check("cannot connect to NATS at nats://127.0.0.1:1" in str(error), str(error))
+    else:
+        raise AssertionError("a connect to a closed port succeeded")
+    finally:
+        logging.getLogger().removeHandler(records)
+    took = time.monotonic() - started
+    check(took < 10, f"the wrong URL took {took:.1f} s to fail")
+    check(not records.records, f"logged while connecting: {[r.getMessage() for r in records.records]}")
+    print(f"ok: a wrong URL fails in {took:.1f} s with one GenfleetError, nothing logged")
 
 
 async def check_run_stream_status(fleet):
@@ -91,6 +158,56 @@ async def check_cancel(fleet):
         if event["event"] == "finished":
             check(event["result"]["state"] == "CANCELLED", f"{event['result']['state']}")
     print("ok: a streamed request cancelled mid-way")
+
+
+async def check_priority_bands(fleet):
+    done = await fleet.run(genfleet.request("Urgent from Python", priority="high"), durable=True)
+    check(done["state"] == "COMPLETED", f"{done}")
+    check(done["output"] == "Hello from the mock, Urgent from Python!", f"{done['output']}")
+    low = await fleet.enqueue(genfleet.request("Whenever from Python", priority="low"))
+    done = await fleet.wait_result(low)
+    check(done["state"] == "COMPLETED", f"{done}")
+
+    # Both slots busy: two low requests wait, then a high one. The first slot freed takes the
+    # high one, though it came last.
+    slow = [genfleet.request("py-slow: hold a slot") for _ in range(2)]
+    for body in slow:
+        await fleet.submit(body)
+    waiting = [genfleet.request(f"py-band {i}", priority=band) for i, band in enumerate(("low", "low", "high"))]
+    started: List[str] = []
+    subscriptions = []
+    for body in waiting:
+        async def on_event(message, request_id=body["request_id"]):
+            if json.loads(message.data).get("event") == "started":
+                started.append(request_id)
+        subscriptions.append(await fleet.nc.subscribe(f"gen.events.{body['request_id']}", cb=on_event))
+    await fleet.nc.flush()
+    for body in waiting:
+        await fleet.enqueue(body)
+        await asyncio.sleep(0.05)
+    for body in waiting:  # every one is on the queue before a slot frees
+        for _ in range(100):
+            try:
+                if (await fleet.status(body["request_id"]))["state"] == "QUEUED":
+                    break
+            except GenfleetError as error:
+                check(error.code == "NOT_FOUND", f"{error}")
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    await fleet.cancel(slow[0]["request_id"])
+    for _ in range(200):
+        if started:
+            break
+        await asyncio.sleep(0.05)
+    await fleet.cancel(slow[1]["request_id"])
+    results = [await fleet.wait_result(body["request_id"], wait=60) for body in waiting]
+    for subscription in subscriptions:
+        await subscription.unsubscribe()
+    for body in slow:
+        await fleet.wait_result(body["request_id"], wait=60)
+    check(all(r["state"] == "COMPLETED" for r in results), f"{results}")
+    check(started and started[0] == waiting[2]["request_id"], f"started in the order {started}, high: {waiting[2]['request_id']}")
+    print("ok: priority bands on the durable queue: a high request ran before the low ones waiting")
 
 
 async def check_tool_service(fleet):
@@ -149,9 +266,11 @@ async def check_manager(fleet):
 
 async def main(url):
     check_schemas()
+    await check_wrong_url()
     async with await genfleet.Client.connect(url, timeout=10.0) as fleet:
         await check_run_stream_status(fleet)
         await check_cancel(fleet)
+        await check_priority_bands(fleet)
         await check_tool_service(fleet)
         await check_manager(fleet)
     try:

@@ -8,7 +8,7 @@ mod slot;
 mod supervisor;
 
 pub use supervisor::{
-    Cancel, Canceller, CheckedRequest, Drain, DrainReport, GetResult, Held, HeldRequest,
+    Cancel, Canceller, CheckedRequest, Drain, DrainReport, Fence, GetResult, Held, HeldRequest,
     MAILBOX_CAPACITY, Placement, Release, Released, RequestChecker, Stats, Status, Submit,
     Supervisor, SupervisorConfig, SupervisorHandle, TenantSlots, Ticket, TicketOf, request_limits,
 };

@@ -109,6 +109,9 @@ pub enum Canceller {
     Caller,
     /// The worker's drain ran out of time (a durable request is then handed back).
     Drain,
+    /// The fleet declared this worker lost (its heartbeat expired while it was paused or cut
+    /// off): what it held is no longer its own, and it says nothing more of it.
+    Fenced,
 }
 
 /// A request checked for acceptance: its fields within the limits and every tool it names
@@ -129,6 +132,15 @@ impl CheckedRequest {
 
     pub fn into_request(self) -> GenerationRequest {
         self.0
+    }
+
+    /// The request under its id on the bus: `<tenant>.<id>` for a tenant other than the
+    /// default, so that the same id in two tenants is two requests (see
+    /// [`crate::protocol::schedule::qualified_id`]). Its id was checked bare.
+    pub fn qualified(mut self, tenant: Option<&str>) -> CheckedRequest {
+        let id = crate::protocol::schedule::qualified_id(tenant, self.request_id());
+        self.0.request_id = Some(id);
+        self
     }
 }
 
@@ -279,6 +291,14 @@ pub struct DrainReport {
 
 impl Message for Drain {
     type Result = DrainReport;
+}
+
+/// Stops every request this worker holds, running or waiting for a slot, as
+/// [`Canceller::Fenced`]: the fleet declared the worker lost. Answers with their ids.
+pub struct Fence;
+
+impl Message for Fence {
+    type Result = Vec<String>;
 }
 
 /// The slots each tenant holds on this worker, by band (those holding none are left out).
@@ -939,6 +959,31 @@ impl Handler<Release> for Supervisor {
             ticket: ended.ticket,
             cancelled_by: ended.cancelled_by,
         })
+    }
+}
+
+impl Handler<Fence> for Supervisor {
+    type Result = MessageResult<Fence>;
+
+    fn handle(&mut self, _: Fence, _: &mut Context<Self>) -> Self::Result {
+        let mut fenced = Vec::new();
+        for request_id in self.waiting.clone() {
+            if self.end_waiting(
+                &request_id,
+                Canceller::Fenced,
+                "the fleet declared this worker lost before the request started",
+            ) {
+                fenced.push(request_id);
+            }
+        }
+        for (id, record) in &mut self.records {
+            if let Record::Running(running) = record {
+                running.cancel.cancel();
+                running.cancelled_by.get_or_insert(Canceller::Fenced);
+                fenced.push(id.clone());
+            }
+        }
+        MessageResult(fenced)
     }
 }
 

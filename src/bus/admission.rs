@@ -31,25 +31,66 @@ pub(super) fn check(
     shared.checker.check(request)
 }
 
-/// Where a request stands in its decision chain, as its message's headers tell (a
-/// continuation carries them, any other request none): its root, parent, place and what it
-/// carries from the chain, with the caller's trace context.
-pub(super) fn chain_placement(message: &async_nats::Message) -> Placement {
-    let chain_position = header(message, CHAIN_HEADER)
-        .and_then(|p| p.parse::<u32>().ok())
-        .filter(|p| *p >= 1)
-        .unwrap_or(1);
-    Placement {
-        root_request_id: header(message, ROOT_HEADER).filter(|id| is_valid_request_id(id)),
-        parent_request_id: header(message, PARENT_HEADER).filter(|id| is_valid_request_id(id)),
-        chain_position: Some(chain_position),
-        chain: header(message, CHAIN_STATE_HEADER)
-            .and_then(|state| ChainState::from_header(&state))
-            .unwrap_or_default(),
+/// Where a request stands in its decision chain. A continuation's message names the decision
+/// it comes from (`Genfleet-Chain-State`, with `Genfleet-Parent-Request-Id`,
+/// `Genfleet-Root-Request-Id` and `Genfleet-Chain-Position` beside it), but those headers are
+/// anyone's to write: they are believed only when the decision's record, which only workers
+/// write, names this very request (its id on the bus, so its tenant too) as the continuation
+/// its answer started. The chain is then taken from that record, never from the headers.
+/// Headers the record does not vouch for are dropped: the request runs as one of its own.
+/// Any request carries the caller's trace context.
+pub(super) async fn vouched_chain(
+    shared: &Shared,
+    message: &async_nats::Message,
+    request_id: &str,
+) -> Result<Placement, WireError> {
+    let plain = Placement {
         traceparent: super::tools::traceparent_of(message),
-        trace_link: header(message, TRACE_LINK_HEADER),
         ..Placement::default()
+    };
+    let claims_chain = [CHAIN_HEADER, CHAIN_STATE_HEADER, PARENT_HEADER, ROOT_HEADER]
+        .iter()
+        .any(|name| header(message, name).is_some());
+    if !claims_chain {
+        return Ok(plain);
     }
+    let decision_id = header(message, CHAIN_STATE_HEADER)
+        .and_then(|state| ChainState::from_header(&state))
+        .and_then(|chain| chain.decision_id)
+        .filter(|id| is_valid_request_id(id));
+    let record = match &decision_id {
+        Some(decision_id) => shared.decisions.get(decision_id).await.map_err(|error| {
+            WireError::new(
+                ErrorCode::Internal,
+                format!("cannot read the decision this continuation names: {error}"),
+            )
+        })?,
+        None => None,
+    };
+    let vouched = record.and_then(|(record, _)| {
+        let answer = record
+            .answer
+            .clone()
+            .filter(|answer| answer.continuation_request_id.as_deref() == Some(request_id))?;
+        Some((record, answer))
+    });
+    let Some((record, answer)) = vouched else {
+        shared.metrics.chain_headers_dropped.inc();
+        tracing::warn!(
+            message = "chain headers no decision vouches for were dropped; the request runs as one of its own",
+            request_id = %request_id,
+            decision_id = decision_id.as_deref().unwrap_or("none"),
+        );
+        return Ok(plain);
+    };
+    Ok(Placement {
+        root_request_id: Some(record.root_request_id.clone()),
+        parent_request_id: Some(record.request_id.clone()),
+        chain_position: Some(record.chain_position + 1),
+        chain: super::decisions::continuation_chain(&record, &answer.choice),
+        trace_link: header(message, TRACE_LINK_HEADER),
+        ..plain
+    })
 }
 
 /// A request's claim on its record: the live record written and its revision.

@@ -76,6 +76,10 @@ fn check_id(what: &str, id: &str) -> Result<(), ClientError> {
     if crate::protocol::ids::is_valid_request_id(id) {
         return Ok(());
     }
+    if what == "request" && crate::protocol::schedule::is_valid_qualified_id(id) {
+        // `<tenant>.<id>`: a tenant's request as the bus knows it.
+        return Ok(());
+    }
     let why = if id.is_empty() {
         "it is empty".to_string()
     } else if id.len() > crate::protocol::ids::MAX_REQUEST_ID_LEN {
@@ -84,7 +88,12 @@ fn check_id(what: &str, id: &str) -> Result<(), ClientError> {
             crate::protocol::ids::MAX_REQUEST_ID_LEN
         )
     } else {
-        "only letters, digits, '_' and '-' are allowed".to_string()
+        if what == "request" {
+            "only letters, digits, '_' and '-' are allowed, or <tenant>.<id> for a tenant's request"
+                .to_string()
+        } else {
+            "only letters, digits, '_' and '-' are allowed".to_string()
+        }
     };
     Err(ClientError::Wire(WireError::invalid(format!(
         "{id:?} is not a valid {what} id: {why}"
@@ -140,6 +149,16 @@ impl Client {
     /// The tenant it submits as (`None`: the default tenant).
     pub fn tenant(&self) -> Option<&str> {
         self.tenant.as_deref()
+    }
+
+    /// A request's id on the bus: a bare id this client's tenant chose becomes
+    /// `<tenant>.<id>`; an id already qualified (as every reply gives it) stays as it is.
+    pub fn on_bus(&self, request_id: &str) -> String {
+        if request_id.contains('.') {
+            request_id.to_string()
+        } else {
+            crate::protocol::schedule::qualified_id(self.tenant.as_deref(), request_id)
+        }
     }
 
     pub fn nats(&self) -> &async_nats::Client {
@@ -320,8 +339,11 @@ impl Client {
             .request_id
             .get_or_insert_with(crate::protocol::ids::new_id)
             .clone();
+        // The duplicate window is the stream's, shared by every tenant: the message's id is
+        // the request's id on the bus, which carries the tenant.
+        let on_bus = self.on_bus(&request_id);
         let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Nats-Msg-Id", request_id.as_str());
+        headers.insert("Nats-Msg-Id", on_bus.as_str());
         // The queue goes to any worker of the pool; the worker records whether it was the
         // key's last one.
         if let Some(preferred) = request
@@ -351,7 +373,7 @@ impl Client {
                 ClientError::Transport(format!("the queue did not take the request: {e}"))
             })?;
         Ok(Queued {
-            request_id,
+            request_id: on_bus,
             duplicate: ack.duplicate,
         })
     }
@@ -365,7 +387,7 @@ impl Client {
         check_id("request", request_id)?;
         let sub = self
             .nats
-            .subscribe(self.subjects.events(request_id))
+            .subscribe(self.subjects.events(&self.on_bus(request_id)))
             .await
             .map_err(|e| ClientError::Transport(e.to_string()))?;
         Ok(sub.filter_map(|message| async move {
@@ -375,8 +397,11 @@ impl Client {
 
     pub async fn status(&self, request_id: &str) -> Result<StatusReply, ClientError> {
         check_id("request", request_id)?;
-        self.call(self.subjects.status(request_id), &serde_json::json!({}))
-            .await
+        self.call(
+            self.subjects.status(&self.on_bus(request_id)),
+            &serde_json::json!({}),
+        )
+        .await
     }
 
     /// The terminal result; `release: false` peeks and leaves it stored.
@@ -387,7 +412,7 @@ impl Client {
     ) -> Result<GenerationResult, ClientError> {
         check_id("request", request_id)?;
         self.call(
-            self.subjects.result(request_id),
+            self.subjects.result(&self.on_bus(request_id)),
             &serde_json::json!({ "release": release }),
         )
         .await
@@ -395,8 +420,11 @@ impl Client {
 
     pub async fn cancel(&self, request_id: &str) -> Result<CancelReply, ClientError> {
         check_id("request", request_id)?;
-        self.call(self.subjects.cancel(request_id), &serde_json::json!({}))
-            .await
+        self.call(
+            self.subjects.cancel(&self.on_bus(request_id)),
+            &serde_json::json!({}),
+        )
+        .await
     }
 
     /// Answers a decision on `decisions.<decision_id>`.
@@ -417,10 +445,11 @@ impl Client {
         mut request: GenerationRequest,
         wait: Duration,
     ) -> Result<GenerationResult, ClientError> {
-        let request_id = request
-            .request_id
-            .get_or_insert_with(crate::protocol::ids::new_id)
-            .clone();
+        let request_id = self.on_bus(
+            request
+                .request_id
+                .get_or_insert_with(crate::protocol::ids::new_id),
+        );
         let mut events = Box::pin(self.follow(&request_id).await?);
         self.submit(pool, &request).await?;
         let finished = tokio::time::timeout(wait, async {

@@ -224,7 +224,11 @@ impl Decisions {
             let given = Answer {
                 choice: answer.clone(),
                 outcome,
-                continuation_request_id: (outcome == DecisionOutcome::Continued).then(new_id),
+                // The continuation belongs to the chain's tenant: its id on the bus is
+                // qualified the same way.
+                continuation_request_id: (outcome == DecisionOutcome::Continued).then(|| {
+                    crate::protocol::schedule::qualified_id(record.tenant.as_deref(), &new_id())
+                }),
                 decided_at: now_rfc3339(),
             };
             record.answer = Some(given.clone());
@@ -422,7 +426,10 @@ impl Decisions {
         let Some(id) = &answer.continuation_request_id else {
             return Ok(());
         };
-        let request = continuation(record, &answer.choice, id);
+        // The body and the subjects carry the bare id; the tenant's token qualifies it.
+        let bare =
+            crate::protocol::schedule::split_qualified(id).map_or(id.as_str(), |(_, bare)| bare);
+        let request = continuation(record, &answer.choice, bare);
         let chain = continuation_chain(record, &answer.choice);
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", id.as_str());
@@ -469,7 +476,7 @@ impl Decisions {
         // The chain keeps its band and its tenant.
         let subject =
             self.subjects
-                .queue_for(&record.pool, request.band(), record.tenant.as_deref(), id);
+                .queue_for(&record.pool, request.band(), record.tenant.as_deref(), bare);
         let js = async_nats::jetstream::new(client.clone());
         js.publish_with_headers(subject, headers, body)
             .await

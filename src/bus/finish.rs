@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 
 use super::decide::record_decision;
 use super::shared::{Hold, Shared};
-use super::store::Stored;
+use super::store::{Over, Stored};
 use crate::actors::{Canceller, Release};
 use crate::protocol::{
     Event, EventBody, GenerationResult, RequestState, Severity, Signal, SignalSource, SignalType,
@@ -36,6 +36,13 @@ const FAILURE_DETAIL_CHARS: usize = 1000;
 /// [`FINISHING_AT_ONCE`] run at once; past that this loop waits, and so do the generations.
 pub(super) async fn publish_events(shared: Arc<Shared>, mut events: mpsc::Receiver<Event>) {
     while let Some(event) = events.recv().await {
+        if !matches!(event.body, EventBody::Finished { .. })
+            && shared.fencing.muted(&event.request_id)
+        {
+            // The fleet may have taken this worker for lost: it says nothing more of what it
+            // holds (the request's end decides what is stored and told).
+            continue;
+        }
         match &event.body {
             EventBody::Finished { .. } => {
                 let Ok(permit) = shared.finishing.clone().acquire_owned().await else {
@@ -95,19 +102,51 @@ async fn finish(shared: &Shared, mut event: Event) {
         result.affinity = hold.asked.affinity.clone();
         result.tenant = hold.live.tenant.clone();
     }
+    let fenced =
+        shared.fencing.ended(&result.request_id) || cancelled_by == Some(Canceller::Fenced);
+    if fenced {
+        // The fleet declared this worker lost: the run's own end is not the request's. An
+        // interactive request ends `worker_lost` (as its peers would have ended it), stored
+        // only where its record is still this run's.
+        result.state = RequestState::Failed;
+        result.reason = crate::protocol::Reason::WorkerLost;
+        result.detail = Some(format!(
+            "worker {} was declared lost (no heartbeat for worker.lost_after_ms) while running the request",
+            shared.worker_id
+        ));
+    }
     let result = &*result;
     let id = &result.request_id;
     let message = hold.as_ref().and_then(|hold| hold.message.as_ref());
-    if let Some(message) = message
-        && cancelled_by == Some(Canceller::Drain)
+    if let (Some(message), Some(hold)) = (message, &hold)
+        && matches!(cancelled_by, Some(Canceller::Drain | Canceller::Fenced))
     {
-        // A drain cancelled it: hand it back for another worker, store nothing. Its record
-        // names this worker until the next one takes it over.
-        settle(message, id, AckKind::Nak(None)).await;
-        tracing::info!(message = "handed a durable request back to the queue", request_id = %id);
+        // A drain or a fence stopped it: it goes back to the queue for another worker, and
+        // nothing is stored. Its record says it was given back, if it is still this run's;
+        // a run that was taken over leaves the message to the worker that took it.
+        match shared.stores.give_back(&hold.live, hold.revision()).await {
+            Ok(true) => {
+                settle(message, id, AckKind::Nak(None)).await;
+                tracing::info!(message = "handed a durable request back to the queue", request_id = %id);
+            }
+            Ok(false) => {
+                shared.metrics.fenced.inc();
+                tracing::info!(message = "a durable request was taken over by another worker; this run is discarded", request_id = %id);
+            }
+            Err(error) => {
+                // Its record still names this worker: the next delivery finds it lost or
+                // waits for its deliveries to run out.
+                tracing::warn!(message = "could not give a durable request back", %error, request_id = %id);
+                settle(message, id, AckKind::Nak(None)).await;
+            }
+        }
+        let _ = shared.stored.send(id.clone());
         return;
     }
-    let stored = store_result(shared, result, hold.as_ref().map(|hold| hold.revision())).await;
+    let over = hold
+        .as_ref()
+        .map_or(Over::Nothing, |hold| Over::Claim(hold.revision()));
+    let stored = store_result(shared, result, over).await;
     let _ = shared.stored.send(id.clone());
     match stored {
         Some(Stored::Stored) => recorded(shared, result),
@@ -121,17 +160,24 @@ async fn finish(shared: &Shared, mut event: Event) {
         );
     }
     if let Some(message) = message {
-        // A durable request whose result could not be stored goes back to the queue to run
-        // again, rather than be acknowledged and lost.
-        let kind = if stored.is_none() {
-            AckKind::Nak(None)
-        } else {
-            AckKind::Ack
-        };
-        settle(message, id, kind).await;
+        match stored {
+            // A durable request whose result could not be stored goes back to the queue to
+            // run again, rather than be acknowledged and lost.
+            None => settle(message, id, AckKind::Nak(None)).await,
+            Some(Stored::Stored | Stored::AlreadyStored) => settle(message, id, AckKind::Ack).await,
+            // Another worker took the request over: the message is its to settle.
+            Some(Stored::Fenced) => {}
+        }
     }
     if let Some(hold) = &hold {
         end_trace(hold, result);
+    }
+    // Only the result that was stored is told: a run whose result lost (another runner's
+    // stood, or this worker was taken over) says nothing, so no event contradicts the record.
+    if stored != Some(Stored::Stored) {
+        return;
+    }
+    if let Some(hold) = &hold {
         record_outcome(shared, &hold.asked.chain, result).await;
     }
     publish_event(shared, &event).await;
@@ -188,21 +234,22 @@ pub(super) async fn publish_event(shared: &Shared, event: &Event) {
 
 /// Stores a result, trying again for up to [`STORE_RESULT_FOR`] (NATS reconnecting, a bucket
 /// electing a leader). `None` when it gave up.
-async fn store_result(
-    shared: &Shared,
-    result: &GenerationResult,
-    claimed: Option<u64>,
-) -> Option<Stored> {
+async fn store_result(shared: &Shared, result: &GenerationResult, over: Over) -> Option<Stored> {
     let mut delay = Duration::from_millis(50);
     let started = tokio::time::Instant::now();
     let mut attempt = 0;
     loop {
         attempt += 1;
-        match shared.stores.store_result(result, claimed).await {
+        match shared.stores.store_result(result, over).await {
             Ok(Stored::Stored) => return Some(Stored::Stored),
             Ok(Stored::AlreadyStored) => {
                 tracing::warn!(message = "another runner stored this request's result first; this one is discarded", request_id = %result.request_id);
                 return Some(Stored::AlreadyStored);
+            }
+            Ok(Stored::Fenced) => {
+                shared.metrics.fenced.inc();
+                tracing::warn!(message = "the request's record is no longer this run's (taken over, or another request's); this result is discarded", request_id = %result.request_id);
+                return Some(Stored::Fenced);
             }
             Err(error) if started.elapsed() + delay < STORE_RESULT_FOR => {
                 tracing::warn!(message = "storing a result failed; retrying", %error, attempt, request_id = %result.request_id);

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use super::BusError;
 use super::shared::{Shared, held_requests};
-use super::store::{LiveRecord, RequestRecord, StoreError, Stored, ensure_bucket};
+use super::store::{LiveRecord, Over, RequestRecord, StoreError, Stored, ensure_bucket};
 use crate::protocol::{GenerationResult, Reason, RequestState};
 
 pub const WORKERS_BUCKET: &str = "GENFLEET_WORKERS";
@@ -102,8 +102,29 @@ pub(super) async fn beat(shared: &Shared) -> Result<(), HeartbeatError> {
                 .into(),
         )
         .await
-        .map(|_| ())
+        .map(|_| shared.fencing.beat())
         .map_err(HeartbeatError::Write)
+}
+
+/// Before a heartbeat: a worker whose last one is older than `worker.lost_after_ms` (it was
+/// paused, or cut off from NATS) has been declared lost, and its peers end what it ran. It
+/// stops every request it holds, without a word for them: their ends store a result only
+/// where the record is still theirs, and a durable one goes back to the queue.
+async fn fence_if_lost(shared: &Shared) {
+    if !shared.fencing.silenced() {
+        return;
+    }
+    let Ok(fenced) = shared.supervisor.send(crate::actors::Fence).await else {
+        return;
+    };
+    if !fenced.is_empty() {
+        tracing::warn!(
+            message = "this worker's heartbeat expired, so the fleet took it for lost: its requests are stopped",
+            requests = fenced.len()
+        );
+    }
+    shared.metrics.fenced.inc_by(fenced.len() as u64);
+    shared.fencing.fence(fenced);
 }
 
 /// The first heartbeat, tried again for a while: on a JetStream cluster, a bucket created a
@@ -146,6 +167,7 @@ pub(super) async fn run(shared: Arc<Shared>) {
         ticker.tick().await;
         loop {
             ticker.tick().await;
+            fence_if_lost(&shared).await;
             // A heartbeat slower than the interval is left behind for the next one.
             match tokio::time::timeout(every, beat(&shared)).await {
                 Ok(Ok(())) => {}
@@ -316,7 +338,12 @@ async fn end_live(
         worker,
     );
     result.attempt = live.attempt;
-    if shared.stores.store_result(&result, Some(revision)).await? != Stored::Stored {
+    if shared
+        .stores
+        .store_result(&result, Over::Claim(revision))
+        .await?
+        != Stored::Stored
+    {
         return Ok(None);
     }
     super::finish::recorded(shared, &result);

@@ -13,9 +13,9 @@ use super::queue::{cancel_queued, find_queued};
 use super::reply::{decode, guarded, respond};
 use super::shared::{Shared, spawn_handler};
 use super::store::{LiveRecord, RequestRecord, Versioned};
-use super::subjects::Subjects;
 use crate::actors::Cancel;
-use crate::protocol::ids::{is_valid_request_id, rfc3339};
+use crate::protocol::ids::rfc3339;
+use crate::protocol::schedule::is_valid_qualified_id;
 use crate::protocol::{
     CancelReply, DecisionOutcome, ErrorCode, ErrorReply, FinishedSummary, GenerationResult,
     RequestState, StatusReply, WireError,
@@ -45,6 +45,16 @@ impl Lookup {
             Lookup::Cancel => "cancel",
         }
     }
+
+    /// The name of the task that serves the verb's subjects of tenants other than the
+    /// default.
+    pub(super) fn tenants_task(self) -> &'static str {
+        match self {
+            Lookup::Status => "status (tenants)",
+            Lookup::Result => "result (tenants)",
+            Lookup::Cancel => "cancel (tenants)",
+        }
+    }
 }
 
 /// Answers one verb's requests.
@@ -52,8 +62,11 @@ pub(super) async fn serve(shared: Arc<Shared>, lookup: Lookup, mut sub: async_na
     while let Some(message) = sub.next().await {
         let shared2 = shared.clone();
         spawn_handler(&shared, async move {
-            let request_id = Subjects::request_id_of(&message.subject).to_string();
             let shared = &*shared2;
+            let request_id = shared
+                .subjects
+                .request_of(lookup.verb(), &message.subject)
+                .to_string();
             match lookup {
                 Lookup::Status => {
                     let reply = guarded(bounded(status(shared, &request_id))).await;
@@ -89,7 +102,7 @@ async fn bounded<T>(
 }
 
 fn checked_id(request_id: &str) -> Result<(), WireError> {
-    if is_valid_request_id(request_id) {
+    if is_valid_qualified_id(request_id) {
         Ok(())
     } else {
         Err(WireError::invalid(

@@ -20,7 +20,7 @@ use super::affinity::Preference;
 use super::finish::recorded;
 use super::schedule::{Scheduler, is_pool_consumer, queue_of_consumer};
 use super::shared::{Shared, hold_of};
-use super::store::{DurableClaim, LiveRecord, StoreError, Stored};
+use super::store::{DurableClaim, LiveRecord, Over, StoreError, Stored};
 use super::subjects::Subjects;
 use crate::actors::{Capacity, Placement, TenantSlots};
 use crate::protocol::ids::is_valid_request_id;
@@ -157,31 +157,62 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
     };
     let attempt = u32::try_from(info.delivered).unwrap_or(u32::MAX).max(1);
     let queued_for = since(info.published.unix_timestamp_nanos());
-    let request_id = Subjects::request_id_of(&message.subject).to_string();
-    if !is_valid_request_id(&request_id) {
-        tracing::warn!(message = "a queue message with an invalid request id was removed", subject = %message.subject);
+    let Some(queued) = shared
+        .subjects
+        .parse_queued(&message.subject)
+        .filter(|queued| is_valid_request_id(&queued.request_id))
+    else {
+        tracing::warn!(message = "a queue message without a valid queue subject was removed", subject = %message.subject);
         let _ = message.ack_with(AckKind::Term).await;
         return;
-    }
-    let Some(queued) = shared.subjects.parse_queued(&message.subject) else {
-        let detail = format!("{} is not a queue subject of this pool", message.subject);
-        return refuse(shared, message, &request_id, attempt, detail, None).await;
     };
+    let sequence = info.stream_sequence;
+    // The request's id on the bus: `<tenant>.<id>` for a tenant other than the default.
+    let request_id = queued.qualified_id();
+    if queued.pool != shared.settings.worker.pool {
+        let detail = format!("{} is not a queue subject of this pool", message.subject);
+        return refuse(
+            shared,
+            message,
+            &request_id,
+            attempt,
+            detail,
+            Over::Message(sequence),
+        )
+        .await;
+    }
     // The same size limit as submit: a server allowing larger messages must not let a larger
     // request in through the queue.
     let request: GenerationRequest =
         match super::reply::decode(&message.message, shared.settings.limits.max_request_bytes) {
             Ok(request) => request,
             Err(error) => {
-                return refuse(shared, message, &request_id, attempt, error.message, None).await;
+                return refuse(
+                    shared,
+                    message,
+                    &request_id,
+                    attempt,
+                    error.message,
+                    Over::Message(sequence),
+                )
+                .await;
             }
         };
-    if request.request_id.as_deref() != Some(request_id.as_str()) {
+    if request.request_id.as_deref() != Some(queued.request_id.as_str()) {
         let detail = format!(
-            "the body's request_id ({}) must equal the subject's ({request_id})",
-            request.request_id.as_deref().unwrap_or("absent")
+            "the body's request_id ({}) must equal the subject's ({})",
+            request.request_id.as_deref().unwrap_or("absent"),
+            queued.request_id
         );
-        return refuse(shared, message, &request_id, attempt, detail, None).await;
+        return refuse(
+            shared,
+            message,
+            &request_id,
+            attempt,
+            detail,
+            Over::Message(sequence),
+        )
+        .await;
     }
     // The band is the subject's: the body may repeat it, never contradict it. A continuation
     // inherits the band the request carries.
@@ -192,7 +223,15 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
                 "priority is {band}, but the request was queued in band {}",
                 queued.band
             );
-            return refuse(shared, message, &request_id, attempt, detail, None).await;
+            return refuse(
+                shared,
+                message,
+                &request_id,
+                attempt,
+                detail,
+                Over::Message(sequence),
+            )
+            .await;
         }
         None if queued.band != Priority::Normal => request.priority = Some(queued.band),
         _ => {}
@@ -200,9 +239,17 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
     let tenant = (queued.tenant != DEFAULT_TENANT).then(|| queued.tenant.clone());
     // Checked before anything is written for it.
     let request = match admission::check(shared, request) {
-        Ok(request) => request,
+        Ok(request) => request.qualified(tenant.as_deref()),
         Err(error) => {
-            return refuse(shared, message, &request_id, attempt, error.message, None).await;
+            return refuse(
+                shared,
+                message,
+                &request_id,
+                attempt,
+                error.message,
+                Over::Message(sequence),
+            )
+            .await;
         }
     };
     // Deliveries given back for want of a slot are no attempt: the record of the last one says
@@ -213,6 +260,17 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
         0
     };
     let attempt = attempt.saturating_sub(handed_back).max(1);
+    // A continuation's place in its chain, as far as its decision's record vouches for it.
+    let chain = match admission::vouched_chain(shared, &message.message, &request_id).await {
+        Ok(chain) => chain,
+        Err(error) => {
+            tracing::warn!(message = "cannot check a continuation's chain; handing the message back", error = %error.message, request_id = %request_id);
+            let _ = message
+                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                .await;
+            return;
+        }
+    };
     // No slot is free for it when an interactive submit took the slot after the pull. While
     // another worker of the pool has a free slot, the message goes back to the queue at once
     // for that worker to take (at most MAX_HAND_BACKS times, never on its last delivery);
@@ -237,14 +295,37 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
         priority: request.request().priority,
         tenant: tenant.clone(),
         handed_back: handed_back + u32::from(give_back),
+        queue_seq: Some(sequence),
     };
-    // A request that already ended (or whose result was read) never runs again.
+    // A request that already ended (or whose result was read) never runs again; a message
+    // whose id another request holds never runs at all.
     let revision = match claim(shared, &message, &live).await {
         Ok(DurableClaim::Claimed(revision)) => revision,
         Ok(DurableClaim::Ended) => {
             let _ = message.ack().await;
             return;
         }
+        Ok(DurableClaim::Duplicate) => {
+            shared.metrics.queue_duplicates.inc();
+            tracing::warn!(message = "a queue message whose request id another request holds was removed unrun", request_id = %request_id, sequence);
+            let _ = message.ack_with(AckKind::Term).await;
+            return;
+        }
+        Ok(DurableClaim::HeldBy {
+            worker_id,
+            revision,
+        }) => match take_over(shared, &live, &worker_id, revision).await {
+            Some(revision) => revision,
+            None => {
+                // Its runner still beats (and keeps the message alive while it runs it): this
+                // delivery waits. Should that runner have lost it, the message comes back
+                // until its deliveries run out.
+                tracing::debug!(message = "a redelivered request is still held by a live worker", request_id = %request_id, holder = %worker_id);
+                let wait = Duration::from_millis(shared.settings.jetstream.queue_ack_wait_ms);
+                let _ = message.ack_with(AckKind::Nak(Some(wait))).await;
+                return;
+            }
+        },
         Ok(DurableClaim::OnRecordHere(revision)) => {
             if hold_of(shared, &request_id).await.is_some() {
                 // Running here (a redelivery after a missed keep-alive): the running copy
@@ -264,10 +345,10 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
         Err(error) => return hand_back(message, &request_id, error).await,
     };
     if give_back {
-        // The record (QUEUED, with the count of hand-backs) is taken over by the worker that
-        // takes the message next.
+        // The record (QUEUED, given back, with the count of hand-backs) is taken over by the
+        // worker that takes the message next.
         tracing::debug!(message = "no slot for a pulled request; handing it to a free worker", request_id = %request_id);
-        let _ = message.ack_with(AckKind::Nak(None)).await;
+        give_back_message(shared, &message, &live, revision).await;
         return;
     }
     let accepted_at = Instant::now()
@@ -282,33 +363,67 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
         wait_for_slot: true,
         band: queued.band,
         tenant,
-        ..admission::chain_placement(&message.message)
+        ..chain
     };
+    let kept = (message.clone(), live.clone());
     let claim = Claim { live, revision };
-    let kept = message.clone();
     let preference = Preference::from_headers(message.headers.as_ref());
     match admission::admit(shared, request, placement, claim, Some(message), preference).await {
         Ok(_) => {}
-        Err(error) if error.code == ErrorCode::NoSlotAvailable => {
+        Err(error)
+            if error.code == ErrorCode::NoSlotAvailable || error.code == ErrorCode::Internal =>
+        {
             // Draining, or more waiting than slots: another worker (or this one later) runs
-            // it. The record names this worker until the next one takes it over.
-            let _ = kept.ack_with(AckKind::Nak(None)).await;
-        }
-        Err(error) if error.code == ErrorCode::Internal => {
-            let _ = kept.ack_with(AckKind::Nak(None)).await;
+            // it.
+            give_back_message(shared, &kept.0, &kept.1, revision).await;
         }
         Err(error) => {
             refuse(
                 shared,
-                kept,
+                kept.0,
                 &request_id,
                 attempt,
                 error.message,
-                Some(revision),
+                Over::Claim(revision),
             )
             .await
         }
     }
+}
+
+/// Takes a redelivered request over from the worker its record names, once that worker's
+/// heartbeat is gone: its revision then, or `None` while that worker beats (or cannot be
+/// told) or another taker was first.
+async fn take_over(shared: &Shared, live: &LiveRecord, holder: &str, revision: u64) -> Option<u64> {
+    if !matches!(super::heartbeat::beating(shared, holder).await, Ok(false)) {
+        return None;
+    }
+    match shared.stores.take_over(live, revision).await {
+        Ok(Some(revision)) => {
+            tracing::info!(message = "took a durable request over from a lost worker", request_id = %live.request_id, lost_worker = %holder);
+            Some(revision)
+        }
+        Ok(None) => None,
+        Err(error) => {
+            tracing::warn!(message = "cannot take a durable request over", %error, request_id = %live.request_id);
+            None
+        }
+    }
+}
+
+/// Hands a claimed message back to the queue for another worker: its record says it is given
+/// back (so the next delivery takes it over, whichever live worker takes it), then the
+/// message is naked.
+pub(super) async fn give_back_message(
+    shared: &Shared,
+    message: &jetstream::Message,
+    live: &LiveRecord,
+    revision: u64,
+) {
+    if let Err(error) = shared.stores.give_back(live, revision).await {
+        tracing::warn!(message = "could not mark a request's record given back", %error, request_id = %live.request_id);
+    }
+    let _ = message.ack_with(AckKind::Nak(None)).await;
 }
 
 /// How many times one durable request is given back for want of a slot before a worker keeps
@@ -377,7 +492,7 @@ async fn refuse(
     request_id: &str,
     attempt: u32,
     detail: String,
-    claimed: Option<u64>,
+    over: Over,
 ) {
     tracing::warn!(message = "refused a durable request", request_id = %request_id, %detail);
     let mut result = GenerationResult::empty(
@@ -387,7 +502,7 @@ async fn refuse(
         &shared.worker_id,
     );
     result.attempt = attempt;
-    if let Ok(Stored::Stored) = shared.stores.store_result(&result, claimed).await {
+    if let Ok(Stored::Stored) = shared.stores.store_result(&result, over).await {
         recorded(shared, &result);
     }
     let _ = message.ack_with(AckKind::Term).await;
@@ -471,7 +586,12 @@ pub(super) async fn cancel_queued(
             "cancelled while queued".into(),
             &shared.worker_id,
         );
-        if shared.stores.store_result(&result, None).await? == Stored::Stored {
+        if shared
+            .stores
+            .store_result(&result, Over::Message(sequence))
+            .await?
+            == Stored::Stored
+        {
             recorded(shared, &result);
         }
     }
@@ -514,8 +634,12 @@ pub(super) async fn serve_exhausted(shared: Arc<Shared>, mut sub: async_nats::Su
         let Ok(stored) = shared.stores.queue.get_raw_message(sequence).await else {
             continue;
         };
-        let request_id = Subjects::request_id_of(&stored.subject).to_string();
-        if is_valid_request_id(&request_id) {
+        let queued = shared
+            .subjects
+            .parse_queued(&stored.subject)
+            .filter(|queued| is_valid_request_id(&queued.request_id));
+        if let Some(queued) = queued {
+            let request_id = queued.qualified_id();
             let mut result = GenerationResult::empty(
                 &request_id,
                 Reason::WorkerLost,
@@ -525,9 +649,13 @@ pub(super) async fn serve_exhausted(shared: Arc<Shared>, mut sub: async_nats::Su
                 &shared.worker_id,
             );
             result.attempt = u32::try_from(deliveries).unwrap_or(u32::MAX);
-            match shared.stores.store_result(&result, None).await {
+            match shared
+                .stores
+                .store_result(&result, Over::Message(sequence))
+                .await
+            {
                 Ok(Stored::Stored) => recorded(&shared, &result),
-                Ok(Stored::AlreadyStored) => {}
+                Ok(Stored::AlreadyStored | Stored::Fenced) => {}
                 Err(error) => {
                     tracing::warn!(message = "could not store a worker_lost result", %error, request_id = %request_id);
                     continue;

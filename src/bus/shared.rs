@@ -49,6 +49,56 @@ pub(super) struct Shared {
     pub(super) metrics: Arc<Metrics>,
     /// What each tenant and band does, for the metrics and the service stats.
     pub(super) tenant_stats: super::tenants::TenantStats,
+    /// Whether the fleet may have declared this worker lost, and the requests it stopped for
+    /// that: while either holds, nothing is published for them.
+    pub(super) fencing: Fencing,
+}
+
+/// Fencing: a worker whose heartbeat expired (it was paused, or cut off from NATS, for
+/// `worker.lost_after_ms`) has been declared lost by its peers, which end its requests. From
+/// the moment its last heartbeat is that old it publishes nothing for the requests it holds
+/// (events, signals); its next heartbeat stops them all ([`crate::actors::Fence`]), and their
+/// ends store a result only where the record is still theirs.
+pub(super) struct Fencing {
+    lost_after: std::time::Duration,
+    last_beat: std::sync::Mutex<std::time::Instant>,
+    fenced: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+impl Fencing {
+    pub(super) fn new(lost_after: std::time::Duration) -> Fencing {
+        Fencing {
+            lost_after,
+            last_beat: std::sync::Mutex::new(std::time::Instant::now()),
+            fenced: Default::default(),
+        }
+    }
+
+    /// A heartbeat was written now.
+    pub(super) fn beat(&self) {
+        *self.last_beat.lock().expect("last beat") = std::time::Instant::now();
+    }
+
+    /// Whether this worker's last heartbeat is old enough for the fleet to have declared it
+    /// lost.
+    pub(super) fn silenced(&self) -> bool {
+        self.last_beat.lock().expect("last beat").elapsed() >= self.lost_after
+    }
+
+    /// Notes the requests a fence stopped (bounded by the slots and the waiting list).
+    pub(super) fn fence(&self, ids: impl IntoIterator<Item = String>) {
+        self.fenced.lock().expect("fenced").extend(ids);
+    }
+
+    /// Whether nothing may be published for this request now.
+    pub(super) fn muted(&self, request_id: &str) -> bool {
+        self.silenced() || self.fenced.lock().expect("fenced").contains(request_id)
+    }
+
+    /// A fenced request ended: true if it was one.
+    pub(super) fn ended(&self, request_id: &str) -> bool {
+        self.fenced.lock().expect("fenced").remove(request_id)
+    }
 }
 
 /// The free slots of this worker's pool peers (not draining) as their last heartbeats told

@@ -284,7 +284,18 @@ pub struct LiveRecord {
     /// taken before the request started: they are no attempt (`attempt` counts the others).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub handed_back: u32,
+    /// A durable request's: the stream sequence of the queue message that claimed it. Only a
+    /// redelivery of that very message may take the request over; another message with the
+    /// same id is a duplicate and never runs. Absent for interactive requests (and in records
+    /// of workers older than this field, whose redeliveries are taken as the same message).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_seq: Option<u64>,
 }
+
+/// The `worker_id` of a durable request's record while no worker holds it: its worker gave
+/// its message back to the queue (no free slot after all, or a drain), and the next delivery
+/// of that message takes it over.
+pub const GIVEN_BACK: &str = "";
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
@@ -385,6 +396,28 @@ pub enum DurableClaim {
     Ended,
     /// Its live record names this worker: a redelivery of a request that may be running here.
     OnRecordHere(u64),
+    /// Another worker holds it from this very message (a redelivery): it may be taken over,
+    /// at this revision, only once that worker is found lost.
+    HeldBy { worker_id: String, revision: u64 },
+    /// Another request holds the id: an interactive one, or a durable one claimed from
+    /// another queue message. This message is a duplicate and must never run.
+    Duplicate,
+}
+
+/// What a result may replace in the request's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Over {
+    /// The live record this runner claimed (or last rewrote) at this revision, while it
+    /// still names the result's worker; a record that names another (it took the request
+    /// over) fences this runner off.
+    Claim(u64),
+    /// A durable request's live record whose claim came from this queue message (stream
+    /// sequence), or nothing: for results stored on the message's behalf (refused,
+    /// cancelled while queued, deliveries exhausted), which never replace another request's
+    /// record.
+    Message(u64),
+    /// Nothing: the result is stored only where no record exists.
+    Nothing,
 }
 
 /// How storing a result went.
@@ -393,6 +426,9 @@ pub enum Stored {
     Stored,
     /// Another runner of the same request stored first; its result stands.
     AlreadyStored,
+    /// The record belongs to another runner or another request (this runner was taken over,
+    /// or the id is another request's): nothing was written.
+    Fenced,
 }
 
 /// Compare-and-set writes tried before a record that keeps changing is given up.
@@ -416,9 +452,10 @@ impl Stores {
         }
     }
 
-    /// Claims a durable request taken from the queue. A first delivery costs one create; a
-    /// redelivery finds the record of the run before it, and takes it over (compare-and-set) or,
-    /// when the request already ended, leaves it.
+    /// Claims a durable request taken from the queue (`live.queue_seq` names its message). A
+    /// first delivery costs one create; a redelivery finds the record of the run before it:
+    /// it takes over a record its message gave back, leaves a request that already ended, and
+    /// says who holds it otherwise. A message whose id another request holds is a duplicate.
     pub async fn claim_durable(&self, live: &LiveRecord) -> Result<DurableClaim, StoreError> {
         let record = RequestRecord::Live { live: live.clone() };
         self.write_until(
@@ -428,10 +465,17 @@ impl Stores {
             |found| match found {
                 None => Next::Write(Write::Create),
                 Some((RequestRecord::Live { live: held }, revision)) => {
-                    if held.worker_id == live.worker_id {
+                    if !same_message(&held, live) {
+                        Next::Answer(DurableClaim::Duplicate)
+                    } else if held.worker_id == live.worker_id {
                         Next::Answer(DurableClaim::OnRecordHere(revision))
-                    } else {
+                    } else if held.worker_id == GIVEN_BACK {
                         Next::Write(Write::Update(revision))
+                    } else {
+                        Next::Answer(DurableClaim::HeldBy {
+                            worker_id: held.worker_id,
+                            revision,
+                        })
                     }
                 }
                 Some(_) => Next::Answer(DurableClaim::Ended),
@@ -439,6 +483,27 @@ impl Stores {
             DurableClaim::Claimed,
         )
         .await
+    }
+
+    /// Takes a durable request over from a lost worker: its record is replaced if it is still
+    /// at `revision` (another taker may have been first: then `None`).
+    pub async fn take_over(
+        &self,
+        live: &LiveRecord,
+        revision: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        let record = RequestRecord::Live { live: live.clone() };
+        match self
+            .write(&live.request_id, record.encode(), Write::Update(revision))
+            .await
+        {
+            Ok(revision) => Ok(Some(revision)),
+            Err(Conflict::Changed) => Ok(None),
+            Err(Conflict::Other(reason)) => Err(StoreError::Write {
+                request_id: live.request_id.clone(),
+                reason,
+            }),
+        }
     }
 
     /// Rewrites a running request's live record (its state changed, or to keep it within the
@@ -478,31 +543,65 @@ impl Stores {
         }
     }
 
-    /// Stores a terminal result: in place of the live record at `claimed` (the revision of the
-    /// claim, or of its last rewrite), or, for a request with no claim here (one that never
-    /// ran, or a lost worker's), create-if-absent. A live record written meanwhile (another
-    /// runner took a redelivery over) is replaced: the first result stored wins, and a result
-    /// already stored stands.
+    /// Stores a terminal result in place of what `over` says it may replace (see [`Over`]):
+    /// the first result stored wins, and a result already stored stands. A runner whose
+    /// record names another worker now was taken over: it is fenced off and writes nothing.
     pub async fn store_result(
         &self,
         result: &GenerationResult,
-        claimed: Option<u64>,
+        over: Over,
     ) -> Result<Stored, StoreError> {
         let body = RequestRecord::Result(Box::new(result.clone())).encode();
+        let first = match over {
+            Over::Claim(revision) => Write::Update(revision),
+            Over::Message(_) | Over::Nothing => Write::Create,
+        };
         self.write_until(
             &result.request_id,
             body,
-            claimed.map_or(Write::Create, Write::Update),
+            first,
             |found| match found {
                 None => Next::Write(Write::Create),
-                Some((RequestRecord::Live { .. }, revision)) => {
-                    Next::Write(Write::Update(revision))
+                Some((RequestRecord::Live { live }, revision)) => {
+                    let ours = match over {
+                        Over::Claim(_) => live.worker_id == result.worker_id,
+                        Over::Message(seq) => live.durable && live.queue_seq == Some(seq),
+                        Over::Nothing => false,
+                    };
+                    if ours {
+                        Next::Write(Write::Update(revision))
+                    } else {
+                        Next::Answer(Stored::Fenced)
+                    }
                 }
                 Some(_) => Next::Answer(Stored::AlreadyStored),
             },
             |_| Stored::Stored,
         )
         .await
+    }
+
+    /// Gives a durable request's record back to the queue (its message is handed back for
+    /// another worker): the next delivery of the same message takes it over at once, whoever
+    /// takes it. Only while the record is still this runner's (`revision`).
+    pub async fn give_back(&self, live: &LiveRecord, revision: u64) -> Result<bool, StoreError> {
+        let given = LiveRecord {
+            state: RequestState::Queued,
+            worker_id: GIVEN_BACK.to_string(),
+            ..live.clone()
+        };
+        let record = RequestRecord::Live { live: given };
+        match self
+            .write(&live.request_id, record.encode(), Write::Update(revision))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(Conflict::Changed) => Ok(false),
+            Err(Conflict::Other(reason)) => Err(StoreError::Write {
+                request_id: live.request_id.clone(),
+                reason,
+            }),
+        }
     }
 
     /// Writes a request's record, compare-and-set, until a write lands (`landed` makes the
@@ -651,6 +750,13 @@ impl From<kv::UpdateError> for Conflict {
             _ => Conflict::Other(error.to_string()),
         }
     }
+}
+
+/// Whether a durable claim comes from the queue message that claimed the record: the same
+/// stream sequence (a record without one, from a worker older than the field, is taken as
+/// the same). An interactive request's record is never a queue message's.
+fn same_message(held: &LiveRecord, claiming: &LiveRecord) -> bool {
+    held.durable && (held.queue_seq.is_none() || held.queue_seq == claiming.queue_seq)
 }
 
 fn write_error(request_id: &str, error: impl std::fmt::Display) -> StoreError {

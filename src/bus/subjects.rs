@@ -79,13 +79,20 @@ impl Subjects {
         }
     }
 
-    /// Every queue subject one request may wait on (to find it while it waits): the v1 one
-    /// and the banded one of every pool and tenant.
-    pub fn queued(&self, request_id: &str) -> [String; 2] {
-        [
-            format!("{}.queue.*.{request_id}", self.gen_prefix),
-            format!("{}.queue.*.*.*.{request_id}", self.gen_prefix),
-        ]
+    /// Every queue subject one request (its id as the bus knows it) may wait on, to find it
+    /// while it waits: for the default tenant the v1 one and its banded ones, for another
+    /// tenant that tenant's banded ones only (a request id never reaches another tenant's).
+    pub fn queued(&self, request_id: &str) -> Vec<String> {
+        match crate::protocol::schedule::split_qualified(request_id) {
+            Some((Some(tenant), id)) => {
+                vec![format!("{}.queue.*.*.{tenant}.{id}", self.gen_prefix)]
+            }
+            Some((None, id)) => vec![
+                format!("{}.queue.*.{id}", self.gen_prefix),
+                format!("{}.queue.*.*.{DEFAULT_TENANT}.{id}", self.gen_prefix),
+            ],
+            None => Vec::new(),
+        }
     }
 
     /// The filter of a pool's v1 queue consumer: `gen.queue.<pool>.*`.
@@ -161,9 +168,28 @@ impl Subjects {
         format!("{}.queue.>", self.gen_prefix)
     }
 
-    /// `gen.status.*`, `gen.result.*`, `gen.cancel.*`: answered by any worker.
+    /// `gen.status.*`, `gen.result.*`, `gen.cancel.*`: answered by any worker, for the default
+    /// tenant's requests.
     pub fn any(&self, verb: &str) -> String {
         format!("{}.{verb}.*", self.gen_prefix)
+    }
+
+    /// `gen.status.*.*`, `gen.result.*.*`, `gen.cancel.*.*`: the same for every other tenant's
+    /// requests, whose ids on the bus are `<tenant>.<id>`.
+    pub fn any_tenant(&self, verb: &str) -> String {
+        format!("{}.{verb}.*.*", self.gen_prefix)
+    }
+
+    /// The request id (as the bus knows it: `<id>`, or `<tenant>.<id>`) of a per-request
+    /// subject of `verb` (`gen.<verb>.<id>`, `gen.<verb>.<tenant>.<id>`); empty when the
+    /// subject is not one.
+    pub fn request_of<'s>(&self, verb: &str, subject: &'s str) -> &'s str {
+        subject
+            .strip_prefix(self.gen_prefix.as_str())
+            .and_then(|rest| rest.strip_prefix('.'))
+            .and_then(|rest| rest.strip_prefix(verb))
+            .and_then(|rest| rest.strip_prefix('.'))
+            .unwrap_or_default()
     }
 
     /// The queue group in which any one worker answers status, result and cancel.
@@ -258,6 +284,13 @@ pub struct QueueSubject {
     pub request_id: String,
 }
 
+impl QueueSubject {
+    /// The request's id on the bus: `<tenant>.<id>` for a tenant other than the default.
+    pub fn qualified_id(&self) -> String {
+        crate::protocol::schedule::qualified_id(Some(&self.tenant), &self.request_id)
+    }
+}
+
 /// The tenant token after a submit subject's `base`: the default tenant when there is none,
 /// `None` when `subject` is not `base` or its tenant token is not a valid tenant name.
 fn tenant_after<'s>(base: &str, subject: &'s str) -> Option<&'s str> {
@@ -303,6 +336,17 @@ mod tests {
         );
         assert_eq!(s.all_signals(), "t.sig.>");
         assert_eq!(Subjects::request_id_of("t.gen.result.abc"), "abc");
+        assert_eq!(s.request_of("result", "t.gen.result.abc"), "abc");
+        assert_eq!(s.request_of("result", "t.gen.result.acme.abc"), "acme.abc");
+        assert_eq!(s.request_of("status", "t.gen.result.abc"), "");
+        assert_eq!(s.events("acme.r"), "t.gen.events.acme.r");
+        assert_eq!(s.any_tenant("cancel"), "t.gen.cancel.*.*");
+        assert_eq!(s.queued("acme.r"), vec!["t.gen.queue.*.*.acme.r"]);
+        assert_eq!(
+            s.queued("r"),
+            vec!["t.gen.queue.*.r", "t.gen.queue.*.*.default.r"]
+        );
+        assert!(s.queued("a.b.c").is_empty());
         assert_eq!(s.submit_as("p", Some("acme")), "t.gen.submit.p.acme");
         assert_eq!(s.submit_tenant("p", "t.gen.submit.p"), Some("default"));
         assert_eq!(s.submit_tenant("p", "t.gen.submit.p.acme"), Some("acme"));
@@ -339,6 +383,13 @@ mod tests {
                 q.request_id.as_str()
             ),
             ("p", Priority::Low, "acme", false, "r1")
+        );
+        assert_eq!(q.qualified_id(), "acme.r1");
+        assert_eq!(
+            s.parse_queued("t.gen.queue.p.high.default.r1")
+                .unwrap()
+                .qualified_id(),
+            "r1"
         );
         let q = s.parse_queued("t.gen.queued.p.r2").unwrap();
         assert_eq!(

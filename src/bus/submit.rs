@@ -238,8 +238,13 @@ async fn submit(
         .tenant(shared, &message.subject)
         .filter(|t| *t != DEFAULT_TENANT)
         .map(str::to_string);
-    let request = admission::check(shared, request)?;
+    // Checked with the id the caller gave; on the bus a tenant's id is `<tenant>.<id>`.
+    let request = admission::check(shared, request)?.qualified(tenant.as_deref());
     let band = request.request().band();
+    // A continuation offered by the worker that took its decision's answer carries its chain,
+    // as on the queue, believed only as far as its decision's record vouches for it (see
+    // `super::decisions`).
+    let placement = admission::vouched_chain(shared, message, request.request_id()).await?;
     let live = LiveRecord {
         request_id: request.request_id().to_string(),
         state: RequestState::Running,
@@ -249,20 +254,11 @@ async fn submit(
         priority: request.request().priority,
         tenant: tenant.clone(),
         handed_back: 0,
+        queue_seq: None,
     };
     let revision = shared.stores.claim(&live).await?;
     // A pool submit a peer forwarded here is one of the pool's still.
     let pooled = route == Route::Pool || is_forwarded(message);
-    let placement = if pooled {
-        Placement {
-            traceparent: super::tools::traceparent_of(message),
-            ..Placement::default()
-        }
-    } else {
-        // A continuation offered by the worker that took its decision's answer carries its
-        // chain, as on the queue (see `super::decisions`).
-        admission::chain_placement(message)
-    };
     let placement = Placement {
         band,
         tenant,

@@ -162,6 +162,9 @@ async fn serve(
         stored: tokio::sync::broadcast::channel(STORED_NOTICES).0,
         metrics: metrics.clone(),
         tenant_stats: super::tenants::TenantStats::new(metrics.clone()),
+        fencing: super::shared::Fencing::new(std::time::Duration::from_millis(
+            settings.worker.lost_after_ms,
+        )),
         settings,
     });
     // On record as alive before taking any request, so no live worker takes it for lost.
@@ -200,13 +203,19 @@ async fn serve(
         "exhausted deliveries",
         queue::serve_exhausted(shared.clone(), exhausted),
     );
+    // The default tenant's requests (`gen.<verb>.<id>`) and every other tenant's
+    // (`gen.<verb>.<tenant>.<id>`), each subject answered by one worker of the fleet.
     for verb in Lookup::ALL {
-        let subject = subjects.any(verb.verb());
-        let sub = client
-            .queue_subscribe(subject.clone(), subjects.any_group().to_string())
-            .await
-            .map_err(|e| BusError::Setup(format!("cannot subscribe to {subject}: {e}")))?;
-        tasks.spawn(verb.verb(), lookup::serve(shared.clone(), verb, sub));
+        for (subject, name) in [
+            (subjects.any(verb.verb()), verb.verb()),
+            (subjects.any_tenant(verb.verb()), verb.tenants_task()),
+        ] {
+            let sub = client
+                .queue_subscribe(subject.clone(), subjects.any_group().to_string())
+                .await
+                .map_err(|e| BusError::Setup(format!("cannot subscribe to {subject}: {e}")))?;
+            tasks.spawn(name, lookup::serve(shared.clone(), verb, sub));
+        }
     }
     let forwarded = client
         .subscribe(subjects.worker_cancel(&worker_id))

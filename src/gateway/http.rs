@@ -337,8 +337,8 @@ async fn chat_completion(
     let answer = Answer {
         shared: shared.clone(),
         _span: span,
-        id: format!("chatcmpl-{}", run.root),
-        request_id: run.root.clone(),
+        id: format!("chatcmpl-{}", run.caller_id()),
+        request_id: run.caller_id().to_string(),
         created: now_secs(),
         model,
         tenant,
@@ -375,6 +375,7 @@ async fn start(
     tenant: &str,
 ) -> Result<Run, Box<ApiError>> {
     // Named here, so that an error after the request was sent names it too.
+    let chosen = mapped.request.request_id.is_some();
     let request_id = Some(
         mapped
             .request
@@ -382,59 +383,61 @@ async fn start(
             .get_or_insert_with(crate::protocol::ids::new_id)
             .clone(),
     );
-    Run::start(shared, mapped, tenant).await.map_err(|error| {
-        let mut api = match error {
-            StartError::NoSlot => ApiError {
-                retry_after: Some(1),
-                ..ApiError::new(
-                    429,
-                    "rate_limit_error",
-                    "no_slot_available",
-                    "no worker of the pool has a free slot (genfleet.queue is false: the \
+    Run::start(shared, mapped, tenant, chosen)
+        .await
+        .map_err(|error| {
+            let mut api = match error {
+                StartError::NoSlot => ApiError {
+                    retry_after: Some(1),
+                    ..ApiError::new(
+                        429,
+                        "rate_limit_error",
+                        "no_slot_available",
+                        "no worker of the pool has a free slot (genfleet.queue is false: the \
                      request was not queued)",
-                )
-            },
-            StartError::QueueTimeout => ApiError {
-                retry_after: Some(1),
-                ..ApiError::new(
+                    )
+                },
+                StartError::QueueTimeout => ApiError {
+                    retry_after: Some(1),
+                    ..ApiError::new(
+                        503,
+                        "server_error",
+                        "queue_timeout",
+                        format!(
+                            "no slot freed within gateway.queue_wait_ms ({} ms): the request was \
+                         cancelled",
+                            shared.settings.gateway.queue_wait_ms
+                        ),
+                    )
+                },
+                StartError::Refused(wire) => {
+                    let status = match wire.code {
+                        ErrorCode::NoSlotAvailable => 429,
+                        code => code.http_status(),
+                    };
+                    let kind = match status {
+                        400..=499 => "invalid_request_error",
+                        _ => "server_error",
+                    };
+                    let code = wire.code.as_str().to_ascii_lowercase();
+                    ApiError::new(status, kind, &code, wire.message)
+                }
+                StartError::Shutdown => ApiError::new(
                     503,
                     "server_error",
-                    "queue_timeout",
-                    format!(
-                        "no slot freed within gateway.queue_wait_ms ({} ms): the request was \
-                         cancelled",
-                        shared.settings.gateway.queue_wait_ms
-                    ),
-                )
-            },
-            StartError::Refused(wire) => {
-                let status = match wire.code {
-                    ErrorCode::NoSlotAvailable => 429,
-                    code => code.http_status(),
-                };
-                let kind = match status {
-                    400..=499 => "invalid_request_error",
-                    _ => "server_error",
-                };
-                let code = wire.code.as_str().to_ascii_lowercase();
-                ApiError::new(status, kind, &code, wire.message)
-            }
-            StartError::Shutdown => ApiError::new(
-                503,
-                "server_error",
-                "gateway_shutdown",
-                "the gateway is shutting down: the request was cancelled",
-            ),
-            StartError::Bus(message) => ApiError::new(
-                503,
-                "api_connection_error",
-                "bus_unavailable",
-                format!("the fleet cannot be reached: {message}"),
-            ),
-        };
-        api.request_id = request_id;
-        Box::new(api)
-    })
+                    "gateway_shutdown",
+                    "the gateway is shutting down: the request was cancelled",
+                ),
+                StartError::Bus(message) => ApiError::new(
+                    503,
+                    "api_connection_error",
+                    "bus_unavailable",
+                    format!("the fleet cannot be reached: {message}"),
+                ),
+            };
+            api.request_id = request_id;
+            Box::new(api)
+        })
 }
 
 /// What a completion's answer needs besides its run.

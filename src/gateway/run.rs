@@ -74,6 +74,17 @@ impl From<ClientError> for StartError {
     }
 }
 
+/// The refusal of a request id the caller chose that already names a request of its tenant.
+fn id_in_use(request_id: &str) -> crate::protocol::WireError {
+    let id =
+        crate::protocol::schedule::split_qualified(request_id).map_or(request_id, |(_, id)| id);
+    crate::protocol::WireError::new(
+        ErrorCode::DuplicateRequestId,
+        format!("request id {id} is already in use"),
+    )
+    .with_detail(serde_json::json!({ "param": "genfleet.request_id" }))
+}
+
 /// Sends `gen.cancel.<id>` for the request it follows when dropped armed.
 pub struct CancelGuard {
     client: Client,
@@ -168,6 +179,7 @@ impl Run {
         shared: &Arc<Shared>,
         mut mapped: Mapped,
         tenant: &str,
+        chosen: bool,
     ) -> Result<Run, StartError> {
         // Submitted under the key's tenant, a subject token the gateway's NATS user is
         // granted (the tenant's metadata entry is for people and metrics only).
@@ -178,11 +190,23 @@ impl Run {
             tenant_client = shared.client.clone().with_tenant(tenant)?;
             &tenant_client
         };
-        let request_id = mapped
-            .request
-            .request_id
-            .get_or_insert_with(crate::protocol::ids::new_id)
-            .clone();
+        // Its id on the bus: within the key's tenant (`<tenant>.<id>`), so an id the caller
+        // chose never reaches another tenant's request.
+        let request_id = client.on_bus(
+            mapped
+                .request
+                .request_id
+                .get_or_insert_with(crate::protocol::ids::new_id),
+        );
+        if chosen {
+            // An id the caller chose must name no request of the tenant yet: following or
+            // cancelling one would be reading or ending another caller's.
+            match client.status(&request_id).await {
+                Err(ClientError::Wire(error)) if error.code == ErrorCode::NotFound => {}
+                Ok(_) => return Err(StartError::Refused(id_in_use(&request_id))),
+                Err(error) => return Err(error.into()),
+            }
+        }
         let events: Events = Box::pin(client.follow(&request_id).await?);
         let guard = CancelGuard::new(shared, tenant);
         guard.arm(&request_id);
@@ -206,21 +230,26 @@ impl Run {
             pending: VecDeque::new(),
             done: false,
         };
+        // A queue message kept as a duplicate of one published before (within the stream's
+        // window) is not this caller's request.
+        let enqueue = || async {
+            match client.enqueue(&mapped.pool, &mapped.request).await {
+                Ok(queued) if queued.duplicate => {
+                    Err(ClientError::Wire(id_in_use(&queued.request_id)))
+                }
+                Ok(_) => Ok(false),
+                Err(error) => Err(error),
+            }
+        };
         let started = if mapped.durable {
-            client
-                .enqueue(&mapped.pool, &mapped.request)
-                .await
-                .map(|_| false)
+            enqueue().await
         } else {
             match client.submit_once(&mapped.pool, &mapped.request).await {
                 Ok(accepted) => Ok(accepted.state == RequestState::Running),
                 Err(ClientError::Wire(error))
                     if error.code == ErrorCode::NoSlotAvailable && mapped.queue =>
                 {
-                    client
-                        .enqueue(&mapped.pool, &mapped.request)
-                        .await
-                        .map(|_| false)
+                    enqueue().await
                 }
                 Err(error) => Err(error),
             }
@@ -236,6 +265,12 @@ impl Run {
             run.wait_started().await?;
         }
         Ok(run)
+    }
+
+    /// The request's id as its caller knows it: the bus's id without the tenant token (a
+    /// caller of the gateway only ever sees its own tenant's requests).
+    pub fn caller_id(&self) -> &str {
+        crate::protocol::schedule::split_qualified(&self.root).map_or(&self.root, |(_, id)| id)
     }
 
     /// Waits for the `started` event (or a state past QUEUED), keeping what else arrives.

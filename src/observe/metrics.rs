@@ -75,6 +75,9 @@ pub struct Metrics {
     pub tenant_completed: Family<TenantLabels, Counter>,
     pub tenant_queue_wait: Family<TenantLabels, Histogram>,
     pub submits_forwarded: Counter,
+    pub queue_duplicates: Counter,
+    pub fenced: Counter,
+    pub chain_headers_dropped: Counter,
 }
 
 /// Seconds, from 5 ms to about 20 minutes.
@@ -201,9 +204,30 @@ impl Metrics {
             "Pool submits this worker could not start and sent to a peer with a free slot",
             submits_forwarded.clone(),
         );
+        let queue_duplicates = Counter::default();
+        registry.register(
+            "queue_duplicates",
+            "Queue messages removed unrun because another request held their request id",
+            queue_duplicates.clone(),
+        );
+        let fenced = Counter::default();
+        registry.register(
+            "fenced_requests",
+            "Requests this worker stopped without a word because the fleet had declared it lost or another worker had taken them over",
+            fenced.clone(),
+        );
+        let chain_headers_dropped = Counter::default();
+        registry.register(
+            "chain_headers_dropped",
+            "Requests whose continuation headers no decision record vouched for: run as requests of their own",
+            chain_headers_dropped.clone(),
+        );
         Metrics {
             registry,
+            chain_headers_dropped,
             submits_forwarded,
+            queue_duplicates,
+            fenced,
             tenant_waiting,
             tenant_running,
             tenant_completed,

@@ -56,6 +56,35 @@ pub fn is_valid_tenant(tenant: &str) -> bool {
     is_valid_token(tenant, MAX_TENANT_LEN)
 }
 
+/// A request's id on the bus: the bare id for the default tenant (the v1 subjects), and
+/// `<tenant>.<id>` for any other tenant. Its per-request subjects (`gen.events.<tenant>.<id>`,
+/// `gen.status.…`, `gen.result.…`, `gen.cancel.…`) and its record (`res.<tenant>.<id>`) carry
+/// the tenant token, so the same id in two tenants is two requests and NATS permissions can
+/// pin a tenant to its own.
+pub fn qualified_id(tenant: Option<&str>, id: &str) -> String {
+    match tenant {
+        Some(tenant) if tenant != DEFAULT_TENANT => format!("{tenant}.{id}"),
+        _ => id.to_string(),
+    }
+}
+
+/// The tenant (`None` for the default tenant) and the bare id of a request id on the bus;
+/// `None` when it is neither a bare id nor `<tenant>.<id>`.
+pub fn split_qualified(id: &str) -> Option<(Option<&str>, &str)> {
+    match id.split_once('.') {
+        None => super::ids::is_valid_request_id(id).then_some((None, id)),
+        Some((tenant, bare)) => (is_valid_tenant(tenant)
+            && tenant != DEFAULT_TENANT
+            && super::ids::is_valid_request_id(bare))
+        .then_some((Some(tenant), bare)),
+    }
+}
+
+/// True for a request id as the bus knows it: a bare id, or `<tenant>.<id>`.
+pub fn is_valid_qualified_id(id: &str) -> bool {
+    split_qualified(id).is_some()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,6 +97,26 @@ mod tests {
         assert_eq!(Priority::from_token("urgent"), None);
         assert!(Priority::High < Priority::Normal && Priority::Normal < Priority::Low);
         assert_eq!(Priority::default(), Priority::Normal);
+    }
+
+    #[test]
+    fn qualified_ids_carry_their_tenant() {
+        assert_eq!(qualified_id(None, "a1"), "a1");
+        assert_eq!(qualified_id(Some(DEFAULT_TENANT), "a1"), "a1");
+        assert_eq!(qualified_id(Some("acme"), "a1"), "acme.a1");
+        assert_eq!(split_qualified("acme.a1"), Some((Some("acme"), "a1")));
+        assert_eq!(split_qualified("a1"), Some((None, "a1")));
+        for bad in [
+            "",
+            "default.a1",
+            "a.b.c",
+            "acme.",
+            ".a1",
+            "ac*me.a1",
+            "acme.a>",
+        ] {
+            assert_eq!(split_qualified(bad), None, "{bad:?}");
+        }
         assert_eq!(
             serde_json::from_str::<Priority>("\"low\"").unwrap(),
             Priority::Low
