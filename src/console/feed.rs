@@ -4,7 +4,7 @@
 //! - the signals stream, through an ordered (ephemeral, unacknowledged) consumer starting at
 //!   the newest `console.max_signals` signals, so no manager's durable consumer loses one;
 //! - the service API, polled every `console.fleet_refresh_ms`;
-//! - `gen.events.*`, for the requests that start and finish and the requests list's timelines;
+//! - `gen.events.>`, for the requests that start and finish and the requests list's timelines;
 //! - the results bucket, from its newest `console.max_requests` records on, for the requests
 //!   list.
 //!
@@ -315,7 +315,8 @@ async fn push_fleet(shared: Arc<Shared>) {
 }
 
 async fn follow_events(shared: Arc<Shared>) -> Result<(), String> {
-    let subject = shared.client.subjects().events("*");
+    // Every tenant's requests: `gen.events.<id>` and `gen.events.<tenant>.<id>`.
+    let subject = shared.client.subjects().events(">");
     let mut sub = shared
         .client
         .nats()

@@ -39,7 +39,7 @@ use super::auth::Refusal;
 use super::requests::RequestFilter;
 use super::{Push, Shared, assets};
 use crate::bus::client::ClientError;
-use crate::protocol::ids::is_valid_request_id;
+use crate::protocol::schedule::is_valid_qualified_id;
 use crate::protocol::{DecisionAnswer, ErrorCode, WireError};
 
 /// Largest body the console reads (an answer with a modified prompt).
@@ -222,11 +222,11 @@ fn bad_request(message: String) -> Refusal {
 }
 
 fn check_id(id: &str) -> Result<(), Refusal> {
-    if is_valid_request_id(id) {
+    if is_valid_qualified_id(id) {
         Ok(())
     } else {
         Err(bad_request(format!(
-            "{id:?} is not an id (1-128 characters of A-Z, a-z, 0-9, '_' or '-')"
+            "{id:?} is not an id (1-128 characters of A-Z, a-z, 0-9, '_' or '-', or <tenant>.<id> for a tenant's request)"
         )))
     }
 }

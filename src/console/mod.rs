@@ -7,7 +7,7 @@
 //! - the signal feed is the signals stream (`signals.>`), read with an ordered consumer of its
 //!   own, so it never takes a signal from `genfleet manager` instances;
 //! - the fleet view polls the service API (`$SRV.INFO` and `$SRV.STATS` of `genfleet`) and
-//!   follows `gen.events.*` for the requests running;
+//!   follows `gen.events.>` for the requests running;
 //! - a followed request is `gen.status`, `gen.result` (peeked, never released) and
 //!   `gen.events.<id>`;
 //! - the requests list follows the results bucket (`GENFLEET_RESULTS`, from its newest

@@ -6,7 +6,7 @@
 //! - the records of the results bucket (`res.<id>`: the live record when a worker claims a
 //!   request, the result when it ends, the tombstone once its caller read it), followed from
 //!   the newest `console.max_requests` on, so the list is full as soon as the console starts;
-//! - the wire events of `gen.events.*` (started, each model turn, tool calls and results,
+//! - the wire events of `gen.events.>` (started, each model turn, tool calls and results,
 //!   signals, finished, continued, chain ended), which make the timeline;
 //! - the signals stream and the decisions bucket (pool, job and tenant of the asking request,
 //!   the decision asked and how it was answered);

@@ -75,11 +75,12 @@ pub async fn run(target: &Target, spec: &FairnessSpec) -> anyhow::Result<Fairnes
     let flood_ids: Vec<String> = (0..spec.flood)
         .map(|n| target.request_id("flood", n))
         .collect();
+    // The flooding tenant's events: its requests are `<tenant>.<id>` on the bus.
     let mut follower = target
         .connection(1)
-        .subscribe(target.subjects.events("*"))
+        .subscribe(target.subjects.events(&format!("{FLOOD}.*")))
         .await?;
-    let flood_prefix = target.request_id("flood", 0);
+    let flood_prefix = flood.on_bus(&target.request_id("flood", 0));
     let flood_prefix = flood_prefix.trim_end_matches('0').to_string();
     let flood_count = spec.flood as usize;
     let flood_waits = tokio::spawn(async move {
@@ -125,7 +126,9 @@ pub async fn run(target: &Target, spec: &FairnessSpec) -> anyhow::Result<Fairnes
         .ok()
         .and_then(Result::ok)
         .unwrap_or_default();
-    target.release(flood_ids).await;
+    target
+        .release(flood_ids.iter().map(|id| flood.on_bus(id)).collect())
+        .await;
 
     eprintln!("fairness: interactive throughput, v1 subjects against a tenant with a band");
     let (mut v1, mut banded) = (0.0, 0.0);
@@ -170,7 +173,7 @@ async fn light_waits(
     let mut ids = Vec::new();
     for n in 0..spec.light {
         let id = target.request_id(&format!("light-{phase}"), n);
-        ids.push(id.clone());
+        ids.push(light.on_bus(&id));
         let light = light.clone();
         let pool = target.pool.clone();
         let request = workload::request(id.clone(), spec.reply_tokens);
