@@ -205,13 +205,13 @@ async fn a_light_tenant_is_served_beside_a_flooding_one() {
             .await
             .unwrap();
     }
-    let status = f.client.status("b-3").await.unwrap();
+    let status = f.client.status("tenant-b.b-3").await.unwrap();
     assert_eq!(status.tenant.as_deref(), Some("tenant-b"));
     f.mock().clear_requests();
     for i in 0..4 {
         f.client.cancel(&format!("blocker-{i}")).await.unwrap();
     }
-    wait_done(&f.client, (0..20).map(|i| format!("b-{i}"))).await;
+    wait_done(&tenant_b, (0..20).map(|i| format!("b-{i}"))).await;
     // The backend's log holds the first 256 starts: B's were all among them.
     let order = started(&f);
     let last_b = order.iter().rposition(|p| p.starts_with("b-"));
@@ -229,7 +229,7 @@ async fn a_light_tenant_is_served_beside_a_flooding_one() {
         "{a_before} of tenant A's requests started before tenant B's last"
     );
     // Tenant A's backlog drains afterwards; nothing is lost.
-    wait_done(&f.client, (1990..2000).map(|i| format!("a-{i}"))).await;
+    wait_done(&tenant_a, (1990..2000).map(|i| format!("a-{i}"))).await;
     fleet::wait_queue_empty(f.client.nats(), "default", WITHIN).await;
 }
 
@@ -293,7 +293,7 @@ async fn a_tenant_limit_holds_under_concurrent_submits_from_two_processes() {
         .await
         .unwrap();
     assert_eq!(accepted.state, RequestState::Running);
-    let status = f.client.status("other-1").await.unwrap();
+    let status = f.client.status("other.other-1").await.unwrap();
     assert_eq!(status.tenant.as_deref(), Some("other"));
     // The worker's service stats count them per tenant and band (the console's fleet view).
     let deadline = tokio::time::Instant::now() + WITHIN;
@@ -324,7 +324,15 @@ async fn a_tenant_limit_holds_under_concurrent_submits_from_two_processes() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     for id in [
-        "p1-0", "p1-1", "p1-2", "p1-3", "p2-0", "p2-1", "p2-2", "p2-3", "other-1",
+        "acme.p1-0",
+        "acme.p1-1",
+        "acme.p1-2",
+        "acme.p1-3",
+        "acme.p2-0",
+        "acme.p2-1",
+        "acme.p2-2",
+        "acme.p2-3",
+        "other.other-1",
     ] {
         let _ = f.client.cancel(id).await;
     }

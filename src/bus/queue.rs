@@ -314,9 +314,13 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
         Ok(DurableClaim::HeldBy {
             worker_id,
             revision,
-        }) => match take_over(shared, &live, &worker_id, revision).await {
-            Some(revision) => revision,
-            None => {
+        }) => match take_over(shared, &message, &live, &worker_id, revision).await {
+            TakeOver::Taken(revision) => revision,
+            TakeOver::Ended => {
+                let _ = message.ack().await;
+                return;
+            }
+            TakeOver::Held => {
                 // Its runner still beats (and keeps the message alive while it runs it): this
                 // delivery waits. Should that runner have lost it, the message comes back
                 // until its deliveries run out.
@@ -391,22 +395,67 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
     }
 }
 
-/// Takes a redelivered request over from the worker its record names, once that worker's
-/// heartbeat is gone: its revision then, or `None` while that worker beats (or cannot be
-/// told) or another taker was first.
-async fn take_over(shared: &Shared, live: &LiveRecord, holder: &str, revision: u64) -> Option<u64> {
-    if !matches!(super::heartbeat::beating(shared, holder).await, Ok(false)) {
-        return None;
-    }
-    match shared.stores.take_over(live, revision).await {
-        Ok(Some(revision)) => {
-            tracing::info!(message = "took a durable request over from a lost worker", request_id = %live.request_id, lost_worker = %holder);
-            Some(revision)
+/// What came of a redelivery that found its request held by another worker.
+enum TakeOver {
+    /// Taken over (that worker was lost, or the record was given back): at this revision.
+    Taken(u64),
+    /// The request ended meanwhile.
+    Ended,
+    /// That worker still beats after `worker.lost_after_ms`, or another taker was first.
+    Held,
+}
+
+/// Takes a redelivered request over from the worker its record names once that worker is
+/// lost (its heartbeat gone from the bucket). A worker killed a moment ago still has its
+/// heartbeat for up to `worker.lost_after_ms`, so the delivery is kept (alive, with
+/// in-progress acknowledgements) while the heartbeat is watched that long: the request is
+/// taken over as soon as its worker is found lost, and this delivery is its next attempt.
+async fn take_over(
+    shared: &Shared,
+    message: &jetstream::Message,
+    live: &LiveRecord,
+    holder: &str,
+    mut revision: u64,
+) -> TakeOver {
+    let every = Duration::from_millis(shared.settings.worker.heartbeat_ms);
+    let verdict = Duration::from_millis(shared.settings.worker.lost_after_ms) + every;
+    let deadline = tokio::time::Instant::now() + verdict;
+    loop {
+        if matches!(super::heartbeat::beating(shared, holder).await, Ok(false)) {
+            return match shared.stores.take_over(live, revision).await {
+                Ok(Some(revision)) => {
+                    tracing::info!(message = "took a durable request over from a lost worker", request_id = %live.request_id, lost_worker = %holder);
+                    TakeOver::Taken(revision)
+                }
+                Ok(None) => TakeOver::Held,
+                Err(error) => {
+                    tracing::warn!(message = "cannot take a durable request over", %error, request_id = %live.request_id);
+                    TakeOver::Held
+                }
+            };
         }
-        Ok(None) => None,
-        Err(error) => {
-            tracing::warn!(message = "cannot take a durable request over", %error, request_id = %live.request_id);
-            None
+        if tokio::time::Instant::now() + every > deadline {
+            return TakeOver::Held;
+        }
+        let _ = message.ack_with(AckKind::Progress).await;
+        tokio::time::sleep(every).await;
+        // Meanwhile the request may have ended, or its worker given it back.
+        match shared.stores.record(&live.request_id).await {
+            Ok(Some((super::store::RequestRecord::Live { live: held }, now))) => {
+                if held.worker_id == super::store::GIVEN_BACK {
+                    return match shared.stores.take_over(live, now).await {
+                        Ok(Some(revision)) => TakeOver::Taken(revision),
+                        _ => TakeOver::Held,
+                    };
+                }
+                if held.worker_id != holder {
+                    return TakeOver::Held;
+                }
+                revision = now;
+            }
+            Ok(Some(_)) => return TakeOver::Ended,
+            // Its record aged out or cannot be read now: the next delivery looks again.
+            Ok(None) | Err(_) => return TakeOver::Held,
         }
     }
 }
