@@ -341,16 +341,31 @@ class Client:
         """Puts a request on the durable queue, in the band its `priority` names (it runs when
         a slot is free, higher bands first, and survives a worker's loss); returns its id on
         the bus (qualified for a tenant). Published twice within the duplicate window, it is
-        kept once."""
+        kept once. A duplicate acknowledgement for an id the fleet does not know means another
+        publisher used the same message id first (the window is the whole stream's): nothing
+        was queued, and GenfleetError DUPLICATE_REQUEST_ID says to send it under another id."""
         body = _as_request(given)
         subject = self.queue_subject(body, pool=pool)
         request_id = self.qualify(body["request_id"])
         js = self.nc.jetstream(timeout=self.timeout)
-        await js.publish(
+        ack = await js.publish(
             subject,
             json.dumps(body).encode(),
             headers={"Nats-Msg-Id": request_id},
         )
+        if getattr(ack, "duplicate", False):
+            try:
+                await self.status(request_id)
+            except GenfleetError as error:
+                if error.code != "NOT_FOUND":
+                    raise
+                raise GenfleetError(
+                    "DUPLICATE_REQUEST_ID",
+                    f"the queue took request {request_id} for a duplicate of a message published "
+                    "with the same id within its duplicate window, but no such request is queued, "
+                    "running or finished: another publisher used this id; send it again under "
+                    "another request id",
+                ) from None
         return request_id
 
     async def _subscribe(self, request_id: str) -> Any:

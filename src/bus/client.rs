@@ -372,6 +372,23 @@ impl Client {
             .map_err(|e| {
                 ClientError::Transport(format!("the queue did not take the request: {e}"))
             })?;
+        if ack.duplicate {
+            // The stream kept a message with this id within its duplicate window. It is this
+            // request when the fleet knows it (queued, running or finished); otherwise another
+            // publisher sent the same message id first (the window is the whole stream's,
+            // every tenant's), and nothing of this caller's was queued.
+            match self.status(&on_bus).await {
+                Err(ClientError::Wire(error)) if error.code == ErrorCode::NotFound => {
+                    return Err(ClientError::Wire(WireError::new(
+                        ErrorCode::DuplicateRequestId,
+                        format!(
+                            "the queue took request {on_bus} for a duplicate of a message published with the same id within its duplicate window, but no such request is queued, running or finished: another publisher used this id; send it again under another request id"
+                        ),
+                    )));
+                }
+                _ => {}
+            }
+        }
         Ok(Queued {
             request_id: on_bus,
             duplicate: ack.duplicate,
