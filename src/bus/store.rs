@@ -565,7 +565,11 @@ impl Stores {
                 Some((RequestRecord::Live { live }, revision)) => {
                     let ours = match over {
                         Over::Claim(_) => live.worker_id == result.worker_id,
-                        Over::Message(seq) => live.durable && live.queue_seq == Some(seq),
+                        // A record without the sequence is an older worker's: taken as
+                        // the message's.
+                        Over::Message(seq) => {
+                            live.durable && live.queue_seq.is_none_or(|claimed| claimed == seq)
+                        }
                         Over::Nothing => false,
                     };
                     if ours {
