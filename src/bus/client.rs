@@ -27,6 +27,14 @@ use crate::settings::Settings;
 /// may be free by then).
 const SUBMIT_RETRIES: u32 = 3;
 
+/// How long the workers' answers to `$SRV.INFO` are gathered.
+pub const POOLS_GATHER: Duration = Duration::from_millis(250);
+
+/// A submit refusal that stands for "no responders": no worker of the pool is connected.
+fn is_no_responders(error: &WireError) -> bool {
+    error.code == ErrorCode::NoSlotAvailable && error.detail["no_responders"] == true
+}
+
 /// Affinity keys whose last worker a client remembers, the least recently used forgotten first.
 pub const AFFINITY_KEYS_KEPT: usize = 10_000;
 
@@ -208,12 +216,13 @@ impl Client {
             .map_err(|error| match error.kind() {
                 // A submit on a pool with no worker connected, or on the own subject of a worker
                 // that is gone (or a peer a full worker forwarded it to that stopped just then).
-                async_nats::RequestErrorKind::NoResponders if is_submit => {
-                    ClientError::Wire(WireError::new(
+                async_nats::RequestErrorKind::NoResponders if is_submit => ClientError::Wire(
+                    WireError::new(
                         ErrorCode::NoSlotAvailable,
                         "no worker answers (none of the pool is connected, or the worker is gone)",
-                    ))
-                }
+                    )
+                    .with_detail(serde_json::json!({ "no_responders": true })),
+                ),
                 async_nats::RequestErrorKind::NoResponders => ClientError::Transport(format!(
                     "no worker answers on {subject}: is a genfleet worker connected?"
                 )),
@@ -290,9 +299,58 @@ impl Client {
                     tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt) + jitter))
                         .await;
                 }
+                Err(ClientError::Wire(error)) if is_no_responders(&error) => {
+                    return Err(ClientError::Wire(self.no_worker_of(pool).await));
+                }
                 other => return self.learn_accepted(key, other),
             }
         }
+    }
+
+    /// The refusal of a submit no worker of `pool` answered: it names the pool, and the pools
+    /// whose workers answer the service API now.
+    async fn no_worker_of(&self, pool: &str) -> WireError {
+        let served = self.pools_served().await;
+        let others = if served.is_empty() {
+            "no worker answered the service API just now".to_string()
+        } else {
+            format!(
+                "pools with workers now: {}",
+                served.into_iter().collect::<Vec<_>>().join(", ")
+            )
+        };
+        WireError::new(
+            ErrorCode::NoSlotAvailable,
+            format!("no worker of pool {pool} is connected ({others})"),
+        )
+        .with_detail(serde_json::json!({ "no_responders": true, "pool": pool }))
+    }
+
+    /// The pools whose workers answer the service API (`$SRV.INFO.genfleet`, their `pool`
+    /// metadata) within a moment; empty when none answers, or when this user may not ask.
+    pub async fn pools_served(&self) -> std::collections::BTreeSet<String> {
+        let mut pools = std::collections::BTreeSet::new();
+        let inbox = self.nats.new_inbox();
+        let Ok(mut replies) = self.nats.subscribe(inbox.clone()).await else {
+            return pools;
+        };
+        if self
+            .nats
+            .publish_with_reply("$SRV.INFO.genfleet", inbox, "".into())
+            .await
+            .is_err()
+        {
+            return pools;
+        }
+        let deadline = tokio::time::Instant::now() + POOLS_GATHER;
+        while let Ok(Some(message)) = tokio::time::timeout_at(deadline, replies.next()).await {
+            if let Ok(info) = serde_json::from_slice::<serde_json::Value>(&message.payload)
+                && let Some(pool) = info["metadata"]["pool"].as_str()
+            {
+                pools.insert(pool.to_string());
+            }
+        }
+        pools
     }
 
     /// The worker that served `key` last, as far as this client knows.
@@ -440,6 +498,21 @@ impl Client {
         self.call(
             self.subjects.cancel(&self.on_bus(request_id)),
             &serde_json::json!({}),
+        )
+        .await
+    }
+
+    /// Cancels, saying why: the reason goes into the cancelled result's detail
+    /// (`cancelled by its caller: <reason>`).
+    pub async fn cancel_because(
+        &self,
+        request_id: &str,
+        reason: &str,
+    ) -> Result<CancelReply, ClientError> {
+        check_id("request", request_id)?;
+        self.call(
+            self.subjects.cancel(&self.on_bus(request_id)),
+            &serde_json::json!({ "reason": reason }),
         )
         .await
     }

@@ -101,6 +101,16 @@ async fn finish(shared: &Shared, mut event: Event) {
     if let Some(hold) = &hold {
         result.affinity = hold.asked.affinity.clone();
         result.tenant = hold.live.tenant.clone();
+        // A caller's cancel says who stopped it, and why when the cancel said.
+        if result.reason == crate::protocol::Reason::Cancelled
+            && cancelled_by == Some(Canceller::Caller)
+            && result.detail.is_none()
+        {
+            result.detail = Some(match hold.cancel_reason() {
+                Some(reason) => format!("cancelled by its caller: {reason}"),
+                None => "cancelled by its caller".to_string(),
+            });
+        }
     }
     let fenced =
         shared.fencing.ended(&result.request_id) || cancelled_by == Some(Canceller::Fenced);

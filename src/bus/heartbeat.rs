@@ -66,6 +66,12 @@ pub struct Heartbeat {
     /// The interactive requests running on the worker when it beat.
     #[serde(default)]
     pub running: Vec<String>,
+    /// The durable requests the worker held (running, or waiting for a slot) when it beat: a
+    /// redelivery of one it no longer holds (its message given back while the store could not
+    /// record that) takes it over without waiting for the worker to be lost. Absent in the
+    /// heartbeats of workers older than the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durable: Option<Vec<String>>,
 }
 
 pub async fn open(
@@ -78,11 +84,16 @@ pub async fn open(
 
 pub(super) async fn beat(shared: &Shared) -> Result<(), HeartbeatError> {
     let capacity = *shared.capacity.borrow();
-    let running = held_requests(shared)
-        .await
-        .into_iter()
+    let held = held_requests(shared).await;
+    let running = held
+        .iter()
         .filter(|(held, hold)| held.state == RequestState::Running && !hold.is_durable())
-        .map(|(held, _)| held.request_id)
+        .map(|(held, _)| held.request_id.clone())
+        .collect();
+    let durable = held
+        .iter()
+        .filter(|(held, hold)| !held.state.is_terminal() && hold.is_durable())
+        .map(|(held, _)| held.request_id.clone())
         .collect();
     let heartbeat = Heartbeat {
         worker_id: shared.worker_id.clone(),
@@ -92,6 +103,7 @@ pub(super) async fn beat(shared: &Shared) -> Result<(), HeartbeatError> {
         draining: capacity.draining,
         ts: crate::protocol::ids::now_rfc3339(),
         running,
+        durable: Some(durable),
     };
     shared
         .workers
@@ -293,6 +305,43 @@ async fn reap(
         }
     }
     Ok(())
+}
+
+/// Whether `worker` still holds the durable request `request_id`, as its heartbeats tell:
+/// `Lost` when its heartbeat is gone, `Released` when a heartbeat written after `since` (a
+/// revision of its entry) no longer lists it, `Holds` otherwise (or when that cannot be told).
+pub(super) async fn holds(
+    shared: &Shared,
+    worker: &str,
+    request_id: &str,
+    since: &mut Option<u64>,
+) -> Holding {
+    let entry = match shared.workers.entry(worker).await {
+        Ok(entry) => entry,
+        Err(_) => return Holding::Holds,
+    };
+    let Some(entry) = entry.filter(|e| e.operation == kv::Operation::Put) else {
+        return Holding::Lost;
+    };
+    let first = *since.get_or_insert(entry.revision);
+    if entry.revision <= first {
+        return Holding::Holds;
+    }
+    match serde_json::from_slice::<Heartbeat>(&entry.value) {
+        Ok(Heartbeat {
+            durable: Some(durable),
+            ..
+        }) if !durable.iter().any(|id| id == request_id) => Holding::Released,
+        _ => Holding::Holds,
+    }
+}
+
+/// What a worker's heartbeats tell of a durable request it is on record for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Holding {
+    Holds,
+    Released,
+    Lost,
 }
 
 /// Whether `worker`'s heartbeat is in the bucket (younger than `worker.lost_after_ms`).

@@ -77,7 +77,8 @@ pub(super) async fn serve(shared: Arc<Shared>, lookup: Lookup, mut sub: async_na
                     respond(&shared.client, &message, reply).await;
                 }
                 Lookup::Cancel => {
-                    let reply = guarded(cancel(shared, &request_id)).await;
+                    let reason = cancel_reason(&message.payload);
+                    let reply = guarded(cancel(shared, &request_id, reason)).await;
                     respond(&shared.client, &message, reply).await;
                 }
             }
@@ -276,7 +277,39 @@ fn not_ready(request_id: &str, state: RequestState) -> WireError {
     .with_detail(serde_json::json!({ "state": state }))
 }
 
-async fn cancel(shared: &Shared, request_id: &str) -> Result<CancelReply, WireError> {
+/// The longest reason a cancel may give (longer ones are cut).
+const MAX_CANCEL_REASON_CHARS: usize = 200;
+
+/// Header of a forwarded cancel: the reason its caller gave.
+const CANCEL_REASON_HEADER: &str = "Genfleet-Cancel-Reason";
+
+/// Why the caller cancels, when its body says (`{"reason": "..."}`). The body of a cancel was
+/// never read before, so anything else in it is still ignored, as v1 callers expect.
+fn cancel_reason(payload: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Body {
+        reason: Option<String>,
+    }
+    let body: Body = serde_json::from_slice(payload).ok()?;
+    let reason = body
+        .reason
+        .map(|r| {
+            r.chars()
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect::<String>()
+        })
+        .filter(|r| !r.trim().is_empty())?;
+    Some(crate::protocol::finished::opening(
+        reason.trim(),
+        MAX_CANCEL_REASON_CHARS,
+    ))
+}
+
+async fn cancel(
+    shared: &Shared,
+    request_id: &str,
+    reason: Option<String>,
+) -> Result<CancelReply, WireError> {
     checked_id(request_id)?;
     let cancelled = |decision_id| CancelReply {
         request_id: request_id.into(),
@@ -314,9 +347,9 @@ async fn cancel(shared: &Shared, request_id: &str) -> Result<CancelReply, WireEr
         }
     };
     if live.worker_id == shared.worker_id {
-        return cancel_here(shared, request_id).await;
+        return cancel_here(shared, request_id, reason).await;
     }
-    forward_cancel(shared, &live).await
+    forward_cancel(shared, &live, reason).await
 }
 
 fn already_finished(request_id: &str, state: RequestState) -> WireError {
@@ -328,17 +361,22 @@ fn already_finished(request_id: &str, state: RequestState) -> WireError {
 }
 
 /// Another worker runs it: the cancel is forwarded and its answer relayed.
-async fn forward_cancel(shared: &Shared, live: &LiveRecord) -> Result<CancelReply, WireError> {
+async fn forward_cancel(
+    shared: &Shared,
+    live: &LiveRecord,
+    reason: Option<String>,
+) -> Result<CancelReply, WireError> {
     let wait =
         Duration::from_millis(shared.settings.worker.cancel_wait_ms) + Duration::from_secs(2);
     let subject = shared.subjects.worker_cancel(&live.worker_id);
-    let reply = tokio::time::timeout(
-        wait,
-        shared
-            .client
-            .request(subject, live.request_id.clone().into()),
-    )
-    .await;
+    let mut headers = async_nats::HeaderMap::new();
+    if let Some(reason) = &reason {
+        headers.insert(CANCEL_REASON_HEADER, reason.as_str());
+    }
+    let request = async_nats::Request::new()
+        .headers(headers)
+        .payload(live.request_id.clone().into());
+    let reply = tokio::time::timeout(wait, shared.client.send_request(subject, request)).await;
     match reply {
         Ok(Ok(message)) => {
             if let Ok(reply) = serde_json::from_slice::<CancelReply>(&message.payload) {
@@ -369,7 +407,11 @@ async fn forward_cancel(shared: &Shared, live: &LiveRecord) -> Result<CancelRepl
 pub(super) async fn cancel_here(
     shared: &Shared,
     request_id: &str,
+    reason: Option<String>,
 ) -> Result<CancelReply, WireError> {
+    if let Some(hold) = super::shared::hold_of(shared, request_id).await {
+        hold.cancelled_because(reason);
+    }
     // Listening before the cancel goes in, so the notice of the stored result is not missed.
     let mut stored = shared.stored.subscribe();
     let reply = shared
@@ -406,7 +448,8 @@ pub(super) async fn serve_forwarded_cancels(shared: Arc<Shared>, mut sub: async_
         let shared2 = shared.clone();
         spawn_handler(&shared, async move {
             let request_id = String::from_utf8_lossy(&message.payload).to_string();
-            let reply = guarded(cancel_here(&shared2, &request_id)).await;
+            let reason = super::reply::header(&message, CANCEL_REASON_HEADER);
+            let reply = guarded(cancel_here(&shared2, &request_id, reason)).await;
             respond(&shared2.client, &message, reply).await;
         })
         .await;

@@ -420,11 +420,13 @@ async fn take_over(
     let every = Duration::from_millis(shared.settings.worker.heartbeat_ms);
     let verdict = Duration::from_millis(shared.settings.worker.lost_after_ms) + every;
     let deadline = tokio::time::Instant::now() + verdict;
+    let mut since = None;
     loop {
-        if matches!(super::heartbeat::beating(shared, holder).await, Ok(false)) {
+        let holding = super::heartbeat::holds(shared, holder, &live.request_id, &mut since).await;
+        if holding != super::heartbeat::Holding::Holds {
             return match shared.stores.take_over(live, revision).await {
                 Ok(Some(revision)) => {
-                    tracing::info!(message = "took a durable request over from a lost worker", request_id = %live.request_id, lost_worker = %holder);
+                    tracing::info!(message = "took a durable request over", request_id = %live.request_id, from = %holder, ?holding);
                     TakeOver::Taken(revision)
                 }
                 Ok(None) => TakeOver::Held,

@@ -189,6 +189,8 @@ pub(super) struct Hold {
     pub(super) message: Option<jetstream::Message>,
     /// The request's span on this worker (exported traces), ended with its stored result.
     pub(super) trace: RequestTrace,
+    /// Why its caller cancelled it, when the cancel said (the result's detail).
+    pub(super) cancel_reason: std::sync::Mutex<Option<String>>,
 }
 
 impl Hold {
@@ -205,7 +207,24 @@ impl Hold {
             revision: AtomicU64::new(revision),
             message,
             trace,
+            cancel_reason: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Notes why the caller cancels it (the first reason given stands).
+    pub(super) fn cancelled_because(&self, reason: Option<String>) {
+        let mut kept = self.cancel_reason.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.is_none() {
+            *kept = reason;
+        }
+    }
+
+    /// Why the caller cancelled it, if the cancel said.
+    pub(super) fn cancel_reason(&self) -> Option<String> {
+        self.cancel_reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub(super) fn is_durable(&self) -> bool {

@@ -219,6 +219,7 @@ pub async fn submit(settings: Settings, args: SubmitArgs) -> anyhow::Result<()> 
     }
     if args.durable && !args.follow {
         let queued = client.enqueue(&pool, &request).await?;
+        warn_if_unserved(&client, &pool).await;
         return print_reply(args.json, &queued, |q| format!("{} QUEUED\n", q.request_id));
     }
     if !args.follow {
@@ -234,11 +235,12 @@ pub async fn submit(settings: Settings, args: SubmitArgs) -> anyhow::Result<()> 
     let mut events: Events = Box::pin(client.follow(&request_id).await?);
     if args.durable {
         client.enqueue(&pool, &request).await?;
+        warn_if_unserved(&client, &pool).await;
     } else {
         client.submit(&pool, &request).await?;
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(args.wait_secs);
-    let mut current = request_id;
+    let mut current = client.on_bus(&request_id);
     loop {
         let result = follow_one(&client, &current, &mut events, deadline, args.json).await?;
         if args.json {
@@ -295,6 +297,26 @@ pub async fn submit(settings: Settings, args: SubmitArgs) -> anyhow::Result<()> 
     }
 }
 
+/// A request queued for a pool no worker serves waits until one does: said plainly on stderr
+/// (the queue took it, so this is no failure).
+async fn warn_if_unserved(client: &Client, pool: &str) {
+    let served = client.pools_served().await;
+    if served.contains(pool) {
+        return;
+    }
+    let others = if served.is_empty() {
+        "no worker answered the service API just now".to_string()
+    } else {
+        format!(
+            "pools with workers now: {}",
+            served.into_iter().collect::<Vec<_>>().join(", ")
+        )
+    };
+    eprintln!(
+        "note: no worker of pool {pool} is connected ({others}); the request waits in the queue until one is"
+    );
+}
+
 type Events = std::pin::Pin<Box<dyn futures_util::Stream<Item = crate::protocol::Event> + Send>>;
 
 /// Prints one request's output as it streams and returns its stored result.
@@ -324,6 +346,16 @@ async fn follow_one(
                             EventBody::Delta { text } if !json && whole => {
                                 let _ = stdout.write_all(text.as_bytes());
                                 let _ = stdout.flush();
+                            }
+                            // The tool loop, on stderr beside the output (as the demo
+                            // narrates it and the console's timeline shows it).
+                            EventBody::ToolCall { name, arguments, .. } if !json => {
+                                let _ = stdout.flush();
+                                eprintln!("\n▸ tool call: {name} {}", opening(&arguments.to_string()));
+                            }
+                            EventBody::ToolResult { name, ok, result, .. } if !json => {
+                                let failed = if ok { "" } else { " (failed)" };
+                                eprintln!("▸ tool result: {name}{failed} → {}", opening(&result.to_string()));
                             }
                             EventBody::Finished { .. } => return true,
                             _ => {}
@@ -367,6 +399,14 @@ async fn follow_one(
     }
     Ok(result)
 }
+
+/// The first characters of a tool's arguments or result, as a line for people.
+fn opening(text: &str) -> String {
+    crate::protocol::finished::opening(text, TOOL_LINE_CHARS)
+}
+
+/// Characters of a tool call's arguments or result `submit --follow` prints.
+const TOOL_LINE_CHARS: usize = 300;
 
 async fn wait_for_answer(events: &mut Events, deadline: tokio::time::Instant) -> Option<EventBody> {
     tokio::time::timeout_at(deadline, async {

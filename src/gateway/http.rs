@@ -129,9 +129,22 @@ impl IntoResponse for ApiError {
         {
             response.headers_mut().insert(REQUEST_ID_HEADER, value);
         }
+        // OpenAI's SDKs retry 408, 409, 429 and 5xx unless told: only what another try may
+        // mend is retried.
+        let retry = if super::mapping::should_retry(&self.code) {
+            "true"
+        } else {
+            "false"
+        };
+        response
+            .headers_mut()
+            .insert(SHOULD_RETRY_HEADER, HeaderValue::from_static(retry));
         response
     }
 }
+
+/// The header OpenAI's SDKs read to decide whether to send a failed request again.
+const SHOULD_RETRY_HEADER: &str = "x-should-retry";
 
 async fn ready(State(shared): State<Arc<Shared>>) -> Response {
     let connected =

@@ -153,11 +153,34 @@ pub fn ending_of(reason: Reason) -> Ending {
         Reason::Timeout => error(504, "timeout_error", "timeout"),
         Reason::BackendError => error(502, "server_error", "backend_error"),
         Reason::WorkerLost => error(502, "server_error", "worker_lost"),
-        Reason::LoopDetected => error(500, "server_error", "loop_detected"),
-        Reason::ToolExecutionError => error(500, "server_error", "tool_execution_error"),
-        Reason::ToolParseError => error(500, "server_error", "tool_parse_error"),
+        // The model's own output could not be used (it looped, or called a tool wrongly and
+        // its correction failed too): the same request would fail the same way.
+        Reason::LoopDetected => error(422, "model_error", "loop_detected"),
+        Reason::ToolParseError => error(422, "model_error", "tool_parse_error"),
+        // A tool service behind the fleet failed (or the decision chain's limit was reached).
+        Reason::ToolExecutionError => error(502, "server_error", "tool_execution_error"),
         Reason::InvalidRequest => error(400, "invalid_request_error", "invalid_request"),
     }
+}
+
+/// Whether an error with this `code` is worth the same request again, as the
+/// `x-should-retry` header tells OpenAI's SDKs (which otherwise retry 408, 409, 429 and every
+/// 5xx twice): a worker lost, no free slot, a timeout, the backend or the bus failing may pass;
+/// the model's own failures, a failed tool, a cancelled request, a refused or duplicate one
+/// would fail the same way (or run a tool again).
+pub fn should_retry(code: &str) -> bool {
+    matches!(
+        code,
+        "worker_lost"
+            | "backend_error"
+            | "timeout"
+            | "no_slot_available"
+            | "queue_timeout"
+            | "gateway_shutdown"
+            | "bus_unavailable"
+            | "bus_closed"
+            | "internal"
+    )
 }
 
 /// The finish reason when a decision ended the chain instead of continuing it.
@@ -261,7 +284,11 @@ mod tests {
                     reason.state() == crate::protocol::RequestState::Completed,
                     "{reason:?} → {finish}"
                 ),
-                Ending::Error { status, .. } => assert!(status >= 400, "{reason:?}"),
+                Ending::Error { status, code, .. } => {
+                    assert!(status >= 400, "{reason:?}");
+                    let retried = matches!(reason, BackendError | WorkerLost | Timeout);
+                    assert_eq!(should_retry(code), retried, "{reason:?}");
+                }
             }
         }
     }

@@ -5,15 +5,11 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
 use tokio::sync::Mutex;
 
 use super::mapping::Route;
 use crate::bus::client::Client;
 use crate::settings::Settings;
-
-/// How long the workers' answers to `$SRV.INFO` are gathered.
-const GATHER: Duration = Duration::from_millis(250);
 
 /// The pools seen lately, asked again when older than `gateway.pools_refresh_ms`.
 pub struct Pools {
@@ -84,7 +80,11 @@ impl Pools {
     /// were just asked.
     async fn live(&self, client: &Client, fresh: bool) -> BTreeSet<String> {
         let mut seen = self.seen.lock().await;
-        let age_limit = if fresh { GATHER * 4 } else { self.refresh };
+        let age_limit = if fresh {
+            crate::bus::client::POOLS_GATHER * 4
+        } else {
+            self.refresh
+        };
         if let Some((at, pools)) = &*seen
             && at.elapsed() < age_limit
         {
@@ -97,26 +97,5 @@ impl Pools {
 }
 
 async fn ask(client: &Client) -> BTreeSet<String> {
-    let nats = client.nats();
-    let inbox = nats.new_inbox();
-    let mut pools = BTreeSet::new();
-    let Ok(mut replies) = nats.subscribe(inbox.clone()).await else {
-        return pools;
-    };
-    if nats
-        .publish_with_reply("$SRV.INFO.genfleet", inbox, "".into())
-        .await
-        .is_err()
-    {
-        return pools;
-    }
-    let deadline = tokio::time::Instant::now() + GATHER;
-    while let Ok(Some(message)) = tokio::time::timeout_at(deadline, replies.next()).await {
-        if let Ok(info) = serde_json::from_slice::<serde_json::Value>(&message.payload)
-            && let Some(pool) = info["metadata"]["pool"].as_str()
-        {
-            pools.insert(pool.to_string());
-        }
-    }
-    pools
+    client.pools_served().await
 }

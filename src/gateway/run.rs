@@ -85,6 +85,13 @@ fn id_in_use(request_id: &str) -> crate::protocol::WireError {
     .with_detail(serde_json::json!({ "param": "genfleet.request_id" }))
 }
 
+/// Between the output of a request that raised a decision and its continuation's, in one
+/// completion: a blank line.
+pub const CHAIN_SEPARATOR: &str = "\n\n";
+
+/// Why the gateway cancels a request whose caller hung up (the cancelled result's detail).
+const CLIENT_GONE: &str = "the caller went away (its HTTP connection to the gateway closed)";
+
 /// Sends `gen.cancel.<id>` for the request it follows when dropped armed.
 pub struct CancelGuard {
     client: Client,
@@ -133,7 +140,7 @@ impl Drop for CancelGuard {
         runtime.spawn(async move {
             // A cancel that overtook the request's own submit finds nothing yet: try again.
             for _ in 0..5 {
-                match client.cancel(&request_id).await {
+                match client.cancel_because(&request_id, CLIENT_GONE).await {
                     Err(error) if error.code() == Some(ErrorCode::NotFound) => {
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }
@@ -161,6 +168,10 @@ pub struct Run {
     /// An event of the current request was missed: its text comes from its result instead.
     gapped: bool,
     streamed: String,
+    /// Text was sent to the caller already in this completion.
+    sent_text: bool,
+    /// A continuation started since: its first text is set apart from the part before it.
+    separate: bool,
     streamed_reasoning: String,
     usage: crate::protocol::result::Usage,
     follow_decisions: bool,
@@ -222,6 +233,8 @@ impl Run {
             next_seq: 0,
             gapped: false,
             streamed: String::new(),
+            sent_text: false,
+            separate: false,
             streamed_reasoning: String::new(),
             usage: Default::default(),
             follow_decisions: mapped.follow_decisions,
@@ -374,7 +387,7 @@ impl Run {
         match event.body {
             EventBody::Delta { text } if !self.gapped && self.decision_deadline.is_none() => {
                 self.streamed.push_str(&text);
-                self.pending.push_back(Piece::Text(text));
+                self.push_text(text);
             }
             EventBody::Reasoning { text } if !self.gapped && self.decision_deadline.is_none() => {
                 self.streamed_reasoning.push_str(&text);
@@ -474,7 +487,7 @@ impl Run {
         if let Some(rest) = result.output.strip_prefix(self.streamed.as_str())
             && !rest.is_empty()
         {
-            self.pending.push_back(Piece::Text(rest.to_string()));
+            self.push_text(rest.to_string());
         }
         self.usage.add(result.usage);
         let client = self.shared.client.clone();
@@ -507,6 +520,20 @@ impl Run {
         }));
     }
 
+    /// Text for the caller. The parts of a decision chain are one completion, each part set
+    /// apart from the one before by [`CHAIN_SEPARATOR`].
+    fn push_text(&mut self, text: String) {
+        if text.is_empty() {
+            return;
+        }
+        if std::mem::take(&mut self.separate) {
+            self.pending
+                .push_back(Piece::Text(CHAIN_SEPARATOR.to_string()));
+        }
+        self.sent_text = true;
+        self.pending.push_back(Piece::Text(text));
+    }
+
     async fn continue_as(&mut self, next: String) {
         match self.shared.client.follow(&next).await {
             Ok(events) => {
@@ -519,6 +546,7 @@ impl Run {
                 self.gapped = false;
                 self.streamed.clear();
                 self.streamed_reasoning.clear();
+                self.separate = self.sent_text;
                 self.decision_deadline = None;
                 // The continuation may have run before it was followed.
                 self.check.reset_immediately();

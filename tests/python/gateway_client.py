@@ -5,8 +5,8 @@ Usage: gateway_client.py BASE_URL API_KEY PART
 Expects a gateway in front of one worker of pool `default` with one slot, backed by the mock
 LLM of tests/data/gateway.toml, and the demo calculator as a bus tool. PART is:
 - `basics`: text whole and streamed, usage, reasoning, /v1/models, genfleet fields in
-  extra_body, a bus tool inside the loop, errors (a wrong key, an unknown model, a bad field,
-  no slot with queue false), and a stream the caller closes mid-way (its request id printed as
+  extra_body, a bus tool inside the loop, errors (a model failure the SDK does not retry, a
+  wrong key, an unknown model, a bad field, no slot with queue false), and a stream the caller closes mid-way (its request id printed as
   `CANCELLED_ID=<id>` for the test to check);
 - `caller-tools`: OpenAI's tool round trip, streamed and not.
 Exits non-zero (with a traceback) on the first mismatch, and prints `gateway client: PART
@@ -89,6 +89,22 @@ def basics():
     assert "42" in reply.choices[0].message.content, reply
     assert reply.choices[0].finish_reason == "stop", reply
     print(f"EXTRA_ID={raw.headers['x-genfleet-request-id']}", flush=True)
+
+    # A failure no retry mends is sent once, though the SDK retries twice by default: the
+    # gateway says `x-should-retry: false`. Each HTTP request the SDK sends is counted.
+    import httpx
+    sent = []
+    retrying = openai.OpenAI(
+        base_url=base_url, api_key=api_key, max_retries=2, timeout=60,
+        http_client=httpx.Client(event_hooks={"request": [lambda request: sent.append(request.url)]}),
+    )
+    try:
+        retrying.chat.completions.create(
+            model="default", messages=[{"role": "user", "content": "gw-badtool"}])
+        raise AssertionError("a call of a tool not offered succeeded")
+    except openai.UnprocessableEntityError as e:
+        assert e.status_code == 422 and e.code == "tool_parse_error", e
+    assert len(sent) == 1, f"the SDK sent the failed request {len(sent)} times"
 
     # Errors, each in OpenAI's shape with the right status.
     try:

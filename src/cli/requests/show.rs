@@ -50,7 +50,12 @@ pub fn status(status: &StatusReply) -> String {
             let _ = writeln!(out, "  finished: {at}");
         }
         timings(&mut out, &f.timings_ms, state);
-        tokens(&mut out, f.usage, f.tool_iterations_used);
+        tokens(
+            &mut out,
+            f.usage,
+            f.tool_iterations_used,
+            f.output_chars > 0,
+        );
         if !f.signals.is_empty() {
             let _ = writeln!(out, "  signals:  {}", f.signals.join(", "));
         }
@@ -113,7 +118,12 @@ pub fn result(r: &GenerationResult) -> String {
         &r.request_id,
     );
     timings(&mut out, &r.timings_ms, r.state);
-    tokens(&mut out, r.usage, r.tool_iterations_used);
+    tokens(
+        &mut out,
+        r.usage,
+        r.tool_iterations_used,
+        !r.output.is_empty(),
+    );
     if let Some(v) = &r.validation {
         let _ = writeln!(
             out,
@@ -202,12 +212,21 @@ fn timings(out: &mut String, t: &Timings, state: RequestState) {
     let _ = writeln!(out, "  time:     {}", parts.join(", "));
 }
 
-fn tokens(out: &mut String, usage: Usage, tool_iterations: u32) {
+/// The tokens the backend counted. A request that ended mid-stream (cancelled, timed out, its
+/// backend failing) has output but no count: backends report usage at the end of a stream.
+fn tokens(out: &mut String, usage: Usage, tool_iterations: u32, has_output: bool) {
     let tools = if tool_iterations > 0 {
         format!(", {tool_iterations} tool round(s)")
     } else {
         String::new()
     };
+    if usage.prompt_tokens == 0 && usage.completion_tokens == 0 && has_output {
+        let _ = writeln!(
+            out,
+            "  tokens:   not reported (it ended before the backend counted them){tools}"
+        );
+        return;
+    }
     let _ = writeln!(
         out,
         "  tokens:   {} prompt, {} completion{tools}",

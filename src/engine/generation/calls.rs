@@ -166,6 +166,40 @@ impl Generation<'_> {
     }
 }
 
+impl Generation<'_> {
+    /// The result's detail when the model's calls stayed invalid after its correction turn:
+    /// written for the person reading the result, not for the model (which was told in its
+    /// own words).
+    pub(super) fn failed_calls_detail(&self, calls: &[ModelCall], problems: &[Problem]) -> String {
+        let offered: Vec<&str> = self
+            .tools
+            .iter()
+            .chain(&self.caller_tools)
+            .map(|t| t.name())
+            .collect();
+        let unknown = calls
+            .iter()
+            .find(|call| !offered.contains(&call.name.as_str()));
+        match unknown {
+            Some(call) => {
+                let offers = if offered.is_empty() {
+                    "it offers no tools".to_string()
+                } else {
+                    format!("it offers {}", offered.join(", "))
+                };
+                format!(
+                    "the model called `{}`, a tool this request does not offer ({offers}), and called it again after it was told",
+                    call.name
+                )
+            }
+            None => format!(
+                "the model's tool call was still invalid after it was told what was wrong: {}",
+                problems.first().map_or("", |p| p.what.as_str())
+            ),
+        }
+    }
+}
+
 pub(super) fn argument_problems(tool: &Tool, call: &ModelCall) -> Vec<Problem> {
     let arguments = serde_json::Value::Object(call.arguments.clone());
     tool.check_arguments(&arguments)

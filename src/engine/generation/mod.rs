@@ -262,7 +262,10 @@ impl<'e> Generation<'e> {
 
             if !problems.is_empty() {
                 if corrections_left == 0 {
-                    return Stop::new(Reason::ToolParseError, problems[0].what.clone());
+                    return Stop::new(
+                        Reason::ToolParseError,
+                        self.failed_calls_detail(&normal, &problems),
+                    );
                 }
                 corrections_left -= 1;
                 self.add_correction(&normal, &controls, &recorded, &problems);
