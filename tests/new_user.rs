@@ -189,3 +189,54 @@ async fn a_cancelled_requests_status_says_why_and_does_not_claim_zero_tokens() {
         "{stdout}"
     );
 }
+
+/// SIGTERM while NATS is out of reach: the worker cannot store or hand back anything, so it
+/// says so and stops without waiting out its drain (an hour here: that it exits at all shows it
+/// did not wait), with status 0.
+#[tokio::test]
+async fn sigterm_with_nats_out_of_reach_stops_the_worker_without_draining() {
+    let mut f = Fleet::builder()
+        .script("[[rules]]\nreply = \"tick \"\nrepeat = 100000\nchunk = \"word\"\ndelay_ms = 20\n")
+        .settings(|s| s.loop_detection.enabled = false)
+        .worker_env("GENFLEET__WORKER__DRAIN_TIMEOUT_MS", 3_600_000)
+        .worker_processes(["w1"])
+        .start()
+        .await;
+    let mut events = Box::pin(f.client.follow("long").await.unwrap());
+    f.client
+        .submit("default", &request("long", "go"))
+        .await
+        .unwrap();
+    tokio::time::timeout(WITHIN, async {
+        use futures_util::StreamExt;
+        while let Some(event) = events.next().await {
+            if event.body.name() == "delta" {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the request runs");
+    f.nats.kill().await;
+    let pid = f.processes[0].pid().to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let mut status = None;
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    while status.is_none() && tokio::time::Instant::now() < deadline {
+        status = f.processes[0].child.try_wait().unwrap();
+        if status.is_none() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let log = std::fs::read_to_string(f.logs().join("w1.log")).unwrap_or_default();
+    let status = status.unwrap_or_else(|| panic!("the worker still drains; its log:\n{log}"));
+    assert!(status.success(), "{status:?}\n{log}");
+    assert!(
+        log.contains("NATS is out of reach: nothing can be stored or handed back"),
+        "{log}"
+    );
+}

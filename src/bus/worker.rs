@@ -129,8 +129,24 @@ pub async fn run(
         }
     };
     shutdown.await;
-    tracing::info!(message = "draining", worker_id = %shared.worker_id);
-    let deadline = Duration::from_millis(shared.settings.worker.drain_timeout_ms);
+    // With NATS out of reach nothing can be stored, handed back or told: waiting out the drain
+    // would only keep the process (and its replacement's start) waiting. Its durable requests
+    // come back from the queue after `jetstream.queue_ack_wait_ms`; its interactive ones are
+    // ended `worker_lost` by its peers.
+    let reachable = matches!(
+        shared.client.connection_state(),
+        async_nats::connection::State::Connected
+    );
+    let deadline = if reachable {
+        tracing::info!(message = "draining", worker_id = %shared.worker_id);
+        Duration::from_millis(shared.settings.worker.drain_timeout_ms)
+    } else {
+        tracing::warn!(
+            message = "NATS is out of reach: nothing can be stored or handed back, so the worker stops now without draining; its durable requests return to the queue after jetstream.queue_ack_wait_ms",
+            worker_id = %shared.worker_id
+        );
+        Duration::ZERO
+    };
     let report = shared
         .supervisor
         .send(Drain { deadline })
