@@ -240,3 +240,66 @@ async fn sigterm_with_nats_out_of_reach_stops_the_worker_without_draining() {
         "{log}"
     );
 }
+
+/// A worker whose model server does not answer takes no work: a submit is refused
+/// NO_SLOT_AVAILABLE saying why (not taken and failed `backend_error`), and its log says what
+/// it waits for. Once the model server answers, it takes work.
+#[tokio::test]
+async fn a_worker_takes_no_work_until_its_backend_answers() {
+    let port = common::nats::free_port();
+    let f = Fleet::builder()
+        .backend_url(format!("http://127.0.0.1:{port}/v1"))
+        .worker_processes(["w"])
+        .start()
+        .await;
+    let refused = f
+        .client
+        .submit_once("default", &request("too-early", "hello"))
+        .await
+        .expect_err("a worker without its backend takes no work");
+    assert_eq!(
+        refused.code(),
+        Some(genfleet::protocol::ErrorCode::NoSlotAvailable),
+        "{refused}"
+    );
+    assert!(
+        refused
+            .to_string()
+            .contains("takes no work until its backend answers"),
+        "{refused}"
+    );
+    let log = std::fs::read_to_string(f.logs().join("w.log")).unwrap_or_default();
+    assert!(
+        log.contains("waiting for the backend to answer before taking work"),
+        "{log}"
+    );
+    // The model server comes up: the worker takes work.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("up.toml");
+    std::fs::write(&script, "[[rules]]\nreply = \"up now\"\n").unwrap();
+    let (_backend, _) = common::fleet::mock_llm(&format!("127.0.0.1:{port}"), &script);
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    let result = loop {
+        match f
+            .client
+            .run("default", request("in-time", "hello"), WITHIN)
+            .await
+        {
+            Ok(result) => break result,
+            Err(error) => {
+                assert_eq!(
+                    error.code(),
+                    Some(genfleet::protocol::ErrorCode::NoSlotAvailable),
+                    "{error}"
+                );
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the worker never took work: {error}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    assert_eq!(result.state, RequestState::Completed, "{result:?}");
+    assert_eq!(result.output, "up now");
+}

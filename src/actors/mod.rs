@@ -9,7 +9,7 @@ mod supervisor;
 
 pub use supervisor::{
     Cancel, Canceller, CheckedRequest, Drain, DrainReport, Fence, GetResult, Held, HeldRequest,
-    MAILBOX_CAPACITY, Placement, Release, Released, RequestChecker, Stats, Status, Submit,
+    MAILBOX_CAPACITY, Pause, Placement, Release, Released, RequestChecker, Stats, Status, Submit,
     Supervisor, SupervisorConfig, SupervisorHandle, TenantSlots, Ticket, TicketOf, request_limits,
 };
 // The wire replies the Supervisor's messages answer with.

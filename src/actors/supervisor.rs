@@ -293,6 +293,14 @@ impl Message for Drain {
     type Result = DrainReport;
 }
 
+/// Stops (or resumes) taking work: a worker whose backend does not answer takes none. Running
+/// requests go on; requests waiting for a slot wait on.
+pub struct Pause(pub bool);
+
+impl Message for Pause {
+    type Result = ();
+}
+
 /// Stops every request this worker holds, running or waiting for a slot, as
 /// [`Canceller::Fenced`]: the fleet declared the worker lost. Answers with their ids.
 pub struct Fence;
@@ -375,6 +383,8 @@ pub struct Supervisor {
     sink: EventSink,
     busy: u32,
     draining: bool,
+    /// Takes no work: its backend does not answer.
+    paused: bool,
     records: HashMap<String, Record>,
     /// Requests waiting for a slot, oldest first.
     waiting: VecDeque<String>,
@@ -409,6 +419,7 @@ impl Supervisor {
             busy: 0,
             draining: false,
             waiting: 0,
+            paused: false,
         });
         let checker = RequestChecker::new(config.limits.clone(), engine.clone());
         let supervisor = Supervisor {
@@ -417,6 +428,7 @@ impl Supervisor {
             sink,
             busy: 0,
             draining: false,
+            paused: false,
             records: HashMap::new(),
             waiting: VecDeque::new(),
             finished_order: VecDeque::new(),
@@ -436,6 +448,7 @@ impl Supervisor {
             busy: self.busy,
             draining: self.draining,
             waiting: self.waiting.len() as u32,
+            paused: self.paused,
         };
         self.capacity.send_if_modified(|c| {
             let changed = *c != now;
@@ -538,7 +551,7 @@ impl Supervisor {
     /// Starts waiting requests while slots are free: the oldest of the highest band first,
     /// each only where its band's reserve and its tenant's limit allow.
     fn start_waiting(&mut self, ctx: &mut Context<Self>) {
-        while !self.draining && self.busy < self.config.slots {
+        while !self.draining && !self.paused && self.busy < self.config.slots {
             let free = self.config.slots - self.busy;
             let next = self
                 .waiting
@@ -653,6 +666,12 @@ impl Handler<Submit> for Supervisor {
             return Err(Self::refuse(
                 ErrorCode::NoSlotAvailable,
                 "the worker is draining and accepts no new requests",
+            ));
+        }
+        if self.paused && !placement.wait_for_slot {
+            return Err(Self::refuse(
+                ErrorCode::NoSlotAvailable,
+                "the worker takes no work until its backend answers",
             ));
         }
         let request = request.into_request();
@@ -959,6 +978,18 @@ impl Handler<Release> for Supervisor {
             ticket: ended.ticket,
             cancelled_by: ended.cancelled_by,
         })
+    }
+}
+
+impl Handler<Pause> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, Pause(paused): Pause, ctx: &mut Context<Self>) {
+        self.paused = paused;
+        if !paused {
+            self.start_waiting(ctx);
+        }
+        self.publish_capacity();
     }
 }
 

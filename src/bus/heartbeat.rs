@@ -62,6 +62,9 @@ pub struct Heartbeat {
     pub slots: u32,
     pub busy: u32,
     pub draining: bool,
+    /// It takes no work: its backend does not answer.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
     pub ts: String,
     /// The interactive requests running on the worker when it beat.
     #[serde(default)]
@@ -101,6 +104,7 @@ pub(super) async fn beat(shared: &Shared) -> Result<(), HeartbeatError> {
         slots: capacity.total,
         busy: capacity.busy,
         draining: capacity.draining,
+        paused: capacity.paused,
         ts: crate::protocol::ids::now_rfc3339(),
         running,
         durable: Some(durable),
@@ -252,7 +256,10 @@ fn note(shared: &Shared, peers: &mut HashMap<String, Peer>, entry: kv::Entry) {
     if !peers.contains_key(&entry.key) && peers.len() >= MAX_PEERS {
         return;
     }
-    let free = if heartbeat.pool == shared.settings.worker.pool && !heartbeat.draining {
+    let free = if heartbeat.pool == shared.settings.worker.pool
+        && !heartbeat.draining
+        && !heartbeat.paused
+    {
         heartbeat.slots.saturating_sub(heartbeat.busy)
     } else {
         0

@@ -12,7 +12,7 @@ use tokio::sync::watch;
 
 use super::BusError;
 use super::shared::Shared;
-use crate::actors::Stats;
+use crate::actors::{Pause, Stats};
 use crate::llm::OpenAiBackend;
 use crate::observe::Metrics;
 use crate::protocol::Capacity;
@@ -86,27 +86,52 @@ pub(super) async fn serve_capacity(
     }
 }
 
-/// Checks every `http.backend_probe_ms` that the backend answers, for `/readyz`.
+/// Checks every `http.backend_probe_ms` that the backend answers, for `/readyz` and for the
+/// work the worker takes: it starts paused (no free slot: submits go to its peers, the queue
+/// waits) and takes work from the first answer on; a backend that stops answering pauses it
+/// again, while what runs goes on. While the backend is down the probe is tried every second,
+/// so the worker takes work soon after it comes back.
 pub(super) async fn probe_backend(
     shared: Arc<Shared>,
     backend: OpenAiBackend,
     up: Arc<AtomicBool>,
+    was_up: bool,
 ) {
     let every = Duration::from_millis(shared.settings.http.backend_probe_ms.max(100));
-    let mut was_up = None;
+    let url = shared.settings.llm.base_url.clone();
+    // The first probe ran as the worker started (and paused it if the backend did not answer).
+    let mut was_up = Some(was_up);
+    let first = if was_up == Some(true) {
+        every
+    } else {
+        every.min(Duration::from_secs(1))
+    };
+    tokio::time::sleep(first).await;
     loop {
         let result = backend.probe(Duration::from_secs(5)).await;
         let now_up = result.is_ok();
         up.store(now_up, Ordering::Relaxed);
         shared.metrics.backend_up.set(i64::from(now_up));
         if was_up != Some(now_up) {
+            let _ = shared.supervisor.send(Pause(!now_up)).await;
             match result {
-                Ok(()) => tracing::info!(message = "the backend answers"),
-                Err(error) => tracing::warn!(message = "the backend does not answer", %error),
+                Ok(()) => {
+                    tracing::info!(message = "the backend answers: taking work", backend = %url)
+                }
+                Err(error) => tracing::warn!(
+                    message = "the backend does not answer: taking no new work until it does",
+                    backend = %url,
+                    %error
+                ),
             }
             was_up = Some(now_up);
         }
-        tokio::time::sleep(every).await;
+        let pause = if now_up {
+            every
+        } else {
+            every.min(Duration::from_secs(1))
+        };
+        tokio::time::sleep(pause).await;
     }
 }
 

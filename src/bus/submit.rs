@@ -189,10 +189,15 @@ fn is_forwarded(message: &async_nats::Message) -> bool {
 /// meanwhile; "no responders" if it is gone). The refusal to send when no peer had one.
 async fn forward(shared: &Shared, message: &async_nats::Message) -> Result<(), WireError> {
     let no_slot = || {
+        let this = if shared.capacity.borrow().paused {
+            "takes no work until its backend answers"
+        } else {
+            "is full"
+        };
         WireError::new(
             ErrorCode::NoSlotAvailable,
             format!(
-                "no free slot: worker {} is full and no other worker of pool {} had a free slot at its last heartbeat",
+                "no free slot: worker {} {this} and no other worker of pool {} had a free slot at its last heartbeat",
                 shared.worker_id, shared.settings.worker.pool
             ),
         )

@@ -146,6 +146,28 @@ async fn serve(
         engine,
         Some(events_tx),
     );
+    // No work until the backend answers (the backend probe below takes the pause off): a
+    // worker whose model server is down would fail every request it took at once.
+    let backend_up = match backend.probe(Duration::from_secs(5)).await {
+        Ok(()) => true,
+        Err(error) => {
+            tracing::warn!(
+                message = "waiting for the backend to answer before taking work",
+                backend = %settings.llm.base_url,
+                %error
+            );
+            handle
+                .addr
+                .send(crate::actors::Pause(true))
+                .await
+                .map_err(|e| BusError::Setup(format!("the supervisor stopped: {e}")))?;
+            false
+        }
+    };
+    readiness
+        .backend_up
+        .store(backend_up, std::sync::atomic::Ordering::Relaxed);
+    metrics.backend_up.set(i64::from(backend_up));
     let shared = Arc::new(Shared {
         worker_id: worker_id.clone(),
         client: client.clone(),
@@ -250,7 +272,12 @@ async fn serve(
     );
     tasks.spawn(
         "backend probe",
-        service::probe_backend(shared.clone(), backend, readiness.backend_up.clone()),
+        service::probe_backend(
+            shared.clone(),
+            backend,
+            readiness.backend_up.clone(),
+            backend_up,
+        ),
     );
     tasks.spawn(
         "slot gauges",

@@ -73,8 +73,8 @@ pub struct CancelReply {
     pub decision_id: Option<String>,
 }
 
-/// A worker's slots. `free` is 0 while draining, and while requests wait for a slot (the next
-/// free slot is theirs).
+/// A worker's slots. `free` is 0 while draining or paused (its backend does not answer), and
+/// while requests wait for a slot (the next free slot is theirs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Capacity {
     pub total: u32,
@@ -84,11 +84,14 @@ pub struct Capacity {
     /// took the last slot).
     #[serde(default)]
     pub waiting: u32,
+    /// The worker takes no work: its backend does not answer (yet).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 impl Capacity {
     pub fn free(&self) -> u32 {
-        if self.draining {
+        if self.draining || self.paused {
             0
         } else {
             self.total
