@@ -12,6 +12,11 @@
 //!   the decision asked and how it was answered);
 //! - the workers the fleet view knows, for the pool a worker serves.
 //!
+//! A request's tenant is the one the fleet vouches for: the tenant token of its id on the bus
+//! (`<tenant>.<id>`), as its result says too; never its metadata, a caller's own word. A
+//! request the console did not see from its start (it began before the console was watching)
+//! is `partial`: its timeline and counts hold only what the console saw.
+//!
 //! Architecture invariant: bounded. At most `max` requests are kept (finished ones go first,
 //! then the oldest), each timeline holds at most [`TIMELINE_MAX`] entries (the count of those
 //! left out is kept), and a pool's series covers [`SERIES_BUCKETS`] buckets.
@@ -20,13 +25,14 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::protocol::decision::DecisionRecord;
 use crate::protocol::ids::rfc3339;
+use crate::protocol::schedule::split_qualified;
 use crate::protocol::text::clip_chars_counted;
 use crate::protocol::{
-    Event, EventBody, FinishedSummary, GenerationResult, RequestState, Role, Signal,
+    DEFAULT_TENANT, Event, EventBody, FinishedSummary, GenerationResult, RequestState, Role, Signal,
 };
 
 /// Timeline entries kept per request; past it the newest replace nothing and are counted.
@@ -42,14 +48,14 @@ pub const SERIES_BUCKETS: usize = 30;
 /// Pools with a series.
 const MAX_POOLS: usize = 256;
 
-/// The tenant a request's metadata names (the gateway puts the API key's tenant there). A
-/// result also says the tenant it ran as (`GenerationResult::tenant`, the subject's token),
-/// which wins where the console has it.
-pub fn tenant_of(metadata: &Map<String, Value>) -> Option<String> {
-    match metadata.get("tenant")? {
-        Value::String(s) if !s.is_empty() => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        _ => None,
+/// The tenant of a request, from its id on the bus: `<tenant>.<id>` for a tenant's request, a
+/// bare id for the default tenant's. The fleet vouches for it (the worker qualifies the id
+/// with the tenant token of the subject the request came on); what a caller wrote in the
+/// request's metadata says nothing about its tenant.
+pub fn tenant_of(request_id: &str) -> &str {
+    match split_qualified(request_id) {
+        Some((Some(tenant), _)) => tenant,
+        _ => DEFAULT_TENANT,
     }
 }
 
@@ -108,8 +114,9 @@ pub struct RequestEntry {
     pub pool: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub job_name: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tenant: Option<String>,
+    /// Its tenant: the token of its qualified id (`default` for a bare id), or the one its
+    /// result says it ran as.
+    pub tenant: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub worker_id: Option<String>,
     pub attempt: u32,
@@ -132,10 +139,21 @@ pub struct RequestEntry {
     pub latency_ms: Option<u64>,
     pub turns: u32,
     pub tool_calls: u32,
+    /// The console saw only part of the request's events: it began before the console was
+    /// watching (no `started` event seen) and no result with its transcript told the rest.
+    /// Its timeline lacks the moments before, and `turns` and `tool_calls` count only those
+    /// seen.
+    pub partial: bool,
     /// Its caller read the result (the fleet keeps a summary).
     pub released: bool,
     /// Timeline entries left out past [`TIMELINE_MAX`].
     pub timeline_dropped: u32,
+    /// A `started` event of it came: the console saw it from its start.
+    #[serde(skip)]
+    seen_start: bool,
+    /// Its turns and tool calls came from a result's transcript: all of them.
+    #[serde(skip)]
+    whole: bool,
     #[serde(skip)]
     timeline: Vec<TimelineEntry>,
     /// The last event was output: the next delta continues the same model turn.
@@ -155,7 +173,7 @@ impl RequestEntry {
             detail: None,
             pool: None,
             job_name: None,
-            tenant: None,
+            tenant: tenant_of(request_id).to_string(),
             worker_id: None,
             attempt: 0,
             chain_position: 1,
@@ -168,8 +186,11 @@ impl RequestEntry {
             latency_ms: None,
             turns: 0,
             tool_calls: 0,
+            partial: false,
             released: false,
             timeline_dropped: 0,
+            seen_start: false,
+            whole: false,
             timeline: Vec::new(),
             in_turn: false,
             seen,
@@ -183,6 +204,14 @@ impl RequestEntry {
     /// Something live (a record, an event) said how it stands.
     fn known(&self) -> bool {
         self.state.is_some()
+    }
+
+    /// The entry as the list and its page show it.
+    fn shown(&self) -> RequestEntry {
+        let mut shown = self.clone();
+        // A request still waiting for a slot has missed nothing yet: its start is to come.
+        shown.partial = !self.seen_start && !self.whole && self.state != Some(RequestState::Queued);
+        shown
     }
 
     fn push(&mut self, entry: TimelineEntry) {
@@ -260,7 +289,7 @@ impl RequestFilter {
         state
             && part(&self.pool, entry.pool.as_deref())
             && part(&self.job, entry.job_name.as_deref())
-            && part(&self.tenant, entry.tenant.as_deref())
+            && part(&self.tenant, Some(&entry.tenant))
             && part(&self.id, Some(&entry.request_id))
     }
 }
@@ -434,7 +463,7 @@ impl Requests {
 
     pub fn get(&self, request_id: &str) -> Option<RequestDetail> {
         self.entries.get(request_id).map(|e| RequestDetail {
-            entry: e.clone(),
+            entry: e.shown(),
             timeline: e.timeline(),
         })
     }
@@ -451,7 +480,7 @@ impl Requests {
             if entry.known() && filter.matches(entry) {
                 matched += 1;
                 if requests.len() < limit {
-                    requests.push(entry.clone());
+                    requests.push(entry.shown());
                 }
             }
         }
@@ -475,7 +504,7 @@ impl Requests {
             max: self.max,
             pools: distinct(|e| e.pool.as_ref()),
             jobs: distinct(|e| e.job_name.as_ref()),
-            tenants: distinct(|e| e.tenant.as_ref()),
+            tenants: distinct(|e| Some(&e.tenant)),
         }
     }
 
@@ -525,6 +554,7 @@ impl Requests {
                 entry.chain_position = *chain_position;
                 entry.started_at = Some(event.ts.clone());
                 entry.in_turn = false;
+                entry.seen_start = true;
                 entry.push(
                     TimelineEntry::new(
                         ts,
@@ -681,13 +711,9 @@ impl Requests {
         if result.job_name.is_some() {
             entry.job_name = result.job_name.clone();
         }
-        // The tenant it ran as (its subject's token), else the one its metadata names.
-        if let Some(tenant) = result
-            .tenant
-            .clone()
-            .or_else(|| tenant_of(&result.metadata))
-        {
-            entry.tenant = Some(tenant);
+        // The tenant it ran as (its subject's token), as its id says too.
+        if let Some(tenant) = &result.tenant {
+            entry.tenant = tenant.clone();
         }
         entry.latency_ms = Some(result.timings_ms.total);
         entry.finished_at = finished_at.clone();
@@ -717,6 +743,7 @@ impl Requests {
                 .keyed(format!("started-{}", result.attempt)),
             );
             from_transcript(entry, result, &started);
+            entry.whole = true;
         }
         for signal in &result.signals {
             signal_entries(entry, signal);
@@ -803,8 +830,8 @@ impl Requests {
         if entry.job_name.is_none() {
             entry.job_name = record.request.job_name.clone();
         }
-        if let Some(tenant) = tenant_of(&record.request.metadata) {
-            entry.tenant = Some(tenant);
+        if let Some(tenant) = &record.tenant {
+            entry.tenant = tenant.clone();
         }
         entry.decision_id = Some(record.decision_id.clone());
         let mut asked = TimelineEntry::new(
@@ -836,19 +863,15 @@ impl Requests {
             entry.push(line);
             if let Some(next) = &answer.continuation_request_id {
                 entry.continuation_request_id = Some(next.clone());
-                let (pool, job, tenant, parent) = (
+                let (pool, job, parent) = (
                     record.pool.clone(),
                     record.request.job_name.clone(),
-                    tenant_of(&record.request.metadata),
                     record.request_id.clone(),
                 );
                 let next = self.entry(next);
                 next.pool.get_or_insert(pool);
                 if next.job_name.is_none() {
                     next.job_name = job;
-                }
-                if next.tenant.is_none() {
-                    next.tenant = tenant;
                 }
                 next.parent_request_id.get_or_insert(parent);
                 next.chain_position = next.chain_position.max(record.chain_position + 1);
@@ -1030,8 +1053,10 @@ mod tests {
         serde_json::from_value(value).unwrap()
     }
 
+    /// A result of `id`; `tenant` is the one it ran as (its id is then `<tenant>.<...>`).
+    /// Its metadata names another tenant, which the console ignores.
     fn result(id: &str, state: &str, reason: &str, tenant: Option<&str>) -> GenerationResult {
-        let metadata = tenant.map_or(json!({}), |t| json!({"tenant": t}));
+        let metadata = json!({"tenant": "mallory"});
         serde_json::from_value(json!({
             "request_id": id, "root_request_id": id, "parent_request_id": null,
             "job_name": "triage", "state": state, "reason": reason, "output": "done",
@@ -1045,7 +1070,7 @@ mod tests {
             "signals": [], "signals_dropped": 0, "tool_iterations_used": 1,
             "usage": {"prompt_tokens": 1, "completion_tokens": 1}, "worker_id": "w1",
             "attempt": 1, "chain_position": 1, "truncated": false, "metadata": metadata,
-            "timings_ms": {"queued": 5, "total": 1500}
+            "timings_ms": {"queued": 5, "total": 1500}, "tenant": tenant
         }))
         .unwrap()
     }
@@ -1061,24 +1086,96 @@ mod tests {
     }
 
     #[test]
-    fn the_tenant_is_read_from_the_metadata() {
-        for (metadata, tenant) in [
-            (json!({"tenant": "acme"}), Some("acme")),
-            (json!({"tenant": 42}), Some("42")),
-            (json!({"tenant": ""}), None),
-            (json!({"tenant": {"id": 1}}), None),
-            (json!({}), None),
-        ] {
-            let metadata = metadata.as_object().unwrap().clone();
-            assert_eq!(tenant_of(&metadata).as_deref(), tenant, "{metadata:?}");
-        }
+    fn the_tenant_is_the_token_of_the_id_never_the_metadata() {
+        assert_eq!(tenant_of("acme.job-1"), "acme");
+        assert_eq!(tenant_of("job-1"), "default");
+        let mut requests = Requests::new(10);
+        // Its metadata says "mallory": a caller's word, not the fleet's.
+        requests.apply_result(&result("r1", "COMPLETED", "stop", None), None);
+        requests.apply_result(&result("acme.r2", "COMPLETED", "stop", Some("acme")), None);
+        requests.apply_live(
+            "globex.r3",
+            RequestState::Running,
+            "w1",
+            1,
+            SystemTime::now(),
+        );
+        let tenant = |id: &str| requests.get(id).unwrap().entry.tenant;
+        assert_eq!(
+            (tenant("r1"), tenant("acme.r2"), tenant("globex.r3")),
+            ("default".into(), "acme".into(), "globex".into())
+        );
+        let page = requests.list(&RequestFilter::default());
+        assert_eq!(page.tenants, ["acme", "default", "globex"]);
+    }
+
+    #[test]
+    fn a_request_seen_from_its_middle_has_a_partial_timeline() {
+        let mut requests = Requests::new(10);
+        let now = SystemTime::now();
+        // Seen from its start: whole.
+        requests.apply_live("a", RequestState::Running, "w1", 1, now);
+        requests.apply_event(&event(
+            "a",
+            0,
+            1,
+            json!({"event": "started", "worker_id": "w1", "attempt": 1, "chain_position": 1}),
+        ));
+        // Running when the console started: its record, then an event from its middle.
+        requests.apply_live("b", RequestState::Running, "w1", 1, now);
+        requests.apply_event(&event(
+            "b",
+            7,
+            2,
+            json!({"event": "delta", "text": "and so"}),
+        ));
+        // Waiting for a slot: it has missed nothing yet.
+        requests.apply_live("c", RequestState::Queued, "w1", 1, now);
+        // Read by its caller before the console started: only its tombstone.
+        let summary: FinishedSummary = serde_json::from_value(json!({
+            "request_id": "d", "root_request_id": "d", "state": "COMPLETED", "reason": "stop",
+            "worker_id": "w1", "attempt": 1, "chain_position": 1, "tool_iterations_used": 1,
+            "output_chars": 4, "output_start": "done", "prompt_start": "Compute.", "signals": [],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+            "timings_ms": {"queued": 5, "total": 1500},
+            "finished_at": "2026-01-01T00:00:09.000Z"
+        }))
+        .unwrap();
+        requests.apply_released("d", RequestState::Completed, Some(&summary), now);
+        // Finished before the console started, its result still stored: its transcript tells
+        // every turn and tool call.
+        requests.apply_result(&result("e", "COMPLETED", "stop", None), Some(rfc3339(now)));
+        let partial = |requests: &Requests, id: &str| {
+            let entry = requests.get(id).unwrap().entry;
+            (entry.partial, entry.turns, entry.tool_calls)
+        };
+        assert_eq!(partial(&requests, "a"), (false, 0, 0));
+        assert_eq!(partial(&requests, "b"), (true, 1, 0));
+        assert_eq!(partial(&requests, "c"), (false, 0, 0));
+        assert_eq!(partial(&requests, "d"), (true, 0, 0));
+        assert_eq!(partial(&requests, "e"), (false, 2, 1));
+        let listed: Vec<(String, bool)> = requests
+            .list(&RequestFilter::default())
+            .requests
+            .into_iter()
+            .map(|r| (r.request_id, r.partial))
+            .collect();
+        assert!(listed.contains(&("d".into(), true)), "{listed:?}");
+        // The rest of b comes with its result: its transcript has it all.
+        requests.apply_event(&event(
+            "b",
+            8,
+            3,
+            json!({"event": "finished", "result": serde_json::to_value(result("b", "COMPLETED", "stop", None)).unwrap()}),
+        ));
+        assert_eq!(partial(&requests, "b"), (false, 2, 1));
     }
 
     #[test]
     fn events_make_a_timeline_of_turns_tool_calls_signals_and_the_end() {
         let mut requests = Requests::new(10);
         requests.learn_worker("w1", "gpu");
-        let id = "r1";
+        let id = "acme.r1";
         let finished = serde_json::to_value(result(id, "COMPLETED", "stop", Some("acme"))).unwrap();
         let signal = json!({"signal_id": "s1", "type": "issue", "code": "MAX_TOKENS_REACHED",
             "source": "worker", "severity": "low", "summary": "cut", "meta": {}, "request_id": id,
@@ -1118,13 +1215,13 @@ mod tests {
             (
                 entry.state,
                 entry.pool.as_deref(),
-                entry.tenant.as_deref(),
+                entry.tenant.as_str(),
                 entry.job_name.as_deref()
             ),
             (
                 Some(RequestState::Completed),
                 Some("gpu"),
-                Some("acme"),
+                "acme",
                 Some("triage")
             )
         );
@@ -1192,7 +1289,7 @@ mod tests {
         let now = SystemTime::now();
         requests.apply_live("a", RequestState::Running, "w1", 1, now);
         requests.apply_result(
-            &result("b", "COMPLETED", "stop", Some("acme")),
+            &result("acme.b", "COMPLETED", "stop", Some("acme")),
             Some(rfc3339(now)),
         );
         requests.apply_live("c", RequestState::Queued, "w2", 1, now);
@@ -1204,7 +1301,10 @@ mod tests {
                 .map(|r| r.request_id)
                 .collect()
         };
-        assert_eq!(ids(&requests, RequestFilter::default()), ["c", "b", "a"]);
+        assert_eq!(
+            ids(&requests, RequestFilter::default()),
+            ["c", "acme.b", "a"]
+        );
         let by = |field: &str, value: &str| {
             serde_json::from_value::<RequestFilter>(json!({ field: value })).unwrap()
         };
@@ -1212,9 +1312,10 @@ mod tests {
             (by("state", "running"), vec!["a"]),
             (by("state", "QUEUED"), vec!["c"]),
             (by("pool", "GP"), vec!["c"]),
-            (by("job", "tria"), vec!["b"]),
-            (by("tenant", "acme"), vec!["b"]),
-            (by("id", "b"), vec!["b"]),
+            (by("job", "tria"), vec!["acme.b"]),
+            (by("tenant", "acme"), vec!["acme.b"]),
+            (by("tenant", "DEFAU"), vec!["c", "a"]),
+            (by("id", "b"), vec!["acme.b"]),
             (by("tenant", "other"), vec![]),
         ] {
             assert_eq!(ids(&requests, filter.clone()), wanted, "{filter:?}");
@@ -1222,7 +1323,7 @@ mod tests {
         let page = requests.list(&RequestFilter::default());
         assert_eq!((page.kept, page.max, page.matched), (3, 3, 3));
         assert_eq!(page.pools, ["default", "gpu"]);
-        assert_eq!(page.tenants, ["acme"]);
+        assert_eq!(page.tenants, ["acme", "default"]);
         // Full: the finished one goes first, though it is not the oldest.
         requests.apply_live("d", RequestState::Running, "w1", 1, now);
         assert_eq!(ids(&requests, RequestFilter::default()), ["d", "c", "a"]);
@@ -1234,46 +1335,50 @@ mod tests {
         let mut requests = Requests::new(10);
         let mut request = crate::protocol::GenerationRequest::user("Plan it.");
         request.job_name = Some("plans".into());
-        request.metadata.insert("tenant".into(), json!("acme"));
+        // A caller's word: not the tenant.
+        request.metadata.insert("tenant".into(), json!("mallory"));
         let record: DecisionRecord = serde_json::from_value(json!({
-            "decision_id": "d1", "request_id": "r1", "root_request_id": "r1", "chain_position": 1,
+            "decision_id": "d1", "request_id": "acme.r1", "root_request_id": "acme.r1", "chain_position": 1,
             "pool": "default",
             "decision": {"decision_id": "d1", "question": "Which path?", "options": [{"id": "fast", "label": "Fast"}], "kind": "model"},
             "signal": {"signal_id": "s1", "type": "decision_request", "code": "NEEDS_MANAGER_DECISION",
-                "source": "model", "severity": "med", "summary": "Which path?", "meta": {}, "request_id": "r1",
-                "root_request_id": "r1", "worker_id": "w1", "pool": "default", "ts": "2026-01-01T00:00:01.000Z"},
-            "request": request, "continued_seq": 3,
+                "source": "model", "severity": "med", "summary": "Which path?", "meta": {}, "request_id": "acme.r1",
+                "root_request_id": "acme.r1", "worker_id": "w1", "pool": "default", "ts": "2026-01-01T00:00:01.000Z"},
+            "request": request, "continued_seq": 3, "tenant": "acme",
             "answer": {"option_id": "fast", "decided_by": "human:ann", "outcome": "continued",
-                "continuation_request_id": "r2", "decided_at": "2026-01-01T00:00:09.000Z"}
+                "continuation_request_id": "acme.r2", "decided_at": "2026-01-01T00:00:09.000Z"}
         }))
         .unwrap();
         requests.apply_decision(&record);
         requests.apply_decision(&record);
-        assert_eq!(kinds(&requests, "r1"), ["decision", "answered"]);
+        assert_eq!(kinds(&requests, "acme.r1"), ["decision", "answered"]);
         // Named only by a decision: kept for its timeline, listed once its record comes.
         assert_eq!(requests.list(&RequestFilter::default()).matched, 0);
-        assert_eq!(requests.get("r1").unwrap().entry.state, None);
-        requests.apply_live("r1", RequestState::Running, "w1", 1, SystemTime::now());
+        assert_eq!(requests.get("acme.r1").unwrap().entry.state, None);
+        requests.apply_live("acme.r1", RequestState::Running, "w1", 1, SystemTime::now());
         let page = requests.list(&RequestFilter::default());
         assert_eq!((page.matched, page.kept), (1, 1));
-        assert_eq!(page.requests[0].request_id, "r1");
-        let asking = requests.get("r1").unwrap();
-        assert_eq!(asking.entry.continuation_request_id.as_deref(), Some("r2"));
-        assert_eq!(asking.timeline[1].request_id.as_deref(), Some("r2"));
+        assert_eq!(page.requests[0].request_id, "acme.r1");
+        let asking = requests.get("acme.r1").unwrap();
+        assert_eq!(
+            asking.entry.continuation_request_id.as_deref(),
+            Some("acme.r2")
+        );
+        assert_eq!(asking.timeline[1].request_id.as_deref(), Some("acme.r2"));
         assert!(
             asking.timeline[1]
                 .text
                 .contains("human:ann: fast (continued)")
         );
-        let next = requests.get("r2").unwrap().entry;
+        let next = requests.get("acme.r2").unwrap().entry;
         assert_eq!(
             (
                 next.parent_request_id.as_deref(),
                 next.pool.as_deref(),
-                next.tenant.as_deref(),
+                next.tenant.as_str(),
                 next.chain_position
             ),
-            (Some("r1"), Some("default"), Some("acme"), 2)
+            (Some("acme.r1"), Some("default"), "acme", 2)
         );
     }
 }

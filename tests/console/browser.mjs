@@ -251,6 +251,41 @@ try {
   await failedView.locator('[data-field="notice"]', { hasText: 'summary kept for people' }).waitFor();
   await checkTimes(page, 'the failed request');
 
+  // ---- a request's page loads whole every time: its result read by its caller, and not ----
+  // A tenant's requests: their ids are acme.<id>, a dot in the address and the API's paths.
+  // Each load opens the request's stream once, and the live stream's snapshot (which signs
+  // the page in again) leaves the request shown as it is.
+  for (const read of [true, false]) {
+    const { request_id: id } = await ask('hello', { read });
+    check(id.startsWith('acme.'), `a tenant's request is ${id}, not acme.<id>`);
+    const streamPath = `/api/requests/${encodeURIComponent(id)}/stream`;
+    let streams = 0;
+    const counting = (request) => { if (new URL(request.url()).pathname === streamPath) streams += 1; };
+    page.on('request', counting);
+    for (let load = 0; load < 20; load += 1) {
+      streams = 0;
+      if (load === 0) await page.goto(`${url}/#/request/${encodeURIComponent(id)}`);
+      else await page.reload();
+      const where = `load ${load + 1} of the page of ${id} (result ${read ? 'read' : 'not read'})`;
+      await page.locator('#signed-in-as').waitFor();
+      const view = page.locator(`.follow[data-request-id="${id}"][data-state="COMPLETED"]`);
+      await view.locator('[data-field="result"]', { hasText: 'COMPLETED stop' }).waitFor();
+      await view.locator('[data-field="output"]', { hasText: 'Hello from the fleet.' }).waitFor();
+      if (read) {
+        await view.locator('[data-field="summary"]', { hasText: 'Say hello.' }).waitFor();
+        await view.locator('[data-field="notice"]', { hasText: 'summary kept for people' }).waitFor();
+      } else {
+        await view.locator('details.transcript').waitFor();
+        check(await view.locator('[data-field="notice"]:not([hidden])').count() === 0,
+          `${where}: a notice stays: ${await textOf(page, '[data-field="notice"]')}`);
+      }
+      check(await page.locator('[data-notice="asking"]').count() === 0, `${where}: it still says it is asking the fleet`);
+      check(await page.locator('.follow').count() === 1, `${where}: the page shows ${await page.locator('.follow').count()} requests`);
+      check(streams === 1, `${where}: the page opened the request's stream ${streams} times`);
+    }
+    page.off('request', counting);
+  }
+
   // ---- requests: the list, filtered by state, tenant, job and pool, and searched by id ----
   await page.goto(`${url}/#/requests`);
   const failedListed = page.locator(`tr[data-request-row="${failed.request_id}"][data-state="FAILED"]`);
@@ -313,6 +348,33 @@ try {
   check(await longView.locator('button[data-action="cancel"]').count() === 0, 'a cancelled request still offers to cancel');
   await page.screenshot({ path: path.join(shots, 'request-cancelled.png'), fullPage: true });
   await checkTimes(page, 'the cancelled request');
+
+  // ---- a console started after the requests it shows: their timelines say they are partial ----
+  const late = await ask('late_console');
+  const lateTab = await context.newPage();
+  lateTab.on('pageerror', (e) => errors.push(e.message));
+  for (const [id, what] of [[late.read_id, 'the read request'], [late.running_id, 'the running request']]) {
+    await lateTab.goto(`${late.url}/#/request/${encodeURIComponent(id)}`);
+    const view = lateTab.locator(`.follow[data-request-id="${id}"]`);
+    const note = view.locator('[data-field="timeline-note"][data-partial="true"]');
+    await note.locator('[data-field="timeline-partial"]').waitFor();
+    const text = await note.textContent();
+    check(text.includes('Partial timeline') && text.includes('saw only part of this request\'s events'),
+      `the late console's timeline of ${what} does not say it is partial: ${text}`);
+    check(!/\b0 model turns\b|\b0 tool calls\b/.test(text), `the late console claims no turns or tool calls for ${what}: ${text}`);
+  }
+  // The read one ran a tool: its summary says so, its timeline does not claim otherwise.
+  await lateTab.goto(`${late.url}/#/request/${encodeURIComponent(late.read_id)}`);
+  await lateTab.locator(`.follow[data-request-id="${late.read_id}"] [data-field="summary"]`, { hasText: 'Tool iterations used1' }).waitFor();
+  await lateTab.goto(`${late.url}/#/requests`);
+  for (const id of [late.read_id, late.running_id]) {
+    await lateTab.locator(`tr[data-request-row="${id}"] td[data-field="counts"][data-partial="true"]`, { hasText: 'partial' }).waitFor();
+  }
+  check((await lateTab.locator(`tr[data-request-row="${late.running_id}"] [data-field="tenant"]`).textContent()) === 'globex',
+    'the running request\'s tenant is not the one of its id');
+  await lateTab.close();
+  const stopped = await ask('cancel', { request_id: late.running_id });
+  check(stopped.state === 'CANCELLED', `the running request was not cancelled: ${JSON.stringify(stopped)}`);
 
   // ---- signals: the live feed, filtered ----
   await page.goto(`${url}/#/signals`);

@@ -25,6 +25,10 @@
   let session = loadSession();
   let leaveView = () => {};
   let viewName = '';
+  // The view shown: its name, and for a request's page which request. A request's page is
+  // made once per visit: it opens the request's stream and keeps it (a snapshot of the live
+  // stream leaves it be).
+  let viewKey = '';
   let lastHash = null;
 
   // ---------- small helpers ----------
@@ -176,6 +180,8 @@
       renderLinks();
       updateCount();
       render();
+      // What may be answered or cancelled here follows the console's settings it just told.
+      refreshForms();
     });
     source.addEventListener('inbox', (e) => {
       const item = JSON.parse(e.data);
@@ -246,15 +252,21 @@
     return { name: 'inbox', params };
   }
 
+  // Draws the view the address names: called when the address changes and with every
+  // snapshot of the live stream. A view that draws from the snapshot (inbox, fleet, signals)
+  // is drawn again; a request's page is left as it is, with its own stream, unless the address
+  // names another request.
   function render() {
     const r = route();
-    const changed = r.name !== viewName || r.name === 'request';
+    const key = r.name === 'request' ? 'request/' + r.id : r.name;
+    const changed = key !== viewKey;
     const newHash = location.hash !== lastHash;
     lastHash = location.hash;
     if (changed) {
       leaveView();
       leaveView = () => {};
       viewName = r.name;
+      viewKey = key;
       cards.clear();
       clear(main);
       for (const a of document.querySelectorAll('nav a')) {
@@ -276,7 +288,7 @@
     else if (r.name === 'fleet') renderFleet();
     else if (r.name === 'signals') renderSignals(r.params, changed);
     else if (r.name === 'requests') renderRequests(r.params, changed);
-    else if (r.name === 'request') renderRequest(r.id);
+    else if (r.name === 'request' && changed) renderRequest(r.id);
   }
 
   window.addEventListener('hashchange', () => {
@@ -629,6 +641,12 @@
     return n + ' ' + what + (n === 1 ? '' : 's');
   }
 
+  // A count of what the console saw of a request it did not see whole: "no tool call", never
+  // a total of 0.
+  function seenCount(n, what) {
+    return n ? plural(n, what) : 'no ' + what;
+  }
+
   // How each kind of moment reads in a timeline.
   const TIMELINE_LABELS = {
     queued: 'queued', started: 'started', turn: 'model', tool_call: 'tool call', tool_result: 'tool result',
@@ -735,14 +753,25 @@
         return;
       }
       delete timelineNote.dataset.notice;
+      timelineNote.dataset.partial = data.partial ? 'true' : 'false';
+      // A request the console did not see from its start: its counts are only what it saw.
+      const counts = data.partial ? null : [plural(data.turns, 'model turn'), plural(data.tool_calls, 'tool call')];
       timelineNote.textContent = [
         data.pool ? 'pool ' + data.pool : null,
         data.job_name ? 'job ' + data.job_name : null,
         data.tenant ? 'tenant ' + data.tenant : null,
-        plural(data.turns, 'model turn'), plural(data.tool_calls, 'tool call'),
+        counts,
         data.latency_ms !== undefined ? data.latency_ms + ' ms from acceptance to result' : null,
         data.timeline_dropped ? data.timeline_dropped + ' later moments not kept' : null,
-      ].filter(Boolean).join(' · ');
+      ].flat().filter(Boolean).join(' · ');
+      if (data.partial) {
+        timelineNote.append(h('span', { class: 'partial', 'data-field': 'timeline-partial' },
+          (timelineNote.textContent ? '. ' : '') + 'Partial timeline: the console saw only part of this request\'s events ' +
+          '(the request began before the console was watching), so moments before that are missing; ' +
+          (data.turns || data.tool_calls
+            ? 'of its model turns and tool calls it saw ' + seenCount(data.turns, 'model turn') + ' and ' + seenCount(data.tool_calls, 'tool call') + '.'
+            : 'it saw none of its model turns or tool calls.')));
+      }
       clear(timelineList);
       for (const t of data.timeline) {
         timelineList.append(h('li', { class: 'tl tl-' + t.kind, 'data-kind': t.kind },
@@ -833,6 +862,7 @@
     function showSummary(f) {
       summarised = true;
       setState(f.state, f.reason);
+      if (notice.dataset.notice !== 'result_gone') setNotice(null);
       el.dataset.reason = f.reason;
       clear(output).append(document.createTextNode(f.output_start || ''));
       clear(facts);
@@ -1175,7 +1205,10 @@
         h('td', { 'data-field': 'tenant', text: r.tenant || '-' }),
         h('td', {}, time(r.started_at || r.accepted_at)),
         h('td', { text: r.latency_ms !== undefined ? r.latency_ms + ' ms' : '-' }),
-        h('td', { text: r.turns + ', ' + r.tool_calls })))
+        r.partial
+          ? h('td', { 'data-field': 'counts', 'data-partial': 'true', title: 'The console saw only part of this request\'s events (it began before the console was watching)',
+            text: (r.turns || r.tool_calls ? 'at least ' + r.turns + ', ' + r.tool_calls : 'not seen') + ' (partial)' })
+          : h('td', { 'data-field': 'counts', text: r.turns + ', ' + r.tool_calls })))
         : h('tr', {}, h('td', { colspan: 8, class: 'muted', text: filtered ? 'No request matches.' : 'No request seen yet.' }))));
     if (had) {
       const again = list.querySelector('[data-request-link="' + CSS.escape(had) + '"]');
