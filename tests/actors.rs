@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::Addr;
+use common::wait;
 use futures_util::StreamExt;
 use futures_util::stream;
 use genfleet::actors::{
@@ -310,25 +311,43 @@ async fn result(
     .map_err(|e| e.code)
 }
 
+/// How long anything here may take: generous, a busy machine is slow, never wrong.
+const WITHIN: Duration = Duration::from_secs(10);
+
 /// Waits until no slot is busy (bounded).
 async fn quiesce(handle: &SupervisorHandle) {
     let mut capacity = handle.capacity.clone();
-    tokio::time::timeout(Duration::from_secs(10), capacity.wait_for(|c| c.busy == 0))
-        .await
-        .expect("every slot is released")
-        .unwrap();
+    wait::within(
+        "every slot released",
+        WITHIN,
+        capacity.wait_for(|c| c.busy == 0),
+    )
+    .await
+    .unwrap();
 }
 
 /// Waits until `id` has a terminal result (bounded).
 async fn finished(addr: &Addr<Supervisor>, id: &str) -> genfleet::protocol::GenerationResult {
-    for _ in 0..1000 {
+    wait::until(&format!("{id} to finish"), WITHIN, || async {
         match result(addr, id, false).await {
-            Ok(r) => return r,
-            Err(ErrorCode::NotReady) => tokio::time::sleep(Duration::from_millis(5)).await,
-            Err(other) => panic!("{id}: {other:?}"),
+            Err(other) if other != ErrorCode::NotReady => panic!("{id}: {other:?}"),
+            answer => answer,
         }
-    }
-    panic!("{id} did not finish");
+    })
+    .await
+}
+
+/// Waits until `id` streamed its first text, reading `events` (bounded).
+async fn first_delta(events: &mut mpsc::Receiver<Event>, id: &str) {
+    wait::within(&format!("the first delta of {id}"), WITHIN, async {
+        while let Some(event) = events.recv().await {
+            if event.request_id == id && matches!(event.body, EventBody::Delta { .. }) {
+                return;
+            }
+        }
+        panic!("the events of {id} ended before any delta");
+    })
+    .await
 }
 
 #[actix::test]
@@ -456,6 +475,7 @@ async fn capacity_is_announced_as_it_goes_to_zero_and_back() {
             busy: 1,
             draining: false,
             waiting: 0,
+            paused: false,
         }
     );
     f.backend.open("a");
@@ -562,12 +582,12 @@ async fn a_request_without_an_id_gets_a_ulid() {
 
 #[actix::test]
 async fn cancelling_a_running_request_stores_cancelled_with_partial_output_then_replies() {
-    let f = fixture(1);
+    let mut f = fixture(1);
     let addr = &f.handle.addr;
     f.backend.script("a", Behaviour::Partial);
     submit(&f.handle, "a").await.unwrap();
     // Let the first word stream before cancelling.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    first_delta(&mut f.events, "a").await;
     let reply = addr
         .send(Cancel {
             request_id: "a".into(),
@@ -641,15 +661,11 @@ async fn events_reach_the_subscriber_with_finished_last_and_seq_gapless() {
     f.backend.script("a", Behaviour::ToolOk);
     submit(&f.handle, "a").await.unwrap();
     f.backend.open("a");
-    let mut events = Vec::new();
-    while let Ok(Some(event)) = tokio::time::timeout(Duration::from_secs(5), f.events.recv()).await
-    {
-        let done = matches!(event.body, EventBody::Finished { .. });
-        events.push(event);
-        if done {
-            break;
-        }
-    }
+    let mut received = stream::poll_fn(|cx| f.events.poll_recv(cx));
+    let events = wait::collect_until("the finished event", WITHIN, &mut received, |event| {
+        matches!(event.body, EventBody::Finished { .. })
+    })
+    .await;
     let names: Vec<&str> = events.iter().map(|e| e.body.name()).collect();
     assert_eq!(names.first(), Some(&"started"));
     assert_eq!(names.last(), Some(&"finished"), "{names:?}");
@@ -664,7 +680,8 @@ async fn events_reach_the_subscriber_with_finished_last_and_seq_gapless() {
 
 #[actix::test]
 async fn drain_lets_running_requests_finish_then_cancels_the_rest() {
-    let f = fixture(3);
+    // Four slots, three taken: the free one is what the drain must close.
+    let f = fixture(4);
     let addr = &f.handle.addr;
     f.backend.script("quick", Behaviour::Partial);
     f.backend.script("stuck", Behaviour::Partial);
@@ -682,11 +699,19 @@ async fn drain_lets_running_requests_finish_then_cancels_the_rest() {
     .await
     .unwrap()
     .unwrap();
+    assert_eq!(f.handle.capacity.borrow().free(), 1);
     let drain = addr.send(Drain {
-        deadline: Duration::from_millis(300),
+        deadline: Duration::from_secs(1),
     });
     let opener = async {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut capacity = f.handle.capacity.clone();
+        wait::within(
+            "the drain to begin",
+            WITHIN,
+            capacity.wait_for(|c| c.draining),
+        )
+        .await
+        .unwrap();
         assert_eq!(
             f.handle.capacity.borrow().free(),
             0,
@@ -722,14 +747,16 @@ async fn cancellation_reaches_an_http_stream_read_through_the_actors() {
         "[[rules]]\nreply = \"a b c d e f g h i j k l m n o p\"\ndelay_ms = 100\n",
     )
     .await;
-    let handle = Supervisor::start(config(1), h.engine.clone(), None);
+    let (tx, mut events) = mpsc::channel(4096);
+    let handle = Supervisor::start(config(1), h.engine.clone(), Some(tx));
     let mut req = GenerationRequest::user("go");
     req.request_id = Some("http".into());
     submit_request(&handle, req).await;
-    tokio::time::sleep(Duration::from_millis(350)).await;
+    // Cancelled once the stream is under way: the first word is out, the rest to come.
+    first_delta(&mut events, "http").await;
     let r = cancel_and_read(&handle.addr, "http").await;
     assert!(
-        !r.output.is_empty() && r.output.len() < 32,
+        !r.output.is_empty() && r.output.len() < "a b c d e f g h i j k l m n o p".len(),
         "{:?}",
         r.output
     );
@@ -747,13 +774,10 @@ async fn cancellation_reaches_a_tool_call_through_the_actors() {
     req.request_id = Some("tool".into());
     req.tools = vec!["hang".into()];
     submit_request(&handle, req).await;
-    // Wait until the tool is being called.
-    for _ in 0..200 {
-        if !h.tools.calls().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait::until("the tool to have the call", WITHIN, || async {
+        !h.tools.calls().is_empty()
+    })
+    .await;
     assert_eq!(h.tools.calls().len(), 1);
     let r = cancel_and_read(&handle.addr, "tool").await;
     assert_eq!(
@@ -975,9 +999,8 @@ async fn a_request_waiting_for_a_slot_starts_when_one_frees_and_keeps_its_ticket
     assert_eq!(ticket_text(&next.ticket), "ticket of next");
     assert!(started.try_recv().is_err(), "it has not started yet");
     f.backend.open("busy");
-    tokio::time::timeout(Duration::from_secs(10), started)
+    wait::within("its start once the slot frees", WITHIN, started)
         .await
-        .expect("it starts when the slot frees")
         .expect("the start is told");
     f.backend.open("next");
     let r = finished(&f.handle.addr, "next").await;

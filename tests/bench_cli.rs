@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use common::fleet;
 use common::nats::{NatsServer, free_port};
+use common::wait;
 use serde_json::Value;
 
 fn bench(args: &[&str]) -> tokio::process::Command {
@@ -35,10 +36,13 @@ fn bench(args: &[&str]) -> tokio::process::Command {
 }
 
 async fn run(args: &[&str]) -> std::process::Output {
-    tokio::time::timeout(Duration::from_secs(240), bench(args).output())
-        .await
-        .expect("the bench ends")
-        .expect("the bench runs")
+    wait::within(
+        "the bench ends",
+        Duration::from_secs(240),
+        bench(args).output(),
+    )
+    .await
+    .expect("the bench runs")
 }
 
 /// The value at `pointer`, which must be present and not null.
@@ -123,15 +127,15 @@ fn check_cpu_per_request(report: &Value, processes: &str, completed: f64) {
     }
 }
 
-async fn gone(url: &str) -> bool {
+/// Waits (bounded, loud) until nothing listens on the NATS address `url` any more.
+async fn wait_gone(url: &str) {
     let address = url.trim_start_matches("nats://");
-    for _ in 0..50 {
-        if tokio::net::TcpStream::connect(address).await.is_err() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
+    wait::until(
+        &format!("the nats-server on {address} to be gone"),
+        Duration::from_secs(5),
+        || async { tokio::net::TcpStream::connect(address).await.is_err() },
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -263,7 +267,8 @@ async fn a_local_run_reports_every_phase_as_json() {
     assert_eq!(field(&report, "/fleet/local"), &Value::Bool(true));
 
     let nats_url = field(&report, "/fleet/nats_url").as_str().unwrap();
-    assert!(gone(nats_url).await, "the bench's nats-server is stopped");
+    // The bench's nats-server is stopped.
+    wait_gone(nats_url).await;
 }
 
 #[tokio::test]
@@ -430,7 +435,7 @@ async fn ctrl_c_stops_everything_the_bench_started() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let ready = tokio::time::timeout(Duration::from_secs(60), async {
+    let ready = wait::within("the local fleet starts", Duration::from_secs(60), async {
         while let Some(line) = lines.next_line().await.unwrap() {
             if let Some(rest) = line.strip_prefix("local fleet ready: NATS ") {
                 return rest.split(',').next().unwrap().to_string();
@@ -438,8 +443,7 @@ async fn ctrl_c_stops_everything_the_bench_started() {
         }
         panic!("the bench ended before its fleet was ready");
     })
-    .await
-    .expect("the local fleet starts");
+    .await;
     let pid = child.id().unwrap().to_string();
     let kill = std::process::Command::new("kill")
         .args(["-INT", &pid])
@@ -447,17 +451,21 @@ async fn ctrl_c_stops_everything_the_bench_started() {
         .unwrap();
     assert!(kill.success());
     let mut rest = Vec::new();
-    let status = tokio::time::timeout(Duration::from_secs(20), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            rest.push(line);
-        }
-        child.wait().await.unwrap()
-    })
-    .await
-    .expect("the bench stops after Ctrl-C");
+    let status = wait::within(
+        "the bench stops after Ctrl-C",
+        Duration::from_secs(20),
+        async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                rest.push(line);
+            }
+            child.wait().await.unwrap()
+        },
+    )
+    .await;
     assert!(!status.success());
     assert!(rest.iter().any(|l| l.contains("interrupted")), "{rest:?}");
-    assert!(gone(&ready).await, "no nats-server is left behind");
+    // No nats-server is left behind.
+    wait_gone(&ready).await;
 }
 
 #[tokio::test]
@@ -568,7 +576,8 @@ async fn a_baseline_build_runs_beside_this_one() {
         "stored messages per request of one build",
     );
     let nats_url = field(&report, "/fleet/nats_url").as_str().unwrap();
-    assert!(gone(nats_url).await, "the bench's nats-server is stopped");
+    // The bench's nats-server is stopped.
+    wait_gone(nats_url).await;
 }
 
 #[tokio::test]
@@ -582,15 +591,16 @@ async fn a_running_fleet_reports_bus_operations_with_nats_monitor() {
     let env = [("GENFLEET__LLM__BASE_URL", backend.clone())];
     let _worker = fleet::worker("bench-target", &nats.url(), &env, logs.path());
     let client = nats.client().await;
-    let ready = async {
-        while fleet::worker_stats(&client, Duration::from_millis(200))
-            .await
-            .is_empty()
-        {}
-    };
-    tokio::time::timeout(Duration::from_secs(30), ready)
-        .await
-        .expect("the worker answers on the bus");
+    wait::until(
+        "the worker to answer on the bus",
+        Duration::from_secs(30),
+        || async {
+            !fleet::worker_stats(&client, Duration::from_millis(200))
+                .await
+                .is_empty()
+        },
+    )
+    .await;
 
     let measured = |monitor_flag: Option<String>| {
         let mut command = bench(&["--mode", "interactive", "--requests", "5", "--json"]);
@@ -601,9 +611,8 @@ async fn a_running_fleet_reports_bus_operations_with_nats_monitor() {
             command.arg("--nats-monitor").arg(url);
         }
         async move {
-            let output = tokio::time::timeout(Duration::from_secs(240), command.output())
+            let output = wait::within("the bench ends", Duration::from_secs(240), command.output())
                 .await
-                .expect("the bench ends")
                 .expect("the bench runs");
             let stderr = String::from_utf8_lossy(&output.stderr).to_string();
             assert!(output.status.success(), "{stderr}");

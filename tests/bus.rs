@@ -3,14 +3,18 @@
 
 mod common;
 
+use std::cell::Cell;
 use std::time::Duration;
 
 use common::fleet::{self, Fleet, request as req};
+use common::wait;
 use futures_util::StreamExt;
 use genfleet::bus::client::Client;
-use genfleet::bus::subjects::Subjects;
 use genfleet::protocol::{Encoding, ErrorCode, EventBody, GenerationRequest, Reason, RequestState};
 use serde_json::json;
+
+/// How long anything here may take: generous, a busy machine is slow, never wrong.
+const WITHIN: Duration = Duration::from_secs(20);
 
 async fn fleet(script: &str, workers: usize, slots: u32) -> Fleet {
     Fleet::builder()
@@ -35,14 +39,10 @@ async fn submit_streams_events_and_stores_the_result_for_any_worker() {
         ("r1", RequestState::Running)
     );
     assert_eq!(accepted.worker_id, f.workers[0].worker_id);
-    let mut seen = Vec::new();
-    while let Ok(Some(event)) = tokio::time::timeout(Duration::from_secs(10), events.next()).await {
-        let done = matches!(event.body, EventBody::Finished { .. });
-        seen.push(event);
-        if done {
-            break;
-        }
-    }
+    let seen = wait::collect_until("the finished event", WITHIN, &mut events, |event| {
+        matches!(event.body, EventBody::Finished { .. })
+    })
+    .await;
     let names: Vec<&str> = seen.iter().map(|e| e.body.name()).collect();
     assert_eq!(names.first(), Some(&"started"));
     assert_eq!(names.last(), Some(&"finished"));
@@ -217,7 +217,12 @@ async fn a_full_worker_answers_no_slot_and_a_pool_without_workers_is_no_slot_too
         .await
         .unwrap_err();
     assert_eq!(none.code(), Some(ErrorCode::NoSlotAvailable), "{none}");
-    assert!(none.to_string().contains("no worker answers"), "{none}");
+    assert!(
+        none.to_string().contains(
+            "no worker of pool other-pool is connected (pools with workers now: default)"
+        ),
+        "{none}"
+    );
 }
 
 #[tokio::test]
@@ -228,6 +233,8 @@ async fn two_workers_share_a_pool_and_cancel_reaches_the_one_running_the_request
         1,
     )
     .await;
+    let mut c1_events = Box::pin(f.client.follow("c1").await.unwrap());
+    let mut c2_events = Box::pin(f.client.follow("c2").await.unwrap());
     f.client.submit("default", &req("c1", "x")).await.unwrap();
     f.client.submit("default", &req("c2", "x")).await.unwrap();
     let owners: Vec<String> = vec![
@@ -235,7 +242,13 @@ async fn two_workers_share_a_pool_and_cancel_reaches_the_one_running_the_request
         f.client.status("c2").await.unwrap().worker_id.unwrap(),
     ];
     assert_ne!(owners[0], owners[1], "one request per worker");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Both are under way: each has streamed its first word.
+    for (id, events) in [("c1", &mut c1_events), ("c2", &mut c2_events)] {
+        wait::next_matching(&format!("the first delta of {id}"), WITHIN, events, |e| {
+            matches!(e.body, EventBody::Delta { .. }).then_some(())
+        })
+        .await;
+    }
     // Whichever worker receives the cancel, the owner cancels.
     for id in ["c1", "c2"] {
         let reply = f.client.cancel(id).await.unwrap();
@@ -273,9 +286,8 @@ tool_calls = [{ name = "request_decision", arguments = { question = "Which?", op
         .await
         .unwrap();
     assert_eq!(result.reason, Reason::DecisionRequested);
-    let message = tokio::time::timeout(Duration::from_secs(5), signals.next())
+    let message = wait::within("the decision request's signal", WITHIN, signals.next())
         .await
-        .unwrap()
         .unwrap();
     assert_eq!(
         message.subject.as_str(),
@@ -298,11 +310,17 @@ async fn the_service_api_finds_every_worker_with_its_slots() {
     nats.publish_with_reply("$SRV.INFO.genfleet", inbox, "".into())
         .await
         .unwrap();
-    let mut infos = Vec::new();
-    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(500), replies.next()).await {
-        infos.push(serde_json::from_slice::<serde_json::Value>(&m.payload).unwrap());
-    }
-    assert_eq!(infos.len(), 2, "{infos:?}");
+    // Both workers answer.
+    let mut answered = 0;
+    let infos: Vec<serde_json::Value> =
+        wait::collect_until("the INFO of both workers", WITHIN, &mut replies, |_| {
+            answered += 1;
+            answered == 2
+        })
+        .await
+        .iter()
+        .map(|m| serde_json::from_slice(&m.payload).unwrap())
+        .collect();
     assert!(
         infos
             .iter()
@@ -318,8 +336,6 @@ async fn the_service_api_finds_every_worker_with_its_slots() {
     let stats: serde_json::Value = serde_json::from_slice(&stats.payload).unwrap();
     assert_eq!(stats["endpoints"][0]["data"]["slots"], 3);
     assert_eq!(stats["endpoints"][0]["data"]["free"], 3);
-    let _ = &f.mock;
-    let _ = &f.nats;
 }
 
 #[tokio::test]
@@ -340,7 +356,6 @@ async fn shutdown_drains_running_requests_and_another_worker_serves_the_result()
         (Reason::Stop, "a b c d e")
     );
     assert_eq!(result.worker_id, owner);
-    let _ = Subjects::request_id_of("x");
 }
 
 const DECIDE: &str = r#"
@@ -368,9 +383,8 @@ async fn a_decision_answer_starts_a_continuation_with_the_choice_injected() {
     assert_eq!(first.reason, Reason::DecisionRequested);
     let decision = first.signals[0].decision.clone().unwrap();
     assert!(decision.expires_at.is_some());
-    let request_signal = tokio::time::timeout(Duration::from_secs(5), signals.next())
+    let request_signal = wait::within("the decision request's signal", WITHIN, signals.next())
         .await
-        .unwrap()
         .unwrap();
     assert_eq!(
         request_signal.subject.as_str(),
@@ -441,14 +455,10 @@ async fn a_decision_answer_starts_a_continuation_with_the_choice_injected() {
         Some(continuation.as_str())
     );
     // `continued` on the original's subject, after `finished`, numbered on.
-    let mut seen = Vec::new();
-    while let Ok(Some(event)) = tokio::time::timeout(Duration::from_secs(3), events.next()).await {
-        let done = matches!(event.body, EventBody::Continued { .. });
-        seen.push(event);
-        if done {
-            break;
-        }
-    }
+    let seen = wait::collect_until("the continued event", WITHIN, &mut events, |event| {
+        matches!(event.body, EventBody::Continued { .. })
+    })
+    .await;
     let names: Vec<&str> = seen.iter().map(|e| e.body.name()).collect();
     assert_eq!(
         &names[names.len() - 2..],
@@ -460,14 +470,11 @@ async fn a_decision_answer_starts_a_continuation_with_the_choice_injected() {
         (0..seen.len() as u64).collect::<Vec<_>>()
     );
     // The outcome signal says who chose what.
-    let mut decided = None;
-    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(3), signals.next()).await {
-        if m.subject.as_str() == "signals.outcome.DECIDED" {
-            decided = Some(serde_json::from_slice::<serde_json::Value>(&m.payload).unwrap());
-            break;
-        }
-    }
-    let decided = decided.expect("signals.outcome.DECIDED");
+    let decided = wait::next_matching("signals.outcome.DECIDED", WITHIN, &mut signals, |m| {
+        (m.subject.as_str() == "signals.outcome.DECIDED")
+            .then(|| serde_json::from_slice::<serde_json::Value>(&m.payload).unwrap())
+    })
+    .await;
     assert_eq!(
         (
             decided["meta"]["option_id"].as_str(),
@@ -485,25 +492,25 @@ async fn a_nats_restart_under_a_running_worker_loses_nothing_and_leaks_no_slot()
         2,
     )
     .await;
+    let mut events = Box::pin(f.client.follow("across").await.unwrap());
     f.client
         .submit("default", &req("across", "x"))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    // The generation is under way (its first word out, seven to come) when NATS goes.
+    wait::next_matching("the first delta", WITHIN, &mut events, |e| {
+        matches!(e.body, EventBody::Delta { .. }).then_some(())
+    })
+    .await;
     f.nats.kill().await;
     f.nats.restart().await;
     // The request that ran across the restart is stored once the worker is back.
-    let mut result = None;
-    for _ in 0..300 {
-        match f.client.result("across", false).await {
-            Ok(r) => {
-                result = Some(r);
-                break;
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    }
-    let result = result.expect("the result reaches the store after the restart");
+    let result = wait::until(
+        "the result to reach the store after the restart",
+        WITHIN,
+        || async { f.client.result("across", false).await },
+    )
+    .await;
     assert_eq!(
         (result.reason, result.output.as_str()),
         (Reason::Stop, "one two three four five six seven eight")
@@ -638,41 +645,36 @@ async fn tools_registered_in_kv_become_callable_and_withdrawn_ones_unknown() {
         .put("add", serde_json::to_vec(&updated).unwrap().into())
         .await
         .unwrap();
-    let mut seen_update = false;
-    for i in 0..100 {
-        let mut again = with_tool.clone();
-        again.request_id = Some(format!("upd{i}"));
-        f.client
-            .run("default", again, Duration::from_secs(10))
-            .await
-            .unwrap();
-        let offered = f.mock().requests().last().unwrap()["tools"].to_string();
-        if offered.contains("Add up two numbers exactly") {
-            seen_update = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(seen_update, "an updated registration replaces the old one");
+    let sent = Cell::new(0);
+    wait::until(
+        "an updated registration to replace the old one in the prompts",
+        WITHIN,
+        || async {
+            let mut again = with_tool.clone();
+            again.request_id = Some(format!("upd{}", sent.get()));
+            sent.set(sent.get() + 1);
+            f.client
+                .run("default", again, Duration::from_secs(10))
+                .await
+                .unwrap();
+            let offered = f.mock().requests().last().unwrap()["tools"].to_string();
+            offered.contains("Add up two numbers exactly")
+        },
+    )
+    .await;
     bucket.delete("add").await.unwrap();
-    let mut withdrawn = false;
-    for _ in 0..100 {
+    wait::until("a withdrawn tool to be unknown again", WITHIN, || async {
         let mut again = with_tool.clone();
         again.request_id = Some(format!("t-{}", ulid::Ulid::generate()));
-        if f.client
-            .submit("default", &again)
-            .await
-            .err()
-            .and_then(|e| e.code())
-            == Some(ErrorCode::InvalidRequest)
-        {
-            withdrawn = true;
-            break;
+        match f.client.submit("default", &again).await {
+            Err(e) if e.code() == Some(ErrorCode::InvalidRequest) => true,
+            _ => {
+                wait_terminal(&f.client, again.request_id.as_deref().unwrap()).await;
+                false
+            }
         }
-        wait_terminal(&f.client, again.request_id.as_deref().unwrap()).await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(withdrawn, "a withdrawn tool is unknown again");
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -738,18 +740,13 @@ async fn a_request_is_one_record_from_its_claim_to_its_result() {
     let live = common::fleet::record(f.client.nats(), "s1").await.unwrap();
     assert_eq!(live["live"]["worker_id"], accepted.worker_id, "{live}");
     assert_eq!(live["live"]["state"], "RUNNING", "{live}");
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !common::fleet::heartbeats(f.client.nats())
-        .await
-        .get(&accepted.worker_id)
-        .is_some_and(|running| running.iter().any(|id| id == "s1"))
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no heartbeat listed s1"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait::until("a heartbeat to list s1", WITHIN, || async {
+        common::fleet::heartbeats(f.client.nats())
+            .await
+            .get(&accepted.worker_id)
+            .is_some_and(|running| running.iter().any(|id| id == "s1"))
+    })
+    .await;
     f.client.cancel("s1").await.unwrap();
     for id in ["i1", "s1", "d1"] {
         wait_terminal(&f.client, id).await;
@@ -759,15 +756,15 @@ async fn a_request_is_one_record_from_its_claim_to_its_result() {
     }
     common::fleet::wait_only_results_left(f.client.nats(), Duration::from_secs(10)).await;
     // The heartbeats stop listing what ended.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    wait::until("the heartbeats to list nothing running", WITHIN, || async {
         let beats = common::fleet::heartbeats(f.client.nats()).await;
         if beats.values().all(|running| running.is_empty()) {
-            break;
+            Ok(())
+        } else {
+            Err(format!("{beats:?}"))
         }
-        assert!(std::time::Instant::now() < deadline, "{beats:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -985,16 +982,17 @@ async fn a_result_larger_than_the_servers_max_payload_is_stored_with_its_message
     request.max_tokens = Some(100_000);
     let mut events = Box::pin(client.follow("big").await.unwrap());
     client.submit("default", &request).await.unwrap();
-    let finished = tokio::time::timeout(Duration::from_secs(20), async {
-        while let Some(event) = events.next().await {
-            if let EventBody::Finished { result } = event.body {
-                return result;
-            }
-        }
-        panic!("the events ended");
-    })
-    .await
-    .expect("a finished event");
+    let finished =
+        wait::next_matching(
+            "the finished event",
+            WITHIN,
+            &mut events,
+            |event| match event.body {
+                EventBody::Finished { result } => Some(result),
+                _ => None,
+            },
+        )
+        .await;
     let stored = wait_terminal(client, "big").await;
     assert_eq!(*finished, stored);
     assert_eq!(
@@ -1058,9 +1056,8 @@ async fn a_failed_request_raises_failed_and_its_summary_outlives_the_read_result
         (RequestState::Failed, Reason::BackendError)
     );
     // Managers and the console hear of it, with why.
-    let signal = tokio::time::timeout(Duration::from_secs(30), failures.next())
+    let signal = wait::within("a FAILED signal", WITHIN, failures.next())
         .await
-        .expect("a FAILED signal")
         .unwrap();
     let signal: genfleet::protocol::Signal = serde_json::from_slice(&signal.payload).unwrap();
     assert_eq!(
@@ -1083,16 +1080,14 @@ async fn a_failed_request_raises_failed_and_its_summary_outlives_the_read_result
     // `run` read (and so released) the result; the summary stays for people.
     let gone = f.client.result("doomed", true).await.unwrap_err();
     assert_eq!(gone.code(), Some(ErrorCode::NotFound), "{gone}");
-    let mut summary = None;
-    for _ in 0..200 {
-        summary = f.client.status("doomed").await.unwrap().finished;
-        if summary.as_ref().is_some_and(|s| s.finished_at.is_some()) {
-            break;
+    let summary = wait::until("the summary to be kept", WITHIN, || async {
+        let summary = f.client.status("doomed").await.unwrap().finished;
+        match summary {
+            Some(s) if s.finished_at.is_some() => Ok(s),
+            other => Err(format!("{other:?}")),
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let summary = summary.expect("the summary is kept");
-    assert!(summary.finished_at.is_some(), "{summary:?}");
+    })
+    .await;
     assert_eq!(
         (summary.state, summary.reason, summary.prompt_start.as_str()),
         (RequestState::Failed, Reason::BackendError, "boom, please")
@@ -1116,9 +1111,21 @@ async fn a_failed_request_raises_failed_and_its_summary_outlives_the_read_result
         (&status["state"], &status["finished"]["reason"]),
         (&json!("FAILED"), &json!("backend_error"))
     );
-    // Only the failure raised a signal.
-    let more = tokio::time::timeout(Duration::from_millis(300), failures.next()).await;
-    assert!(more.is_err(), "a signal for a completed request: {more:?}");
+    // Only the failure raised a signal: the next one is that of a second failure, which the
+    // one worker ran after the completed request (its messages arrive in the order it sent
+    // them), not one of the completed request.
+    f.client
+        .run("default", req("doomed-again", "boom again"), WITHIN)
+        .await
+        .unwrap();
+    let next = wait::within("the second FAILED signal", WITHIN, failures.next())
+        .await
+        .unwrap();
+    let next: genfleet::protocol::Signal = serde_json::from_slice(&next.payload).unwrap();
+    assert_eq!(
+        next.request_id, "doomed-again",
+        "a signal for a completed request: {next:?}"
+    );
 }
 
 #[tokio::test]
@@ -1295,26 +1302,34 @@ async fn a_full_worker_sends_a_pool_submit_on_to_a_peer_with_a_free_slot() {
     };
     // Pool submits, one at a time, until one reached the full worker (the queue group picks a
     // member at random) and went on.
-    let mut sent = 0;
-    while forwarded().await == 0 {
-        assert!(sent < 200, "none of {sent} pool submits went on");
-        let id = format!("fwd-{sent}");
-        sent += 1;
-        let reply = nats
-            .request("gen.submit.default", body(&id, "quick"))
-            .await
-            .unwrap_or_else(|e| panic!("{id} unanswered: {e}"));
-        let value: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
-        match value["error"]["code"].as_str() {
-            None => {
-                assert_eq!(value["worker_id"], free.worker_id.as_str(), "{id}: {value}");
-                wait_terminal(&f.client, &id).await;
+    let sent = Cell::new(0);
+    wait::until(
+        "a pool submit to go on from the full worker",
+        WITHIN,
+        || async {
+            if forwarded().await > 0 {
+                return Ok(());
             }
-            // The full worker counted the peer's free slot as taken until its next heartbeat.
-            Some("NO_SLOT_AVAILABLE") => tokio::time::sleep(Duration::from_millis(100)).await,
-            Some(other) => panic!("{id}: {other}: {value}"),
-        }
-    }
+            let id = format!("fwd-{}", sent.get());
+            sent.set(sent.get() + 1);
+            let reply = nats
+                .request("gen.submit.default", body(&id, "quick"))
+                .await
+                .unwrap_or_else(|e| panic!("{id} unanswered: {e}"));
+            let value: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
+            match value["error"]["code"].as_str() {
+                None => {
+                    assert_eq!(value["worker_id"], free.worker_id.as_str(), "{id}: {value}");
+                    wait_terminal(&f.client, &id).await;
+                }
+                // The full worker counted the peer's free slot as taken until its next heartbeat.
+                Some("NO_SLOT_AVAILABLE") => {}
+                Some(other) => panic!("{id}: {other}: {value}"),
+            }
+            Err(format!("none of {} pool submits went on", sent.get()))
+        },
+    )
+    .await;
     f.client.cancel("hold").await.unwrap();
     wait_terminal(&f.client, "hold").await;
 }

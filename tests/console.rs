@@ -5,14 +5,16 @@
 mod common;
 
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::fleet::{self, Fleet};
+use common::wait;
 use eventsource_stream::Eventsource;
 use futures_util::{Stream, StreamExt};
+use genfleet::bus::client::Client;
 use genfleet::console::{Console, ConsoleOptions};
 use genfleet::protocol::decision::DecisionRecord;
-use genfleet::protocol::{EventBody, GenerationRequest, Reason};
+use genfleet::protocol::{EventBody, GenerationRequest, GenerationResult, Reason};
 use genfleet::settings::Settings;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -26,7 +28,8 @@ const TOKEN: &str = "console-test-token-0123456789";
 /// files it. "Sum the numbers" never passes its check (an escalation); "slowly" streams for a
 /// few seconds; "until cancelled" streams for a minute, longer than any wait of the tests, so
 /// it is still running when a test cancels it; "Fail loudly" meets a backend that answers
-/// HTTP 500.
+/// HTTP 500; "Say hello" answers at once; "Multiply and report" computes with the calculator
+/// and reports, with no decision.
 const SCRIPT: &str = r#"
 token_delay_ms = 2
 
@@ -57,6 +60,17 @@ status = 500
 error_message = "the model ran out of memory"
 
 [[rules]]
+when_last_user_contains = "Say hello"
+reply = "Hello from the fleet."
+chunk = "word"
+
+[[rules]]
+when_any_message_contains = "Multiply and report"
+when_last_role = "tool"
+reply = "Reported: the product is 7,006,652."
+chunk = "word"
+
+[[rules]]
 when_last_role = "tool"
 reply = "The product is 7,006,652."
 tool_calls = [{ name = "request_decision", arguments = { question = "Where should the report go?", options = [{ id = "email", label = "Email it to the team", pros = "everyone sees it today", cons = "one more mail" }, { id = "archive", label = "Archive it", pros = "no noise", cons = "nobody reads it" }], default_option = "email", context = "The product is 7,006,652; the report is ready." } }]
@@ -78,15 +92,26 @@ async fn fleet() -> Fleet {
 }
 
 impl Fleet {
-    /// Runs `request` until it asks for a decision; returns its id and the decision's. The
-    /// result is left stored (a caller reading it would release it), so the console can show
-    /// it.
-    async fn raise(&self, mut request: GenerationRequest) -> (String, String) {
-        let id = genfleet::protocol::ids::new_id();
-        request.request_id = Some(id.clone());
-        let mut events = Box::pin(self.client.follow(&id).await.unwrap());
-        fleet::submit_when_tools_known(&self.client, &request).await;
-        let result = tokio::time::timeout(WAIT, async {
+    /// A client of `tenant`: its requests are `<tenant>.<id>` on the bus.
+    fn tenant(&self, tenant: &str) -> Client {
+        self.client.clone().with_tenant(tenant).unwrap()
+    }
+
+    /// Runs `request` as `client`'s tenant to its end; its caller reads (so releases) the
+    /// result when `read`, else the result is left stored, so the console can show it whole.
+    /// Returns the request's id on the bus and its result.
+    async fn finish(
+        &self,
+        client: &Client,
+        mut request: GenerationRequest,
+        read: bool,
+    ) -> (String, GenerationResult) {
+        let bare = genfleet::protocol::ids::new_id();
+        let id = client.on_bus(&bare);
+        request.request_id = Some(bare);
+        let mut events = Box::pin(client.follow(&id).await.unwrap());
+        fleet::submit_when_tools_known(client, &request).await;
+        let result = wait::within("the request finishes", WAIT, async {
             while let Some(event) = events.next().await {
                 if let EventBody::Finished { result } = event.body {
                     return *result;
@@ -94,8 +119,18 @@ impl Fleet {
             }
             panic!("the events of {id} ended");
         })
-        .await
-        .expect("the request finishes");
+        .await;
+        if read {
+            client.result(&id, true).await.unwrap();
+        }
+        (id, result)
+    }
+
+    /// Runs `request` until it asks for a decision; returns its id and the decision's. The
+    /// result is left stored (a caller reading it would release it), so the console can show
+    /// it.
+    async fn raise(&self, request: GenerationRequest) -> (String, String) {
+        let (id, result) = self.finish(&self.client, request, false).await;
         assert_eq!(result.reason, Reason::DecisionRequested, "{result:?}");
         let decision = result
             .signals
@@ -132,27 +167,66 @@ impl Fleet {
         id
     }
 
-    /// Starts a request that runs for a minute unless cancelled.
+    /// Starts a request of tenant `globex` that runs for a minute unless cancelled, and
+    /// waits until it streams; returns its id on the bus (`globex.<id>`). Its metadata names
+    /// another tenant, which the console must not believe.
     async fn start_long(&self) -> String {
+        let globex = self.tenant("globex");
         let mut request = GenerationRequest::user("Tick until cancelled.");
-        let id = genfleet::protocol::ids::new_id();
-        request.request_id = Some(id.clone());
+        let bare = genfleet::protocol::ids::new_id();
+        let id = globex.on_bus(&bare);
+        request.request_id = Some(bare);
         request.job_name = Some("ticker".into());
-        request.metadata.insert("tenant".into(), json!("globex"));
-        self.client.submit("default", &request).await.unwrap();
+        request.metadata.insert("tenant".into(), json!("mallory"));
+        let mut events = Box::pin(globex.follow(&id).await.unwrap());
+        globex.submit("default", &request).await.unwrap();
+        wait::within("the long request streams", WAIT, async {
+            while let Some(event) = events.next().await {
+                if matches!(event.body, EventBody::Delta { .. }) {
+                    return;
+                }
+            }
+            panic!("the events of {id} ended");
+        })
+        .await;
         id
     }
 
     /// Runs a request the backend refuses (for tenant `acme`), and reads (so releases) its
-    /// FAILED result, as its caller would.
+    /// FAILED result, as its caller would; returns its id on the bus (`acme.<id>`).
     async fn run_failing(&self) -> String {
         let mut request = GenerationRequest::user("Fail loudly, please.");
-        let id = genfleet::protocol::ids::new_id();
-        request.request_id = Some(id.clone());
         request.job_name = Some("doomed".into());
-        request.metadata.insert("tenant".into(), json!("acme"));
-        let result = self.client.run("default", request, WAIT).await.unwrap();
+        let result = self
+            .tenant("acme")
+            .run("default", request, WAIT)
+            .await
+            .unwrap();
         assert_eq!(result.state, genfleet::protocol::RequestState::Failed);
+        assert!(result.request_id.starts_with("acme."), "{result:?}");
+        result.request_id
+    }
+
+    /// Runs a request of tenant `acme` that answers at once, its result read (released) by
+    /// its caller or left stored; returns its id on the bus (`acme.<id>`).
+    async fn say_hello(&self, read: bool) -> String {
+        let mut request = GenerationRequest::user("Say hello.");
+        request.job_name = Some("greeting".into());
+        self.finish(&self.tenant("acme"), request, read).await.0
+    }
+
+    /// Runs a request that calls the calculator and reports, and reads (releases) its
+    /// result; returns its id.
+    async fn multiply_and_read(&self) -> String {
+        let mut request = GenerationRequest::user("Multiply and report 1234 × 5678.");
+        request.job_name = Some("multiply".into());
+        request.tools = vec!["calculate".into()];
+        let (id, result) = self.finish(&self.client, request, true).await;
+        assert_eq!(
+            (result.reason, result.tool_iterations_used),
+            (Reason::Stop, 1),
+            "{result:?}"
+        );
         id
     }
 
@@ -198,9 +272,8 @@ async fn console(settings: &Settings, token: &str, read_only: bool) -> Running {
 impl Running {
     async fn stop(mut self) {
         let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(WAIT, self.task)
+        wait::within("the console stops, open streams and all", WAIT, self.task)
             .await
-            .expect("the console stops, open streams and all")
             .unwrap()
             .unwrap();
     }
@@ -235,18 +308,15 @@ impl Running {
 
     /// Waits until the snapshot holds.
     async fn until(&self, what: &str, holds: impl Fn(&Value) -> bool) -> Value {
-        let started = Instant::now();
-        loop {
+        wait::until(what, WAIT, || async {
             let snapshot = self.snapshot().await;
             if holds(&snapshot) {
-                return snapshot;
+                Ok(snapshot)
+            } else {
+                Err(format!("the snapshot: {snapshot:#}"))
             }
-            assert!(
-                started.elapsed() < WAIT,
-                "{what}; the snapshot: {snapshot:#}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await
     }
 }
 
@@ -675,9 +745,10 @@ async fn the_live_stream_sends_a_snapshot_then_every_change() {
     );
     // Stopping the console ends the open stream.
     c.stop().await;
-    tokio::time::timeout(WAIT, async { while stream.next().await.is_some() {} })
-        .await
-        .expect("the stream ends with the console");
+    wait::within("the stream ends with the console", WAIT, async {
+        while stream.next().await.is_some() {}
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -835,29 +906,29 @@ impl Running {
 
     /// Waits until the list answer to `query` holds.
     async fn until_listed(&self, query: &str, what: &str, holds: impl Fn(&Value) -> bool) -> Value {
-        let started = Instant::now();
-        loop {
+        wait::until(what, WAIT, || async {
             let (status, page) = self.get(&format!("/api/requests?{query}")).await;
             assert_eq!(status, 200, "{page}");
             if holds(&page) {
-                return page;
+                Ok(page)
+            } else {
+                Err(format!("the list: {page:#}"))
             }
-            assert!(started.elapsed() < WAIT, "{what}; the list: {page:#}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await
     }
 
     /// Waits until the request's timeline holds.
     async fn until_timeline(&self, id: &str, what: &str, holds: impl Fn(&Value) -> bool) -> Value {
-        let started = Instant::now();
-        loop {
+        wait::until(what, WAIT, || async {
             let (status, detail) = self.get(&format!("/api/requests/{id}/timeline")).await;
             if status == 200 && holds(&detail) {
-                return detail;
+                Ok(detail)
+            } else {
+                Err(format!("the timeline ({status}): {detail:#}"))
             }
-            assert!(started.elapsed() < WAIT, "{what}; the timeline: {detail:#}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await
     }
 
     async fn cancel(&self, id: &str, token: Option<&str>) -> (u16, Value) {
@@ -1018,6 +1089,12 @@ async fn the_requests_list_is_filtered_each_request_has_a_timeline_and_one_is_ca
     for kind in ["started", "turn", "cancel", "finished"] {
         assert!(shown.contains(&kind), "{kind} missing: {detail:#}");
     }
+    // Its tenant is its id's (its metadata names another); seen from its start, it is whole.
+    assert_eq!(
+        (&detail["tenant"], &detail["partial"]),
+        (&json!("globex"), &json!(false)),
+        "{detail:#}"
+    );
     let (status, unseen) = c.get("/api/requests/never-seen-here/timeline").await;
     assert_eq!(
         (status, unseen["error"]["code"].as_str()),
@@ -1119,18 +1196,16 @@ async fn the_page_is_embedded_with_a_strict_policy_and_streams_are_capped() {
         "INTERNAL"
     );
     drop(first);
-    let started = Instant::now();
-    loop {
-        let again = http().get(c.url("/api/stream")).send().await.unwrap();
-        if again.status() == 200 {
-            break;
-        }
-        assert!(
-            started.elapsed() < WAIT,
-            "the closed stream's place is never freed"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait::until("the closed stream's place to be freed", WAIT, || async {
+        http()
+            .get(c.url("/api/stream"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            == 200
+    })
+    .await;
     c.stop().await;
 }
 
@@ -1173,9 +1248,8 @@ async fn console_process(settings: &Settings, token: &str) -> ConsoleProcess {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = tokio::time::timeout(WAIT, lines.next_line())
+    let first = wait::within("the console says where it listens", WAIT, lines.next_line())
         .await
-        .expect("the console says where it listens")
         .unwrap()
         .unwrap();
     let url = first
@@ -1248,6 +1322,8 @@ async fn the_console_in_a_browser() {
         text
     });
     let mut transcript = Vec::new();
+    // Consoles a step started; stopped with the test.
+    let mut started = Vec::new();
     let run = async {
         let mut done = false;
         while let Ok(Some(line)) = from_script.next_line().await {
@@ -1258,7 +1334,7 @@ async fn the_console_in_a_browser() {
                 eprintln!("browser: {text}");
             } else if let Some(step) = line.strip_prefix("STEP ") {
                 let step: Value = serde_json::from_str(step).unwrap();
-                let reply = browser_step(&f, &step).await;
+                let reply = browser_step(&f, &step, &mut started).await;
                 if to_script
                     .write_all(format!("{reply}\n").as_bytes())
                     .await
@@ -1270,7 +1346,8 @@ async fn the_console_in_a_browser() {
         }
         done
     };
-    let done = tokio::time::timeout(Duration::from_secs(180), run).await;
+    // A bound for a hung browser only: on a busy machine the whole script takes minutes.
+    let done = tokio::time::timeout(Duration::from_secs(600), run).await;
     if done.is_err() {
         let _ = script.start_kill();
     }
@@ -1280,7 +1357,7 @@ async fn the_console_in_a_browser() {
         status.success() && done == Ok(true),
         "the browser test failed ({status}{}):\n{errors}\nits steps:\n{}",
         if done.is_err() {
-            ", stopped after 3 minutes"
+            ", stopped after 10 minutes"
         } else {
             ""
         },
@@ -1303,8 +1380,27 @@ async fn the_console_in_a_browser() {
     }
 }
 
+/// A console started after the requests it is asked about began: one finished, called a
+/// tool and was read by its caller; one still runs. Returns the console once it has read
+/// both back.
+async fn late_console(f: &Fleet, started: &mut Vec<ConsoleProcess>) -> Value {
+    let read_id = f.multiply_and_read().await;
+    let running_id = f.start_long().await;
+    let late = console_process(&f.settings, TOKEN).await;
+    for id in [&read_id, &running_id] {
+        let url = format!("{}/api/requests/{id}/timeline", late.url);
+        wait::until("the late console reads the request back", WAIT, || async {
+            http().get(&url).send().await.unwrap().status() == 200
+        })
+        .await;
+    }
+    let url = late.url.clone();
+    started.push(late);
+    json!({"url": url, "read_id": read_id, "running_id": running_id})
+}
+
 /// What the browser script asks of the fleet.
-async fn browser_step(f: &Fleet, step: &Value) -> Value {
+async fn browser_step(f: &Fleet, step: &Value, started: &mut Vec<ConsoleProcess>) -> Value {
     let decision_id = step["decision_id"].as_str().unwrap_or_default();
     match step["step"].as_str().unwrap_or_default() {
         "decision" => {
@@ -1318,6 +1414,16 @@ async fn browser_step(f: &Fleet, step: &Value) -> Value {
         "slow" => json!({"request_id": f.start_slow(step["request_id"].as_str()).await}),
         "long" => json!({"request_id": f.start_long().await}),
         "failed" => json!({"request_id": f.run_failing().await}),
+        "hello" => json!({"request_id": f.say_hello(step["read"] == true).await}),
+        "late_console" => late_console(f, started).await,
+        "cancel" => match f
+            .client
+            .cancel(step["request_id"].as_str().unwrap_or_default())
+            .await
+        {
+            Ok(reply) => json!({"state": reply.state.as_str()}),
+            Err(e) => json!({"error": e.to_string()}),
+        },
         "answer" => match f.record(decision_id).await.answer {
             Some(answer) => json!(answer),
             None => json!({"error": format!("decision {decision_id} has no answer")}),

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::fleet::{self, Fleet};
-use futures_util::StreamExt;
+use common::wait;
 use genfleet::engine::history::{HistoryEntry, HistoryOutcome};
 use genfleet::protocol::{
     DecisionBlock, DecisionOutcome, ErrorCode, Event, EventBody, GenerationRequest,
@@ -55,16 +55,12 @@ impl Watched {
     /// The next signal on `signals.<suffix>`, skipping others.
     async fn signal(&mut self, suffix: &str) -> Value {
         let subject = format!("signals.{suffix}");
-        let wait = tokio::time::timeout(Duration::from_secs(10), async {
-            while let Some(m) = self.signals.next().await {
-                if m.subject.as_str() == subject {
-                    return serde_json::from_slice::<Value>(&m.payload).unwrap();
-                }
-            }
-            panic!("the signal subscription ended");
-        });
-        wait.await
-            .unwrap_or_else(|_| panic!("no signal on {subject}"))
+        let what = format!("a signal on {subject}");
+        wait::next_matching(&what, Duration::from_secs(10), &mut self.signals, |m| {
+            (m.subject.as_str() == subject)
+                .then(|| serde_json::from_slice::<Value>(&m.payload).unwrap())
+        })
+        .await
     }
 
     async fn terminal(&self, id: &str) -> GenerationResult {
@@ -81,15 +77,14 @@ impl Watched {
 
     /// Waits until the history entry has an outcome other than pending.
     async fn settled_history(&self, code: &str, decision_id: &str) -> HistoryEntry {
-        for _ in 0..250 {
-            if let Some(entry) = self.history(code, decision_id).await
-                && entry.outcome != HistoryOutcome::Pending
-            {
-                return entry;
+        let what = format!("the history entry of {decision_id} to settle");
+        wait::until(&what, Duration::from_secs(10), || async {
+            match self.history(code, decision_id).await {
+                Some(entry) if entry.outcome != HistoryOutcome::Pending => Ok(entry),
+                other => Err(format!("{other:?}")),
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("the history entry of {decision_id} never settled");
+        })
+        .await
     }
 }
 
@@ -107,18 +102,13 @@ async fn events_until(
     events: &mut (impl futures_util::Stream<Item = Event> + Unpin),
     last: &str,
 ) -> Vec<Event> {
-    let mut seen = Vec::new();
-    while let Ok(Some(event)) = tokio::time::timeout(Duration::from_secs(10), events.next()).await {
-        let done = event.body.name() == last;
-        seen.push(event);
-        if done {
-            return seen;
-        }
-    }
-    panic!(
-        "no {last} event; saw {:?}",
-        seen.iter().map(|e| e.body.name()).collect::<Vec<_>>()
-    );
+    wait::collect_until(
+        &format!("the {last} event"),
+        Duration::from_secs(10),
+        events,
+        |event| event.body.name() == last,
+    )
+    .await
 }
 
 /// The model leaves out TOTAL unless guided or given a prompt asking for it.
@@ -728,16 +718,19 @@ async fn submit_follow_waits_for_the_answer_and_follows_the_continuation() {
     stdin.write_all(&request).await.unwrap();
     drop(stdin);
     let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
-    let decision_id = tokio::time::timeout(Duration::from_secs(15), async {
-        while let Some(line) = stderr.next_line().await.unwrap() {
-            if let Some(rest) = line.strip_prefix("decision ") {
-                return rest.split_whitespace().next().unwrap().to_string();
+    let decision_id = wait::within(
+        "the CLI shows the decision it waits for",
+        Duration::from_secs(15),
+        async {
+            while let Some(line) = stderr.next_line().await.unwrap() {
+                if let Some(rest) = line.strip_prefix("decision ") {
+                    return rest.split_whitespace().next().unwrap().to_string();
+                }
             }
-        }
-        panic!("the CLI ended without showing the decision");
-    })
-    .await
-    .expect("the CLI shows the decision it waits for");
+            panic!("the CLI ended without showing the decision");
+        },
+    )
+    .await;
     let decide = tokio::process::Command::new(env!("CARGO_BIN_EXE_genfleet"))
         .args(["decide", &decision_id, "proceed", "--guidance", "go slowly"])
         .env("GENFLEET__NATS__URL", &nats_url)
@@ -752,10 +745,13 @@ async fn submit_follow_waits_for_the_answer_and_follows_the_continuation() {
         )),
         "{said}"
     );
-    let output = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
+    let output = wait::within(
+        "the CLI to end once answered",
+        Duration::from_secs(20),
+        child.wait_with_output(),
+    )
+    .await
+    .unwrap();
     assert!(output.status.success(), "{output:?}");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(

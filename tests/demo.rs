@@ -1,8 +1,11 @@
 //! `genfleet demo` as a user runs it: the whole flow narrated, and nothing left behind.
 
+mod common;
+
 use std::process::Stdio;
 use std::time::Duration;
 
+use common::wait;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 fn demo() -> tokio::process::Command {
@@ -26,24 +29,24 @@ fn nats_port(line: &str) -> u16 {
         .unwrap()
 }
 
-async fn gone(port: u16) -> bool {
-    for _ in 0..50 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
+/// Waits (bounded, loud) until nothing listens on `port` any more.
+async fn wait_gone(port: u16) {
+    wait::until(
+        &format!("the demo's nats-server on port {port} to be stopped"),
+        Duration::from_secs(5),
+        || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_err()
+        },
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn the_demo_shows_the_tool_call_the_decision_the_answer_and_the_result() {
-    let output = tokio::time::timeout(Duration::from_secs(60), demo().output())
+    let output = wait::within("the demo ends", Duration::from_secs(60), demo().output())
         .await
-        .expect("the demo ends")
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
@@ -75,7 +78,7 @@ async fn the_demo_shows_the_tool_call_the_decision_the_answer_and_the_result() {
         );
     }
     let port = nats_port(stdout.lines().next().unwrap());
-    assert!(gone(port).await, "the demo's nats-server is stopped");
+    wait_gone(port).await;
 }
 
 #[tokio::test]
@@ -93,7 +96,7 @@ async fn ctrl_c_stops_everything_the_demo_started() {
     });
     let first = lines.next_line().await.unwrap().unwrap();
     let port = nats_port(&first);
-    tokio::time::timeout(Duration::from_secs(30), async {
+    wait::within("the job starts", Duration::from_secs(30), async {
         while let Some(line) = lines.next_line().await.unwrap() {
             if line.contains("request started") {
                 return;
@@ -101,8 +104,7 @@ async fn ctrl_c_stops_everything_the_demo_started() {
         }
         panic!("the demo ended before its job started");
     })
-    .await
-    .expect("the job starts");
+    .await;
     let pid = child.id().unwrap().to_string();
     let kill = std::process::Command::new("kill")
         .args(["-INT", "--", &format!("-{pid}")])
@@ -110,21 +112,25 @@ async fn ctrl_c_stops_everything_the_demo_started() {
         .unwrap();
     assert!(kill.success());
     let mut rest = Vec::new();
-    let status = tokio::time::timeout(Duration::from_secs(20), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            rest.push(line);
-        }
-        child.wait().await.unwrap()
-    })
-    .await
-    .expect("the demo stops after Ctrl-C");
+    let status = wait::within(
+        "the demo stops after Ctrl-C",
+        Duration::from_secs(20),
+        async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                rest.push(line);
+            }
+            child.wait().await.unwrap()
+        },
+    )
+    .await;
     assert!(status.success(), "{rest:?}");
     assert!(
         rest.iter().any(|l| l.contains("interrupted"))
             && rest.iter().any(|l| l.starts_with("stopped:")),
         "{rest:?}"
     );
-    assert!(gone(port).await, "no nats-server is left behind");
+    // No nats-server is left behind.
+    wait_gone(port).await;
     // The server goes last: nothing lost it on the way down.
     let stderr = stderr.await.unwrap();
     assert!(

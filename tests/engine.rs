@@ -13,6 +13,9 @@ use genfleet::settings::{SystemMessages, ToolMode};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+/// How long a wait may take: generous, a busy machine is slow, never wrong.
+const WITHIN: Duration = Duration::from_secs(20);
+
 fn user(text: &str) -> serde_json::Value {
     json!([{"role": "user", "content": text}])
 }
@@ -618,12 +621,12 @@ async fn malformed_json_and_unknown_tools_fail_with_tool_parse_error() {
         (
             ToolMode::Native,
             "[[rules]]\ntool_calls = [{ name = \"launch\", arguments = {} }]\n",
-            "`launch` is not a tool",
+            "`launch`, a tool this request does not offer",
         ),
         (
             ToolMode::Text,
             "[[rules]]\nreply = '<tool_call>{\"name\":\"launch\",\"arguments\":{}}</tool_call>'\n",
-            "`launch` is not a tool",
+            "`launch`, a tool this request does not offer",
         ),
         // A call object with a stray key.
         (
@@ -1049,26 +1052,27 @@ async fn a_fenced_example_is_not_executed_in_native_mode() {
 
 #[tokio::test]
 async fn cancellation_mid_stream_keeps_the_partial_output() {
-    let script = "[[rules]]\nreply = \"a b c d e f g h i j k l m n o p q r s t u v w x y z\"\ndelay_ms = 40\n";
-    let h = Harness::new(script).await;
-    let cancel = CancellationToken::new();
-    let trigger = cancel.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        trigger.cancel();
-    });
-    let (result, _) = h
-        .run_with_cancel(request(json!({"messages": user("go")})), cancel)
+    // 26 words, 100 ms each: the stream is far from its end when the first word is out.
+    let whole = "a b c d e f g h i j k l m n o p q r s t u v w x y z";
+    let script = format!("[[rules]]\nreply = \"{whole}\"\ndelay_ms = 100\n");
+    let h = Harness::new(&script).await;
+    // Cancelled once the first word streamed.
+    let (result, events) = h
+        .run_cancelled_at(request(json!({"messages": user("go")})), |event| {
+            matches!(event.body, EventBody::Delta { .. })
+        })
         .await;
     assert_eq!(
         (result.state, result.reason),
         (RequestState::Cancelled, Reason::Cancelled)
     );
     assert!(
-        !result.output.is_empty() && result.output.len() < 52,
+        !result.output.is_empty() && result.output.len() < whole.len(),
         "partial: {:?}",
         result.output
     );
+    assert!(whole.starts_with(&result.output), "{:?}", result.output);
+    assert_eq!(streamed_text(&events), result.output);
 }
 
 #[tokio::test]
@@ -1078,17 +1082,27 @@ async fn cancellation_reaches_a_hanging_tool_call() {
     let h = Harness::new(script).await;
     let cancel = CancellationToken::new();
     let trigger = cancel.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        trigger.cancel();
-    });
-    let (result, _) = h
-        .run_with_cancel(
+    let tools = h.tools.clone();
+    // Cancelled once the tool has the call (it never answers).
+    let ((result, _), ()) = tokio::join!(
+        h.run_with_cancel(
             request(json!({"messages": user("go"), "tools": ["hang"]})),
             cancel,
-        )
-        .await;
-    assert_eq!(result.reason, Reason::Cancelled);
+        ),
+        async {
+            wait::until("the hanging tool to have the call", WITHIN, || async {
+                !tools.calls().is_empty()
+            })
+            .await;
+            trigger.cancel();
+        }
+    );
+    let called: Vec<String> = h.tools.calls().into_iter().map(|c| c.name).collect();
+    assert_eq!(called, ["hang"]);
+    assert_eq!(
+        (result.state, result.reason),
+        (RequestState::Cancelled, Reason::Cancelled)
+    );
     assert_eq!(result.output, "Calling.");
 }
 

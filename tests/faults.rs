@@ -6,14 +6,18 @@
 
 mod common;
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::fleet::{self, Fleet, FleetBuilder, request};
 use common::nats::{NatsServer, free_port};
+use common::wait;
 use genfleet::bus::client::Client;
 use genfleet::llm::mock::{MockServer, Script};
-use genfleet::protocol::{GenerationRequest, Reason, RequestState};
+use genfleet::protocol::{EventBody, Reason, RequestState};
 use genfleet::settings::Settings;
 
 /// The bound on waiting for a fleet to finish its work after a fault.
@@ -85,23 +89,24 @@ async fn a_worker_killed_under_durable_load_loses_no_request_and_each_ends_once(
         );
     }
     // Kill the doomed worker while it runs requests of its own.
-    let mut interrupted = Vec::new();
-    for _ in 0..200 {
-        interrupted = running_on(client, &ids)
-            .await
-            .into_iter()
-            .filter(|(_, worker)| worker == "doomed")
-            .map(|(id, _)| id)
-            .collect();
-        if interrupted.len() >= 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(
-        !interrupted.is_empty(),
-        "the doomed worker never ran a request"
-    );
+    let interrupted: Vec<String> = wait::until(
+        "the doomed worker to run requests of its own",
+        SETTLE,
+        || async {
+            let on_doomed: Vec<String> = running_on(client, &ids)
+                .await
+                .into_iter()
+                .filter(|(_, worker)| worker == "doomed")
+                .map(|(id, _)| id)
+                .collect();
+            if on_doomed.len() >= 2 {
+                Ok(on_doomed)
+            } else {
+                Err(format!("running on it: {on_doomed:?}"))
+            }
+        },
+    )
+    .await;
     let fault_at = std::time::Instant::now();
     f.processes[0].kill();
     let _rescuer = f.start_worker_process("rescuer", &[]);
@@ -156,10 +161,17 @@ async fn a_nats_restart_under_mixed_load_loses_no_accepted_request_and_leaks_no_
     for id in &durable {
         client.enqueue("default", &request(id, "go")).await.unwrap();
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait::until("durable requests to run", SETTLE, || async {
+        !running_on(client, &durable).await.is_empty()
+    })
+    .await;
     let fault_at = std::time::Instant::now();
     f.nats.kill().await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The server is gone for as long as it takes its clients to notice.
+    wait::until("the client to see the server gone", SETTLE, || async {
+        client.nats().connection_state() != async_nats::connection::State::Connected
+    })
+    .await;
     f.nats.restart().await;
 
     for id in durable.iter().chain(&accepted) {
@@ -212,16 +224,15 @@ impl Cluster {
     async fn wait_jetstream(&self) {
         let nats = self.nodes[0].client().await;
         let js = async_nats::jetstream::new(nats);
-        for _ in 0..300 {
+        wait::until("the cluster's JetStream to come up", SETTLE, || async {
             // "stream not found" is JetStream's own answer: its meta leader is elected.
-            if let Err(error) = js.get_stream("ABSENT").await
-                && error.to_string().contains("not found")
-            {
-                return;
+            match js.get_stream("ABSENT").await {
+                Err(error) if error.to_string().contains("not found") => Ok(()),
+                Err(error) => Err(error.to_string()),
+                Ok(_) => Err("a stream named ABSENT".to_string()),
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("the cluster's JetStream did not come up");
+        })
+        .await;
     }
 }
 
@@ -273,64 +284,71 @@ async fn a_cluster_node_killed_under_load_leaves_the_fleet_running() {
     for id in &ids[..12] {
         client.enqueue("default", &request(id, "go")).await.unwrap();
     }
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Under load when the node goes: the first requests run.
+    wait::until("the first requests to run", SETTLE, || async {
+        !running_on(client, &ids[..12]).await.is_empty()
+    })
+    .await;
     let fault_at = std::time::Instant::now();
     cluster.nodes[victim].kill().await;
     for id in &ids[12..] {
         // A leader election can make a publish fail for a moment; a client publishes again.
-        let mut tries = 0;
-        loop {
-            match client.enqueue("default", &request(id, "go")).await {
-                Ok(_) => {
-                    if tries > 0 {
-                        eprintln!(
-                            "enqueue {id} taken after {tries} tries, {:?} after the fault",
-                            fault_at.elapsed()
-                        );
-                    }
-                    break;
+        let tries = Cell::new(0);
+        let show_nodes = || {
+            cluster
+                .nodes
+                .iter()
+                .map(|node| format!("--- node {}:\n{}", node.port(), node.log_text()))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        wait::until_showing(
+            &format!("the queue to take {id}"),
+            SETTLE,
+            || async {
+                let sent = client.enqueue("default", &request(id, "go")).await;
+                if let Err(error) = &sent
+                    && tries.get() == 0
+                {
+                    eprintln!("enqueue {id} again: {error}");
                 }
-                Err(error) if tries < 120 => {
-                    tries += 1;
-                    if tries == 1 {
-                        eprintln!("enqueue {id} again: {error}");
-                    }
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
-                Err(error) => {
-                    for node in &cluster.nodes {
-                        eprintln!("--- node {}:\n{}", node.port(), node.log_text());
-                    }
-                    panic!("{id}: {error}")
-                }
-            }
+                tries.set(tries.get() + 1);
+                sent.map_err(|e| e.to_string())
+            },
+            show_nodes,
+        )
+        .await;
+        if tries.get() > 1 {
+            eprintln!(
+                "enqueue {id} taken after {} tries, {:?} after the fault",
+                tries.get() - 1,
+                fault_at.elapsed()
+            );
         }
     }
     // Until the results bucket has a new leader a worker cannot record a new request: the
     // submit fails with a clear error and a client tries again.
-    let mut tries = 0;
-    let interactive = loop {
-        match client
+    let tries = Cell::new(0);
+    let interactive = wait::until("an interactive request to be taken", SETTLE, || async {
+        let sent = client
             .run(
                 "default",
-                request(&format!("ha-interactive-{tries}"), "go"),
+                request(&format!("ha-interactive-{}", tries.get()), "go"),
                 SETTLE,
             )
-            .await
+            .await;
+        if let Err(error) = &sent
+            && tries.get() == 0
         {
-            Ok(r) => break r,
-            Err(error) if tries < 120 => {
-                if tries == 0 {
-                    eprintln!("submit again: {error}");
-                }
-                tries += 1;
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-            Err(error) => panic!("no submit taken: {error}"),
+            eprintln!("submit again: {error}");
         }
-    };
+        tries.set(tries.get() + 1);
+        sent.map_err(|e| e.to_string())
+    })
+    .await;
     eprintln!(
-        "a submit taken after {tries} tries, {:?} after the fault",
+        "a submit taken after {} tries, {:?} after the fault",
+        tries.get() - 1,
         fault_at.elapsed()
     );
     assert_eq!(interactive.output, reply);
@@ -370,6 +388,8 @@ async fn the_backend_killed_mid_stream_fails_with_partial_output_and_its_return_
         .await;
     let client = &f.client;
 
+    let mut streaming = Box::pin(client.follow("streaming").await.unwrap());
+    let mut streaming_durable = Box::pin(client.follow("streaming-durable").await.unwrap());
     client
         .submit("default", &request("streaming", "go"))
         .await
@@ -378,7 +398,16 @@ async fn the_backend_killed_mid_stream_fails_with_partial_output_and_its_return_
         .enqueue("default", &request("streaming-durable", "go"))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Killed mid-stream: both have streamed words (of twenty, one every 100 ms).
+    for (id, events) in [
+        ("streaming", &mut streaming),
+        ("streaming-durable", &mut streaming_durable),
+    ] {
+        wait::next_matching(&format!("the first delta of {id}"), SETTLE, events, |e| {
+            matches!(e.body, EventBody::Delta { .. }).then_some(())
+        })
+        .await;
+    }
     let fault_at = std::time::Instant::now();
     backend.kill();
     for id in ["streaming", "streaming-durable"] {
@@ -401,7 +430,18 @@ async fn the_backend_killed_mid_stream_fails_with_partial_output_and_its_return_
         .enqueue("default", &request("while-down", "go"))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let log = f.logs().join("w.log");
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait::until_showing(
+        "the worker to find the backend down and retry",
+        SETTLE,
+        || async {
+            // The only call since the kill: the streams that broke are not retried.
+            read_log().contains("backend call failed; retrying")
+        },
+        || format!("the worker's log:\n{}", read_log()),
+    )
+    .await;
     // ... and completes once the backend is back on its address.
     let (_backend, _) = fleet::mock_llm(&listen, &script);
     let r = fleet::terminal(client, "while-down", SETTLE).await;
@@ -471,7 +511,8 @@ tool_calls = [{ name = "ghost", arguments = {} }]
         service_settings,
         definition("sleepy", 300),
         |_, _| async {
-            tokio::time::sleep(Duration::from_secs(30)).await;
+            // Never answers within the call's timeout (300 ms).
+            std::future::pending::<()>().await;
             Ok(serde_json::json!("too late"))
         },
     )
@@ -479,13 +520,21 @@ tool_calls = [{ name = "ghost", arguments = {} }]
     .unwrap();
     // The ghost registers, takes a call and its process goes away without answering.
     let ghost_connection = f.nats.client().await;
+    let ghost_calls = Arc::new(AtomicUsize::new(0));
     let ghost = genfleet::bus::tool_service::ToolService::start(
         ghost_connection.clone(),
         service_settings,
         definition("ghost", 1_500),
-        |_, _| async {
-            tokio::time::sleep(Duration::from_secs(30)).await;
-            Ok(serde_json::json!("never"))
+        {
+            let ghost_calls = ghost_calls.clone();
+            move |_, _| {
+                ghost_calls.fetch_add(1, Ordering::SeqCst);
+                async {
+                    // Never answers: the service goes away first.
+                    std::future::pending::<()>().await;
+                    Ok(serde_json::json!("never"))
+                }
+            }
         },
     )
     .await
@@ -512,45 +561,33 @@ tool_calls = [{ name = "ghost", arguments = {} }]
         "{sleepy:?}"
     );
     assert_eq!(sleepy.output, "Calling sleepy.");
-    // A service that vanishes mid-call: the call times out.
+    // A service that vanishes mid-call (the call has reached it): the call times out.
     let mut ghost_request = request("t-ghost", "use ghost");
     ghost_request.tools = vec!["ghost".into()];
-    let mut events = Box::pin(client.follow("t-ghost").await.unwrap());
-    run_until_tool_call(client, &ghost_request, &mut events).await;
+    fleet::submit_when_tools_known(client, &ghost_request).await;
+    wait::until("the ghost to have the call", SETTLE, || async {
+        ghost_calls.load(Ordering::SeqCst) > 0
+    })
+    .await;
     drop(ghost);
     drop(ghost_connection);
     let vanished = fleet::terminal(client, "t-ghost", SETTLE).await;
     assert_eq!(vanished.reason, Reason::ToolExecutionError, "{vanished:?}");
-    // Its registration is still there, but nobody serves it: the next call fails at once.
-    let started = std::time::Instant::now();
+    assert_eq!(
+        vanished.detail.as_deref(),
+        Some("tool `ghost` timed out after 1500 ms"),
+        "the call was out when the service went: {vanished:?}"
+    );
+    assert_eq!(ghost_calls.load(Ordering::SeqCst), 1);
+    // Its registration is still there, but nobody serves it: the next call fails on "no
+    // responders", not on its timeout.
     let gone = run("t-ghost-2", "use ghost", "ghost").await;
     assert_eq!(gone.reason, Reason::ToolExecutionError, "{gone:?}");
+    let detail = gone.detail.as_deref().unwrap_or_default();
     assert!(
-        started.elapsed() < Duration::from_millis(1_500),
+        detail.contains("no tool service answers") && !detail.contains("timed out"),
         "no responders is not a timeout: {gone:?}"
     );
     fleet::wait_all_slots_free(client.nats(), 1, SETTLE).await;
     fleet::wait_only_results_left(client.nats(), SETTLE).await;
-}
-
-/// Submits `request` (retrying while its tool is not yet known) and returns once its first
-/// tool call went out.
-async fn run_until_tool_call(
-    client: &Client,
-    request: &GenerationRequest,
-    events: &mut (impl futures_util::Stream<Item = genfleet::protocol::Event> + Unpin),
-) {
-    use futures_util::StreamExt;
-    fleet::submit_when_tools_known(client, request).await;
-    let waited = tokio::time::timeout(SETTLE, async {
-        while let Some(event) = events.next().await {
-            if matches!(event.body, genfleet::protocol::EventBody::ToolCall { .. }) {
-                return;
-            }
-        }
-    })
-    .await;
-    assert!(waited.is_ok(), "no tool call went out");
-    // The call reaches the service a moment after the event.
-    tokio::time::sleep(Duration::from_millis(100)).await;
 }

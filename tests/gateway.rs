@@ -12,6 +12,7 @@ use std::time::Duration;
 use common::fleet::Fleet;
 use common::nats::free_port;
 use common::process::Running;
+use common::wait;
 use futures_util::StreamExt;
 use genfleet::llm::mock::Script;
 use genfleet::protocol::RequestState;
@@ -51,18 +52,29 @@ struct Gateway {
 }
 
 impl Gateway {
+    /// A gateway whose one key is [`KEY`], for [`TENANT`].
     async fn start(fleet: &Fleet, port: u16, extra: &[(&str, &str)]) -> Gateway {
+        Gateway::start_with_keys(fleet, port, &[(KEY, TENANT)], extra).await
+    }
+
+    /// A gateway with these keys (each with its tenant), configured by their hashes.
+    async fn start_with_keys(
+        fleet: &Fleet,
+        port: u16,
+        keys: &[(&str, &str)],
+        extra: &[(&str, &str)],
+    ) -> Gateway {
         let config = tempfile::tempdir().unwrap();
         let path = config.path().join("gateway.toml");
-        std::fs::write(
-            &path,
-            format!(
-                "[[gateway.api_keys]]\nsha256 = \"{}\"\ntenant = \"{TENANT}\"\n\n\
-                 [gateway.models.gpt-test]\npool = \"default\"\nmodel = \"mock-model\"\n",
-                genfleet::gateway::keys::hash_hex(KEY)
-            ),
-        )
-        .unwrap();
+        let mut toml = String::new();
+        for (key, tenant) in keys {
+            toml.push_str(&format!(
+                "[[gateway.api_keys]]\nsha256 = \"{}\"\ntenant = \"{tenant}\"\n\n",
+                genfleet::gateway::keys::hash_hex(key)
+            ));
+        }
+        toml.push_str("[gateway.models.gpt-test]\npool = \"default\"\nmodel = \"mock-model\"\n");
+        std::fs::write(&path, toml).unwrap();
         let mut env: Vec<(String, String)> = vec![
             ("GENFLEET__NATS__URL".into(), fleet.nats.url()),
             (
@@ -141,27 +153,14 @@ fn printed(stdout: &str, key: &str) -> String {
 
 /// Waits until the request is terminal and returns its state.
 async fn terminal(fleet: &Fleet, id: &str) -> RequestState {
-    let deadline = tokio::time::Instant::now() + WITHIN;
-    loop {
-        if let Ok(status) = fleet.client.status(id).await
-            && status.state.is_terminal()
-        {
-            return status.state;
+    wait::until(&format!("request {id} to end"), WITHIN, || async {
+        match fleet.client.status(id).await {
+            Ok(status) if status.state.is_terminal() => Ok(status.state),
+            Ok(status) => Err(format!("{:?}", status.state)),
+            Err(error) => Err(error.to_string()),
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "request {id} still not terminal"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + WITHIN;
-    while !check() {
-        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
 }
 
 fn http() -> reqwest::Client {
@@ -216,7 +215,7 @@ async fn the_openai_sdk_runs_text_tools_genfleet_fields_errors_and_cancellation(
     let cancelled = printed(&stdout, "CANCELLED_ID");
     assert_eq!(terminal(&f, &cancelled).await, RequestState::Cancelled);
     let mock = f.mock();
-    wait_for("the backend sees its stream closed", || {
+    wait::until("the backend to see its stream closed", WITHIN, || async {
         mock.abandoned_streams() > abandoned
     })
     .await;
@@ -286,16 +285,16 @@ async fn the_tenant_and_extra_body_fields_reach_the_request_and_a_body_too_large
         "{sent:?}"
     );
     // The finished event carries the result as stored: the key's tenant over the forged one.
-    let result = tokio::time::timeout(WITHIN, async {
-        while let Some(event) = events.next().await {
-            if let genfleet::protocol::EventBody::Finished { result } = event.body {
-                return result;
-            }
-        }
-        panic!("the events ended");
-    })
-    .await
-    .unwrap();
+    let result = wait::next_matching(
+        "the finished event",
+        WITHIN,
+        &mut events,
+        |event| match event.body {
+            genfleet::protocol::EventBody::Finished { result } => Some(result),
+            _ => None,
+        },
+    )
+    .await;
     assert_eq!(result.metadata["tenant"], TENANT);
     assert_eq!(result.metadata["k"], 1);
     assert_eq!(
@@ -328,15 +327,14 @@ async fn a_caller_that_hangs_up_cancels_its_request_running_or_queued() {
         )
         .send(),
     );
-    tokio::time::timeout(WITHIN, async {
+    wait::within("the request runs", WITHIN, async {
         while let Some(event) = running_events.next().await {
             if event.body.name() == "delta" {
                 return;
             }
         }
     })
-    .await
-    .expect("the request runs");
+    .await;
     // It runs as the key's tenant: the tenant token of the subject it was submitted on.
     let running = f.client.status("gw-hangup-run").await.unwrap();
     assert_eq!(running.tenant.as_deref(), Some(TENANT), "{running:?}");
@@ -349,17 +347,14 @@ async fn a_caller_that_hangs_up_cancels_its_request_running_or_queued() {
         )
         .send(),
     );
-    let deadline = tokio::time::Instant::now() + WITHIN;
-    loop {
-        if let Ok(status) = f.client.status("gw-hangup-queued").await
-            && status.state == RequestState::Queued
-        {
-            assert_eq!(status.tenant.as_deref(), Some(TENANT), "{status:?}");
-            break;
+    let status = wait::until("gw-hangup-queued to be queued", WITHIN, || async {
+        match f.client.status("gw-hangup-queued").await {
+            Ok(status) if status.state == RequestState::Queued => Ok(status),
+            other => Err(format!("{other:?}")),
         }
-        assert!(tokio::time::Instant::now() < deadline, "never queued");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
+    assert_eq!(status.tenant.as_deref(), Some(TENANT), "{status:?}");
     queued.abort();
     assert_eq!(
         terminal(&f, "gw-hangup-queued").await,
@@ -368,7 +363,7 @@ async fn a_caller_that_hangs_up_cancels_its_request_running_or_queued() {
     whole.abort();
     assert_eq!(terminal(&f, "gw-hangup-run").await, RequestState::Cancelled);
     let mock = f.mock();
-    wait_for("the backend sees its stream closed", || {
+    wait::until("the backend to see its stream closed", WITHIN, || async {
         mock.abandoned_streams() > abandoned
     })
     .await;
@@ -393,15 +388,14 @@ async fn a_request_that_waits_too_long_for_a_slot_is_cancelled_with_a_clear_erro
     .send()
     .await
     .unwrap();
-    tokio::time::timeout(WITHIN, async {
+    wait::within("the slow request runs", WITHIN, async {
         while let Some(event) = events.next().await {
             if event.body.name() == "started" {
                 return;
             }
         }
     })
-    .await
-    .expect("the slow request runs");
+    .await;
     let response = chat(
         &gateway,
         json!({"model": "default", "messages": [{"role": "user", "content": "late"}],
@@ -420,6 +414,54 @@ async fn a_request_that_waits_too_long_for_a_slot_is_cancelled_with_a_clear_erro
     let state = terminal(&f, "gw-busy").await;
     let status = f.client.status("gw-busy").await.unwrap();
     assert_eq!(state, RequestState::Cancelled, "{status:?}");
+}
+
+/// A request that raised a decision and its continuation are one completion, their parts set
+/// apart by a blank line (not glued into one sentence).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_chain_is_one_completion_with_its_parts_set_apart() {
+    let f = fleet(1).await;
+    let gateway = Gateway::start(&f, free_port(), &[]).await;
+    let mut asks = f
+        .client
+        .nats()
+        .subscribe("signals.decision_request.>")
+        .await
+        .unwrap();
+    f.client.nats().flush().await.unwrap();
+    let response = tokio::spawn(
+        chat(
+            &gateway,
+            json!({"model": "default",
+                   "messages": [{"role": "user", "content": "gw-ask where the report goes"}]}),
+        )
+        .send(),
+    );
+    let signal = wait::within("the model asks", WITHIN, asks.next())
+        .await
+        .unwrap();
+    let signal: Value = serde_json::from_slice(&signal.payload).unwrap();
+    let decision_id = signal["decision"]["decision_id"].as_str().unwrap();
+    let answer = genfleet::protocol::DecisionAnswer {
+        option_id: "a".into(),
+        rationale: None,
+        decided_by: Some("test".into()),
+        modified_prompt: None,
+        guidance: None,
+        confidence_boost: None,
+    };
+    f.client.decide(decision_id, &answer).await.unwrap();
+    let response = wait::within("the completion", WITHIN, response)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(
+        body["choices"][0]["message"]["content"], "Two places fit.\n\nFiled as chosen.",
+        "{body}"
+    );
+    assert_eq!(body["choices"][0]["finish_reason"], "stop", "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -446,9 +488,8 @@ async fn a_decision_keeps_the_stream_open_and_its_continuation_streams_through_i
     assert_eq!(response.status(), 200);
     let mut data = Box::pin(sse_data(response));
     // A manager answers the checkpoint while the response stays open.
-    let signal = tokio::time::timeout(WITHIN, asks.next())
+    let signal = wait::within("the checkpoint asks", WITHIN, asks.next())
         .await
-        .expect("the checkpoint asks")
         .unwrap();
     let signal: Value = serde_json::from_slice(&signal.payload).unwrap();
     let decision_id = signal["decision"]["decision_id"]
@@ -465,7 +506,7 @@ async fn a_decision_keeps_the_stream_open_and_its_continuation_streams_through_i
     };
     f.client.decide(&decision_id, &answer).await.unwrap();
     let (mut text, mut finish, mut done) = (String::new(), None, false);
-    tokio::time::timeout(WITHIN, async {
+    wait::within("the stream ends", WITHIN, async {
         while let Some(frame) = data.next().await {
             if frame == "[DONE]" {
                 done = true;
@@ -480,8 +521,7 @@ async fn a_decision_keeps_the_stream_open_and_its_continuation_streams_through_i
             }
         }
     })
-    .await
-    .expect("the stream ends");
+    .await;
     assert!(done, "no [DONE]");
     assert_eq!(finish.as_deref(), Some("stop"));
     assert!(
@@ -505,10 +545,10 @@ async fn a_gateway_stopped_or_killed_leaves_no_request_running_and_comes_back() 
     let response = chat(&gateway, slow("gw-drained")).send().await.unwrap();
     assert_eq!(response.status(), 200);
     let mut data = Box::pin(sse_data(response));
-    let first = tokio::time::timeout(WITHIN, data.next()).await.unwrap();
+    let first = wait::within("the first chunk", WITHIN, data.next()).await;
     assert!(first.is_some());
     gateway.stop("TERM").await;
-    let rest: Vec<String> = tokio::time::timeout(WITHIN, data.collect()).await.unwrap();
+    let rest: Vec<String> = wait::within("the end of the stream", WITHIN, data.collect()).await;
     let last = rest.last().cloned().unwrap_or_default();
     assert!(last.contains("gateway_shutdown"), "{rest:?}");
     assert_eq!(terminal(&f, "gw-drained").await, RequestState::Cancelled);
@@ -520,14 +560,13 @@ async fn a_gateway_stopped_or_killed_leaves_no_request_running_and_comes_back() 
     let response = chat(&gateway, slow("gw-killed")).send().await.unwrap();
     let mut data = Box::pin(sse_data(response));
     assert!(
-        tokio::time::timeout(WITHIN, data.next())
+        wait::within("the first chunk", WITHIN, data.next())
             .await
-            .unwrap()
             .is_some()
     );
     gateway.stop("KILL").await;
     // The caller gets a clean end of its stream (the connection closed), not a hang.
-    let rest: Vec<String> = tokio::time::timeout(WITHIN, data.collect()).await.unwrap();
+    let rest: Vec<String> = wait::within("the end of the stream", WITHIN, data.collect()).await;
     assert!(!rest.iter().any(|d| d == "[DONE]"), "{rest:?}");
     let state = terminal(&f, "gw-killed").await;
     assert_eq!(state, RequestState::Failed, "the deadline ends it");
@@ -575,15 +614,19 @@ async fn a_decision_left_unanswered_ends_the_completion_with_decision_timeout() 
         "{body}"
     );
     // The gateway's cancel expired the decision: nothing waits on it any more.
-    let deadline = tokio::time::Instant::now() + WITHIN;
-    loop {
-        let status = f.client.status("gw-unanswered").await.unwrap();
-        if status.decision_outcome == Some(genfleet::protocol::DecisionOutcome::Expired) {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{status:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait::until(
+        "the decision of gw-unanswered to expire",
+        WITHIN,
+        || async {
+            let status = f.client.status("gw-unanswered").await.unwrap();
+            if status.decision_outcome == Some(genfleet::protocol::DecisionOutcome::Expired) {
+                Ok(())
+            } else {
+                Err(format!("{status:?}"))
+            }
+        },
+    )
+    .await;
 }
 
 #[test]
@@ -635,9 +678,8 @@ async fn a_decision_answered_abort_ends_the_completion_with_decision_aborted() {
         )
         .send(),
     );
-    let signal = tokio::time::timeout(WITHIN, asks.next())
+    let signal = wait::within("the checkpoint asks", WITHIN, asks.next())
         .await
-        .expect("the checkpoint asks")
         .unwrap();
     let signal: Value = serde_json::from_slice(&signal.payload).unwrap();
     let decision_id = signal["decision"]["decision_id"]
@@ -653,9 +695,8 @@ async fn a_decision_answered_abort_ends_the_completion_with_decision_aborted() {
         confidence_boost: None,
     };
     f.client.decide(&decision_id, &answer).await.unwrap();
-    let response = tokio::time::timeout(WITHIN, pending)
+    let response = wait::within("the completion", WITHIN, pending)
         .await
-        .unwrap()
         .unwrap()
         .unwrap();
     assert_eq!(response.status(), 200);
@@ -682,18 +723,41 @@ async fn a_failed_generation_is_an_openai_error_whole_or_streamed() {
         .unwrap();
     assert_eq!(response.status(), 504);
     assert_eq!(response.headers()["x-genfleet-request-id"], "gw-fail-whole");
+    // A timeout may pass on another try: the SDKs may retry it.
+    assert_eq!(response.headers()["x-should-retry"], "true");
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["error"]["code"], "timeout", "{body}");
     assert_eq!(body["error"]["type"], "timeout_error", "{body}");
+    // The model's own failure would fail again: 422, and the SDKs are told not to retry.
+    let response = chat(
+        &gateway,
+        json!({"model": "default", "messages": [{"role": "user", "content": "gw-badtool"}]}),
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(response.status(), 422);
+    assert_eq!(response.headers()["x-should-retry"], "false");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "tool_parse_error", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("`launch_rockets`, a tool this request does not offer")),
+        "{body}"
+    );
     // Streamed: the chunks so far, then an error frame in place of [DONE].
     let response = chat(&gateway, slow(true, "gw-fail-stream"))
         .send()
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
-    let frames: Vec<String> = tokio::time::timeout(WITHIN, sse_data(response).collect())
-        .await
-        .unwrap();
+    let frames: Vec<String> = wait::within(
+        "the end of the stream",
+        WITHIN,
+        sse_data(response).collect(),
+    )
+    .await;
     let last: Value = serde_json::from_str(frames.last().unwrap()).unwrap();
     assert_eq!(last["error"]["code"], "timeout", "{frames:?}");
     assert!(!frames.iter().any(|f| f == "[DONE]"), "{frames:?}");
@@ -712,9 +776,12 @@ async fn a_durable_request_streams_as_it_is_generated() {
     .send()
     .await
     .unwrap();
-    let frames: Vec<String> = tokio::time::timeout(WITHIN, sse_data(response).collect())
-        .await
-        .unwrap();
+    let frames: Vec<String> = wait::within(
+        "the end of the stream",
+        WITHIN,
+        sse_data(response).collect(),
+    )
+    .await;
     let contents: Vec<String> = frames
         .iter()
         .filter_map(|f| serde_json::from_str::<Value>(f).ok())
@@ -729,4 +796,145 @@ async fn a_durable_request_streams_as_it_is_generated() {
     // The mock sends a word a chunk, and every delta is its own event: streamed, not sent
     // whole at the end.
     assert!(contents.len() > 1, "{frames:?}");
+}
+
+/// With two keys configured (two tenants), the API refuses a caller without a key or with a
+/// wrong one (401 `invalid_api_key`, nothing sent to the fleet) and lets each key in as its own
+/// tenant; `/metrics` answers without a key, and a wrong one changes nothing there: Prometheus
+/// scrapes it holding no caller's key (docs/gateway.md, "API keys and tenants").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_two_keys_a_missing_or_wrong_key_is_refused_and_metrics_need_none() {
+    const OTHER_KEY: &str = "sk-gateway-other-9876543210";
+    const OTHER_TENANT: &str = "team-other";
+    let f = fleet(1).await;
+    let gateway = Gateway::start_with_keys(
+        &f,
+        free_port(),
+        &[(KEY, TENANT), (OTHER_KEY, OTHER_TENANT)],
+        &[],
+    )
+    .await;
+    let completions = format!("{}/chat/completions", gateway.base_url());
+    let body = |id: &str| {
+        json!({"model": "default", "messages": [{"role": "user", "content": id}],
+               "genfleet": {"request_id": id}})
+    };
+    let missing = "You didn't provide an API key";
+    let wrong = "Incorrect API key provided";
+    for (case, authorization, message) in [
+        ("no key", None, missing),
+        ("another scheme", Some(format!("Basic {KEY}")), missing),
+        ("a wrong key", Some("Bearer sk-wrong".to_string()), wrong),
+        (
+            "a key one character off",
+            Some(format!("Bearer {KEY}x")),
+            wrong,
+        ),
+        (
+            "the other key cut short",
+            Some(format!("Bearer {}", &OTHER_KEY[..20])),
+            wrong,
+        ),
+    ] {
+        let id = format!("gw-refused-{}", case.replace(' ', "-"));
+        for (route, request) in [
+            (
+                "chat completions",
+                http().post(&completions).json(&body(&id)),
+            ),
+            (
+                "models",
+                http().get(format!("{}/models", gateway.base_url())),
+            ),
+        ] {
+            let request = match &authorization {
+                Some(value) => request.header("authorization", value),
+                None => request,
+            };
+            let response = request.send().await.unwrap();
+            assert_eq!(response.status(), 401, "{case} on {route}");
+            let error: Value = response.json().await.unwrap();
+            assert_eq!(
+                (&error["error"]["type"], &error["error"]["code"]),
+                (&json!("invalid_request_error"), &json!("invalid_api_key")),
+                "{case} on {route}: {error}"
+            );
+            let said = error["error"]["message"].as_str().unwrap_or_default();
+            assert!(said.starts_with(message), "{case} on {route}: {error}");
+        }
+        // Refused before anything reached the fleet.
+        for tenant in [TENANT, OTHER_TENANT] {
+            let client = f.client.clone().with_tenant(tenant).unwrap();
+            let unknown = client.status(&id).await.unwrap_err();
+            assert_eq!(
+                unknown.code(),
+                Some(genfleet::protocol::ErrorCode::NotFound),
+                "{case}: {unknown}"
+            );
+        }
+    }
+    let prompts = serde_json::to_string(&f.mock().requests()).unwrap();
+    assert!(!prompts.contains("gw-refused"), "{prompts}");
+
+    // Each key is let in, as its own tenant.
+    for (key, tenant, id) in [
+        (KEY, TENANT, "gw-key-one"),
+        (OTHER_KEY, OTHER_TENANT, "gw-key-two"),
+    ] {
+        let response = http()
+            .post(&completions)
+            .bearer_auth(key)
+            .json(&body(id))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{tenant}");
+        let answer: Value = response.json().await.unwrap();
+        assert_eq!(
+            answer["choices"][0]["message"]["content"],
+            format!("Hello from the mock, {id}!"),
+            "{answer}"
+        );
+        let client = f.client.clone().with_tenant(tenant).unwrap();
+        let status = client.status(id).await.unwrap();
+        assert_eq!(status.state, RequestState::Completed, "{status:?}");
+        let summary = serde_json::to_value(status.finished.unwrap()).unwrap();
+        assert_eq!(summary["request_id"], format!("{tenant}.{id}"), "{summary}");
+    }
+
+    // /metrics: no key needed, and a wrong one is not read. It counts both tenants' answers
+    // and shows neither key.
+    for (case, authorization) in [("no key", None), ("a wrong key", Some("Bearer sk-wrong"))] {
+        let mut request = http().get(format!("http://127.0.0.1:{}/metrics", gateway.port));
+        if let Some(value) = authorization {
+            request = request.header("authorization", value);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 200, "{case}");
+        let kind = response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            kind.starts_with("application/openmetrics-text"),
+            "{case}: {kind}"
+        );
+        let text = response.text().await.unwrap();
+        for tenant in [TENANT, OTHER_TENANT] {
+            let counted = text.lines().find(|line| {
+                line.starts_with("genfleet_gateway_requests_total{")
+                    && line.contains(&format!("tenant=\"{tenant}\""))
+                    && line.contains("outcome=\"stop\"")
+            });
+            assert_eq!(
+                counted.and_then(|line| line.split_whitespace().last()),
+                Some("1"),
+                "{case}: {tenant}'s completion in\n{text}"
+            );
+        }
+        assert!(
+            !text.contains(KEY) && !text.contains(OTHER_KEY),
+            "{case}: a key in the metrics:\n{text}"
+        );
+    }
 }

@@ -6,10 +6,11 @@ mod common;
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer};
 use common::fleet::{self, Fleet};
+use common::wait;
 use futures_util::StreamExt;
 use genfleet::bus::decisions::{DecisionAnswer, DecisionRecord};
 use genfleet::llm::mock::{MockServer, Script};
@@ -121,23 +122,18 @@ fn rules(text: &str) -> Policy {
 impl Running {
     /// Waits for a log line that mentions `decision_id` and holds `needle`.
     async fn wait_line(&self, decision_id: &str, needle: &str) -> String {
-        let started = Instant::now();
-        loop {
-            if let Some(line) = self
-                .log
-                .lines()
-                .into_iter()
+        let what = format!("a line with {needle:?} about {decision_id}");
+        wait::until(&what, WAIT, || async {
+            let lines = self.log.lines();
+            match lines
+                .iter()
                 .find(|l| l.contains(decision_id) && l.contains(needle))
             {
-                return line;
+                Some(line) => Ok(line.clone()),
+                None => Err(format!("the log:\n{}", lines.join("\n"))),
             }
-            assert!(
-                started.elapsed() < WAIT,
-                "no line with {needle:?} about {decision_id}; the log:\n{}",
-                self.log.lines().join("\n")
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        })
+        .await
     }
 
     /// The action lines about one decision.
@@ -151,9 +147,8 @@ impl Running {
 
     async fn stop(mut self) {
         let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(WAIT, self.task)
+        wait::within("the manager stops", WAIT, self.task)
             .await
-            .expect("the manager stops")
             .unwrap()
             .unwrap();
     }
@@ -600,15 +595,15 @@ impl Output {
     }
 
     async fn wait_for(&self, needle: &str) {
-        let started = Instant::now();
-        while !self.text().contains(needle) {
-            assert!(
-                started.elapsed() < WAIT,
-                "no {needle:?} in the output:\n{}",
-                self.text()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait::until(&format!("{needle:?} in the output"), WAIT, || async {
+            let text = self.text();
+            if text.contains(needle) {
+                Ok(())
+            } else {
+                Err(format!("the output:\n{text}"))
+            }
+        })
+        .await
     }
 }
 
@@ -643,18 +638,13 @@ async fn a_person_answers_at_the_console_and_sigterm_stops_the_manager() {
     stdin.write_all(b"2\nsafer for prod\n").await.unwrap();
     stdin.flush().await.unwrap();
     let d1 = f.raise("typed", "job").await;
-    let started = Instant::now();
-    let answer = loop {
-        if let Some(answer) = f.record(&d1.decision_id).await.answer {
-            break answer;
-        }
-        assert!(
-            started.elapsed() < WAIT,
-            "not answered; output:\n{}",
-            output.text()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let answer = wait::until_showing(
+        "the typed answer to be recorded",
+        WAIT,
+        || async { f.record(&d1.decision_id).await.answer },
+        || format!("the output:\n{}", output.text()),
+    )
+    .await;
     assert_eq!(
         (
             answer.choice.option_id.as_str(),
@@ -696,9 +686,8 @@ async fn a_person_answers_at_the_console_and_sigterm_stops_the_manager() {
         .status()
         .unwrap();
     assert!(killed.success());
-    let status = tokio::time::timeout(WAIT, child.wait())
+    let status = wait::within("the manager exits on SIGTERM", WAIT, child.wait())
         .await
-        .expect("the manager exits on SIGTERM")
         .unwrap();
     let mut stderr = String::new();
     let _ = tokio::io::AsyncReadExt::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr)

@@ -12,6 +12,7 @@ use async_nats::Client;
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use common::nats::{NatsServer, free_port};
+use common::wait;
 use futures_util::StreamExt;
 use genfleet::bus::connect::{ConnectError, ConnectPurpose, connect};
 use genfleet::protocol::ids::new_id;
@@ -31,9 +32,12 @@ fn settings(url: &str) -> NatsSettings {
 
 /// `connect`, bounded.
 async fn try_connect(s: &NatsSettings, purpose: ConnectPurpose) -> Result<Client, ConnectError> {
-    tokio::time::timeout(WAIT, connect(s, purpose))
-        .await
-        .expect("connect returns within the bound")
+    wait::within(
+        "connect returns within the bound",
+        WAIT,
+        connect(s, purpose),
+    )
+    .await
 }
 
 async fn connect_ok(s: &NatsSettings) -> Client {
@@ -58,9 +62,8 @@ async fn assert_round_trip(client: &Client) {
     let subject = format!("test.{}", new_id());
     let mut sub = client.subscribe(subject.clone()).await.unwrap();
     client.publish(subject, "ping".into()).await.unwrap();
-    let message = tokio::time::timeout(WAIT, sub.next())
+    let message = wait::within("the message arrives within the bound", WAIT, sub.next())
         .await
-        .expect("the message arrives within the bound")
         .expect("the subscription is open");
     assert_eq!(message.payload, "ping");
 }
@@ -452,11 +455,14 @@ async fn a_worker_waits_for_a_server_that_starts_late() {
         "a worker keeps waiting while no server answers"
     );
     server.restart().await;
-    let client = tokio::time::timeout(WAIT, pending)
-        .await
-        .expect("the worker connects within the bound once the server is up")
-        .unwrap()
-        .unwrap();
+    let client = wait::within(
+        "the worker connects within the bound once the server is up",
+        WAIT,
+        pending,
+    )
+    .await
+    .unwrap()
+    .unwrap();
     assert_round_trip(&client).await;
 }
 
@@ -518,21 +524,27 @@ async fn a_worker_resubscribes_after_the_server_restarts() {
 
     // The worker reconnects and subscribes again on its own; publish until it hears.
     let publisher = server.client().await;
-    let heard = tokio::time::timeout(WAIT, async {
-        loop {
-            publisher
-                .publish(subject.clone(), "again".into())
-                .await
-                .unwrap();
-            publisher.flush().await.unwrap();
-            if let Ok(message) = tokio::time::timeout(Duration::from_millis(100), sub.next()).await
-            {
-                return message;
+    let heard = wait::within(
+        "the worker hears the restarted server within the bound",
+        WAIT,
+        async {
+            loop {
+                publisher
+                    .publish(subject.clone(), "again".into())
+                    .await
+                    .unwrap();
+                publisher.flush().await.unwrap();
+                // Publishes again every 100 ms until the worker hears one: paces the
+                // publisher, while the wait around it bounds the whole.
+                if let Ok(message) =
+                    tokio::time::timeout(Duration::from_millis(100), sub.next()).await
+                {
+                    return message;
+                }
             }
-        }
-    })
-    .await
-    .expect("the worker hears the restarted server within the bound");
+        },
+    )
+    .await;
     assert_eq!(heard.expect("subscription open").payload, "again");
     assert_round_trip(&worker).await;
 
@@ -541,17 +553,15 @@ async fn a_worker_resubscribes_after_the_server_restarts() {
         "disconnected from NATS",
         "reconnected to NATS",
     ];
-    let logged = tokio::time::timeout(WAIT, async {
-        loop {
-            let text = log.text();
-            if expected.iter().all(|line| text.contains(line)) {
-                return text;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+    let logged = wait::until("the connection events to be logged", WAIT, || async {
+        let text = log.text();
+        if expected.iter().all(|line| text.contains(line)) {
+            Ok(text)
+        } else {
+            Err(format!("the log:\n{text}"))
         }
     })
-    .await
-    .unwrap_or_else(|_| panic!("connection events logged; got:\n{}", log.text()));
+    .await;
     assert!(logged.contains(&server.url()), "{logged}");
 }
 
@@ -568,8 +578,11 @@ async fn jetstream_data_survives_a_restart() {
     .unwrap();
     server.restart().await;
     let js = async_nats::jetstream::new(server.client().await);
-    let stream = tokio::time::timeout(WAIT, js.get_stream("SURVIVOR"))
-        .await
-        .expect("JetStream answers within the bound");
+    let stream = wait::within(
+        "JetStream answers within the bound",
+        WAIT,
+        js.get_stream("SURVIVOR"),
+    )
+    .await;
     assert!(stream.is_ok(), "the stream is still there: {stream:?}");
 }

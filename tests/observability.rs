@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use common::fleet::{self, Fleet};
 use common::nats::NatsServer;
+use common::wait;
 use genfleet::bus::worker::WorkerHandle;
 use genfleet::llm::mock::{MockServer, Script};
 use genfleet::protocol::GenerationRequest;
@@ -45,17 +46,18 @@ async fn get(base: &str, path: &str) -> (u16, String) {
     (status, response.text().await.unwrap())
 }
 
+/// How long anything here may take: generous, a busy machine is slow, never wrong.
+const WITHIN: Duration = Duration::from_secs(10);
+
 /// Polls `path` until its status is `want`, returning the body.
 async fn until_status(base: &str, path: &str, want: u16) -> String {
-    let mut last = (0, String::new());
-    for _ in 0..200 {
-        last = get(base, path).await;
-        if last.0 == want {
-            return last.1;
+    wait::until(&format!("{path} to answer {want}"), WITHIN, || async {
+        match get(base, path).await {
+            (status, body) if status == want => Ok(body),
+            (status, body) => Err(format!("{status}: {body}")),
         }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("{path} stayed {} ({}) instead of {want}", last.0, last.1);
+    })
+    .await
 }
 
 /// The samples of a metric as (labels, value).
@@ -118,19 +120,21 @@ async fn metrics_parse_and_move_with_load() {
         ..GenerationRequest::user("slow")
     };
     s.fleet.client.submit("default", &slow).await.unwrap();
-    let mut busy = 0.0;
-    for _ in 0..100 {
-        busy = value(
-            &get(&s.base, "/metrics").await.1,
-            "genfleet_slots_busy",
-            &[],
-        );
-        if busy == 1.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(busy, 1.0, "a running request shows as a busy slot");
+    wait::until(
+        "a running request to show as a busy slot",
+        WITHIN,
+        || async {
+            match value(
+                &get(&s.base, "/metrics").await.1,
+                "genfleet_slots_busy",
+                &[],
+            ) {
+                1.0 => Ok(()),
+                busy => Err(busy),
+            }
+        },
+    )
+    .await;
     for i in 0..3 {
         s.fleet
             .client
@@ -149,24 +153,29 @@ async fn metrics_parse_and_move_with_load() {
         .unwrap()
         .await
         .unwrap();
-    let mut text = String::new();
-    for _ in 0..200 {
-        text = get(&s.base, "/metrics").await.1;
-        let completed = value(
-            &text,
-            "genfleet_requests_total",
-            &[("state", "COMPLETED"), ("reason", "stop")],
-        );
-        let failed = value(
-            &text,
-            "genfleet_requests_total",
-            &[("state", "FAILED"), ("reason", "invalid_request")],
-        );
-        if completed == 4.0 && failed == 1.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let text = wait::until(
+        "the metrics to count four completed and one failed request",
+        WITHIN,
+        || async {
+            let text = get(&s.base, "/metrics").await.1;
+            let completed = value(
+                &text,
+                "genfleet_requests_total",
+                &[("state", "COMPLETED"), ("reason", "stop")],
+            );
+            let failed = value(
+                &text,
+                "genfleet_requests_total",
+                &[("state", "FAILED"), ("reason", "invalid_request")],
+            );
+            if completed == 4.0 && failed == 1.0 {
+                Ok(text)
+            } else {
+                Err(text)
+            }
+        },
+    )
+    .await;
     assert_eq!(
         value(
             &text,
@@ -341,12 +350,12 @@ async fn a_callers_traceparent_reaches_the_tool_services() {
     common::fleet::submit_raw(&nats_client, "default", headers, body)
         .await
         .unwrap();
-    let call = tokio::time::timeout(
-        Duration::from_secs(10),
+    let call = wait::within(
+        "the tool call",
+        WITHIN,
         futures_util::StreamExt::next(&mut tool),
     )
     .await
-    .unwrap()
     .unwrap();
     let got = call
         .headers
@@ -375,18 +384,17 @@ async fn healthz_answers_while_the_worker_waits_for_nats() {
     let base = format!("http://127.0.0.1:{port}");
     let starting = tokio::task::spawn_blocking(move || WorkerHandle::spawn(s));
     genfleet::llm::openai::install_crypto_provider();
-    let mut alive = None;
-    for _ in 0..200 {
-        if let Ok(response) = reqwest::get(format!("{base}/healthz")).await {
-            alive = Some(response.status().as_u16());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let alive = wait::poll("/healthz to answer", WITHIN, || async {
+        reqwest::get(format!("{base}/healthz"))
+            .await
+            .map(|response| response.status().as_u16())
+    })
+    .await;
     let ready = get(&base, "/readyz").await;
     // NATS comes back before any assertion, so a failure cannot leave the worker waiting.
     nats.restart().await;
-    assert_eq!(alive, Some(200), "/healthz answers before NATS is there");
+    let alive = alive.unwrap_or_else(|failure| panic!("{failure}"));
+    assert_eq!(alive, 200, "/healthz answers before NATS is there");
     assert_eq!(ready.0, 503);
     assert!(ready.1.contains("starting"), "{}", ready.1);
     let _worker = starting.await.unwrap().unwrap();

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::fleet::{self, Fleet, request};
 use common::nats::NatsServer;
+use common::wait;
 use futures_util::StreamExt;
 use genfleet::bus::client::Client;
 use genfleet::manager::{Manager, ManagerOptions, MemorySink, Policy};
@@ -131,23 +132,27 @@ async fn connect_as(
     (client, errors)
 }
 
+/// How long anything here may take: generous, a busy machine is slow, never wrong.
+const WITHIN: Duration = Duration::from_secs(15);
+
 /// Waits (bounded) for the server's permissions violation naming `subject`.
 async fn refused(errors: &Arc<Mutex<Vec<String>>>, what: &str, subject: &str) {
-    for _ in 0..100 {
-        if errors
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|e| e.to_lowercase().contains("permissions violation") && e.contains(subject))
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!(
-        "{what} on {subject} was not refused; errors seen: {:?}",
-        errors.lock().unwrap()
-    );
+    wait::until(
+        &format!("the server to refuse {what} on {subject}"),
+        WITHIN,
+        || async {
+            let errors = errors.lock().unwrap();
+            if errors
+                .iter()
+                .any(|e| e.to_lowercase().contains("permissions violation") && e.contains(subject))
+            {
+                Ok(())
+            } else {
+                Err(format!("errors seen: {errors:?}"))
+            }
+        },
+    )
+    .await
 }
 
 #[tokio::test]
@@ -207,17 +212,14 @@ async fn each_role_does_its_job_and_nothing_else() {
         .await
         .unwrap();
     assert_eq!(first.reason, Reason::DecisionRequested);
-    let mut continuation = None;
-    for _ in 0..200 {
-        if let Ok(status) = client.status("p-decide").await
-            && let Some(next) = status.continuation_request_id
-        {
-            continuation = Some(next);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let continuation = continuation.expect("the manager answered the decision");
+    let continuation = wait::until("the manager to answer the decision", WITHIN, || async {
+        client
+            .status("p-decide")
+            .await
+            .ok()
+            .and_then(|status| status.continuation_request_id)
+    })
+    .await;
     let next = fleet::terminal(client, &continuation, Duration::from_secs(15)).await;
     assert_eq!(next.output, "continued");
 
@@ -229,11 +231,16 @@ async fn each_role_does_its_job_and_nothing_else() {
     assert_eq!(durable.state, RequestState::Completed);
     fleet::take_exactly_once(client, "p-durable").await;
 
+    let mut slow_events = Box::pin(client.follow("p-slow").await.expect("the client follows"));
     client
         .submit("default", &request("p-slow", "slow"))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Cancelled while it streams.
+    wait::next_matching("the first delta of p-slow", WITHIN, &mut slow_events, |e| {
+        matches!(e.body, genfleet::protocol::EventBody::Delta { .. }).then_some(())
+    })
+    .await;
     client.cancel("p-slow").await.expect("the client cancels");
     let cancelled = client.result("p-slow", true).await.unwrap();
     assert_eq!(cancelled.state, RequestState::Cancelled);
@@ -384,9 +391,8 @@ async fn each_role_does_its_job_and_nothing_else() {
     let durable = fleet::terminal(&alice, "p-alice-durable", Duration::from_secs(15)).await;
     assert_eq!(durable.state, RequestState::Completed);
     // The replies went to alice's prefix (her own listener saw them).
-    let heard = tokio::time::timeout(Duration::from_secs(5), listen.next())
+    let heard = wait::within("replies on alice's prefix", WITHIN, listen.next())
         .await
-        .expect("replies on alice's prefix")
         .unwrap();
     assert!(
         heard.subject.starts_with("_INBOX_alice."),
@@ -403,8 +409,11 @@ async fn each_role_does_its_job_and_nothing_else() {
     )
     .await;
 
-    let _ = stop_manager.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), manager_task).await;
+    stop_manager.send(()).expect("the manager still runs");
+    wait::within("the manager to stop", WITHIN, manager_task)
+        .await
+        .expect("the manager's task does not panic")
+        .expect("the manager stops cleanly");
 }
 
 #[tokio::test]
@@ -459,19 +468,16 @@ async fn the_gateway_reaches_what_it_uses_and_nothing_of_a_workers() {
     assert!(stored.is_some(), "the unread result is in the bucket");
     let _events = raw.subscribe("gen.events.>").await.unwrap();
     for subject in ["$SRV.INFO.genfleet", "$SRV.STATS.genfleet"] {
-        let reply = tokio::time::timeout(WAIT, raw.request(subject, "".into()))
-            .await
-            .unwrap_or_else(|_| panic!("{subject} answered"))
-            .unwrap_or_else(|e| panic!("{subject}: {e}"));
+        let reply = wait::within(
+            &format!("{subject} answered"),
+            WAIT,
+            raw.request(subject, "".into()),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{subject}: {e}"));
         let info: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
         assert_eq!(info["name"], "genfleet", "{subject}: {info}");
     }
-    raw.flush().await.unwrap();
-    assert!(
-        errors.lock().unwrap().is_empty(),
-        "the gateway's own acts were refused: {:?}",
-        errors.lock().unwrap()
-    );
     fleet::take_exactly_once(gateway, "g-durable").await;
 
     // What only a worker (or a manager) does.
@@ -480,6 +486,14 @@ async fn the_gateway_reaches_what_it_uses_and_nothing_of_a_workers() {
         .unwrap();
     raw.flush().await.unwrap();
     refused(&errors, "the gateway posing as a worker", "gen.worker.").await;
+    // The server answers a connection's acts in order: with this refusal in, any refusal of
+    // the gateway's own acts above would be in too.
+    assert_eq!(
+        errors.lock().unwrap().len(),
+        1,
+        "the gateway's own acts were refused: {:?}",
+        errors.lock().unwrap()
+    );
     let _serve = raw.subscribe("gen.submit.>").await.unwrap();
     raw.flush().await.unwrap();
     refused(&errors, "the gateway serving submits", "gen.submit.>").await;

@@ -6,6 +6,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::fleet::Fleet;
+use common::wait;
 use genfleet::llm::mock::Script;
 
 async fn fleet() -> Fleet {
@@ -100,10 +101,13 @@ async fn example_serving(
         .spawn()
         .unwrap();
     let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = tokio::time::timeout(std::time::Duration::from_secs(60), lines.next_line())
-        .await
-        .unwrap_or_else(|_| panic!("{script} never said it was ready"))
-        .unwrap();
+    let first = wait::within(
+        &format!("{script} to say it is ready"),
+        std::time::Duration::from_secs(60),
+        lines.next_line(),
+    )
+    .await
+    .unwrap();
     assert_eq!(first.as_deref(), Some(ready), "{script}");
     // Its later lines are not read; they must not fill the pipe and block it.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
@@ -151,23 +155,29 @@ async fn the_python_package_and_its_examples_work_against_the_fleet() {
     )
     .await;
     let ask = |args: &'static [&'static str]| {
-        let mut command = package_python(&python, &url);
-        command.arg("examples/ask.py").args(args);
+        let (python, url) = (&python, &url);
         async move {
-            let mut tries = 0;
-            loop {
-                let output = command.output().await.unwrap();
+            // The workers see a new tool a moment after it is registered: asked again until
+            // then.
+            let what = format!("{args:?} to be answered");
+            wait::until(&what, std::time::Duration::from_secs(20), || async {
+                let output = package_python(python, url)
+                    .arg("examples/ask.py")
+                    .args(args)
+                    .output()
+                    .await
+                    .unwrap();
                 let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
                 let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-                // The workers see a new tool a moment after it is registered.
-                if !output.status.success() && stderr.contains("INVALID_REQUEST") && tries < 50 {
-                    tries += 1;
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
+                if output.status.success() {
+                    Ok(stdout)
+                } else if stderr.contains("INVALID_REQUEST") {
+                    Err(format!("{stdout}\n{stderr}"))
+                } else {
+                    panic!("{args:?}\n{stdout}\n{stderr}")
                 }
-                assert!(output.status.success(), "{args:?}\n{stdout}\n{stderr}");
-                return stdout;
-            }
+            })
+            .await
         }
     };
     let counted = ask(&["py-count: how many words?", "--tool", "word_count"]).await;

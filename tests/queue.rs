@@ -7,6 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::fleet::{self, Fleet, FleetBuilder, request};
+use common::wait;
 use genfleet::bus::client::Client;
 use genfleet::protocol::{ErrorCode, GenerationRequest, Reason, RequestState};
 
@@ -36,6 +37,10 @@ fn fast_heartbeats(builder: FleetBuilder<'static>) -> FleetBuilder<'static> {
         .worker_env("GENFLEET__WORKER__LOST_AFTER_MS", 1000)
 }
 
+/// How long anything this file waits for may take: generous, a busy machine is slow, never
+/// wrong.
+const WITHIN: Duration = Duration::from_secs(20);
+
 /// Answers that take 20 s: the request outlives the worker killed under it.
 const LONG: &str = "[[rules]]\nreply = \"a b c d e f g h i j\"\ndelay_ms = 2000\n";
 
@@ -63,8 +68,10 @@ async fn terminal(
 
 #[tokio::test]
 async fn queued_requests_run_when_a_worker_is_there_and_duplicates_are_kept_once() {
+    // Each request takes a moment (two words, 200 ms each), so q3 still waits behind q1 and q2
+    // when it is cancelled.
     let f = fleet()
-        .script("[[rules]]\nreply = \"durable done\"\n")
+        .script("[[rules]]\nreply = \"durable done\"\ndelay_ms = 200\n")
         .start()
         .await;
     let client = &f.client;
@@ -78,50 +85,76 @@ async fn queued_requests_run_when_a_worker_is_there_and_duplicates_are_kept_once
     // before then would be delivered to it (and come back as attempt 2).
     let js = async_nats::jetstream::new(client.nats().clone());
     let queue = js.get_stream("GENFLEET_QUEUE").await.unwrap();
-    let mut consumer: async_nats::jetstream::consumer::PullConsumer =
-        queue.get_consumer("genfleet-default").await.unwrap();
-    for _ in 0..100 {
-        if consumer.info().await.unwrap().num_waiting == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let queued = client.enqueue("default", &req("q1")).await.unwrap();
-    assert!(!queued.duplicate);
+    wait::until(
+        "the stopped worker's last pull to expire",
+        WITHIN,
+        || async {
+            let consumer: async_nats::jetstream::consumer::PullConsumer =
+                queue.get_consumer("genfleet-default").await.unwrap();
+            consumer.cached_info().num_waiting == 0
+        },
+    )
+    .await;
+    // Each prompt names its request, so the backend's log tells which ran.
+    let queued = |id: &str| request(id, &format!("go {id}"));
+    let first = client.enqueue("default", &queued("q1")).await.unwrap();
+    assert!(!first.duplicate);
     assert!(
         client
-            .enqueue("default", &req("q1"))
+            .enqueue("default", &queued("q1"))
             .await
             .unwrap()
             .duplicate
     );
-    client.enqueue("default", &req("q2")).await.unwrap();
-    client.enqueue("default", &req("q3")).await.unwrap();
+    client.enqueue("default", &queued("q2")).await.unwrap();
+    client.enqueue("default", &queued("q3")).await.unwrap();
     // No worker: nobody answers status; start one and they all run, one slot at a time.
     let worker = f.start_worker().await;
-    // Cancel q3 while it still waits (the worker has one slot; q1 and q2 go first).
-    let _ = client.cancel("q3").await;
+    // Cancel q3 while it still waits: the worker has one slot, and q1 runs (q2 comes next).
+    wait::until("q1 runs", WITHIN, || async { running(client, "q1").await }).await;
+    let cancelled = client.cancel("q3").await.unwrap();
+    assert_eq!(cancelled.state, RequestState::Cancelled, "{cancelled:?}");
     for id in ["q1", "q2"] {
-        let r = terminal(client, id, Duration::from_secs(10)).await;
+        let r = terminal(client, id, WITHIN).await;
         assert_eq!(
             (r.state, r.output.as_str(), r.attempt),
             (RequestState::Completed, "durable done", 1),
             "{id}"
         );
     }
-    let r3 = terminal(client, "q3", Duration::from_secs(10)).await;
-    assert!(
-        matches!(r3.reason, Reason::Cancelled | Reason::Stop),
+    let r3 = terminal(client, "q3", WITHIN).await;
+    assert_eq!(
+        (r3.state, r3.reason),
+        (RequestState::Cancelled, Reason::Cancelled),
         "{r3:?}"
     );
-    let js = async_nats::jetstream::new(client.nats().clone());
-    let mut stream = js.get_stream("GENFLEET_QUEUE").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(
-        stream.info().await.unwrap().state.messages,
-        0,
-        "every message acked or removed"
+    assert!(
+        matches!(
+            r3.detail.as_deref(),
+            Some("cancelled while queued" | "cancelled while waiting for a slot")
+        ),
+        "{r3:?}"
     );
+    // q1, sent twice, ran once; q3 never reached the backend.
+    let prompts: Vec<String> = f
+        .mock()
+        .requests()
+        .iter()
+        .map(|body| body["messages"].to_string())
+        .collect();
+    let runs = |id: &str| {
+        prompts
+            .iter()
+            .filter(|p| p.contains(&format!("\"go {id}\"")))
+            .count()
+    };
+    assert_eq!(
+        (runs("q1"), runs("q2"), runs("q3")),
+        (1, 1, 0),
+        "{prompts:#?}"
+    );
+    // Every message acked or removed.
+    fleet::wait_queue_empty(client.nats(), "default", WITHIN).await;
     drop(worker);
 }
 
@@ -135,7 +168,10 @@ async fn a_queued_request_shows_queued_and_cancelling_it_means_it_never_runs() {
     let client = &f.client;
     client.enqueue("default", &req("long")).await.unwrap();
     // The single slot is busy with `long`; `waiting` stays in the queue.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    wait::until("long runs", WITHIN, || async {
+        running(client, "long").await
+    })
+    .await;
     client.enqueue("default", &req("waiting")).await.unwrap();
     assert_eq!(
         client.status("waiting").await.unwrap().state,
@@ -168,7 +204,7 @@ async fn a_durable_request_in_hand_waiting_for_a_slot_shows_queued_and_cancellin
         .start()
         .await;
     let client = &f.client;
-    wait_for_a_worker(client).await;
+    let worker_id = f.workers[0].worker_id.clone();
     let mut in_hand = 0;
     let mut round = 0;
     let mut waited = Vec::new();
@@ -182,13 +218,15 @@ async fn a_durable_request_in_hand_waiting_for_a_slot_shows_queued_and_cancellin
         let busy = format!("busy-{round}");
         let waiting = format!("in-hand-{round}");
         round += 1;
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The round before is over: the worker's slot is free and nothing waits for it.
+        fleet::wait_worker_idle(client.nats(), &worker_id, WITHIN).await;
         // The worker hears of the message and pulls it for its free slot while the submit,
         // sent a moment later, takes that slot: who wins is the race's, so the moment is
         // swept from round to round.
         let lag = Duration::from_micros(500 * (round % 8));
         let durable = request(&waiting, &format!("slow {waiting}"));
         let (enqueued, submitted) = tokio::join!(client.enqueue("default", &durable), async {
+            // Paces the race (the lag swept above), not a wait for anything.
             tokio::time::sleep(lag).await;
             client.submit("default", &request(&busy, "slow")).await
         });
@@ -197,15 +235,32 @@ async fn a_durable_request_in_hand_waiting_for_a_slot_shows_queued_and_cancellin
             // The message took the slot: nothing waits this round.
             assert_eq!(error.code(), Some(ErrorCode::NoSlotAvailable), "{error}");
             won += 1;
-            let _ = client.cancel(&waiting).await;
-            terminal(client, &waiting, Duration::from_secs(10)).await;
+            // Its claim may not be written yet: cancel it once it is.
+            wait::until(&format!("{waiting} cancelled"), WITHIN, || async {
+                match client.cancel(&waiting).await {
+                    Ok(reply) => Ok(reply.state),
+                    Err(e) if e.code() == Some(ErrorCode::AlreadyFinished) => {
+                        Ok(RequestState::Completed)
+                    }
+                    Err(e) => Err(e.to_string()),
+                }
+            })
+            .await;
+            terminal(client, &waiting, WITHIN).await;
             continue;
         }
-        assert_eq!(
-            client.status(&waiting).await.unwrap().state,
-            RequestState::Queued,
-            "{waiting}"
-        );
+        // Its record is claimed with the state the worker's free slot promised and corrected
+        // to QUEUED as soon as the Supervisor says it waits: status converges to QUEUED (a read
+        // between the two writes may still say RUNNING), and never says it ended.
+        wait::until(&format!("{waiting} shows QUEUED"), WITHIN, || async {
+            match client.status(&waiting).await.map(|s| s.state) {
+                Ok(RequestState::Queued) => Ok(()),
+                Ok(RequestState::Running) => Err("RUNNING".to_string()),
+                Ok(other) => panic!("{waiting} is {other:?} while it waits for the slot"),
+                Err(error) => Err(error.to_string()),
+            }
+        })
+        .await;
         let reply = client.cancel(&waiting).await.unwrap();
         assert_eq!(reply.state, RequestState::Cancelled, "{waiting}");
         let r = client.result(&waiting, true).await.unwrap();
@@ -267,29 +322,17 @@ async fn a_message_whose_id_does_not_match_its_subject_is_stored_as_invalid_requ
     }
 }
 
-/// Waits (bounded) until some worker answers the service API.
-async fn wait_for_a_worker(client: &Client) {
-    for _ in 0..100 {
-        if client
-            .nats()
-            .request("$SRV.PING.genfleet", "".into())
-            .await
-            .is_ok()
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// Whether a worker runs `id` now.
+async fn running(client: &Client, id: &str) -> bool {
+    client.status(id).await.ok().map(|s| s.state) == Some(RequestState::Running)
 }
 
-/// Waits (bounded) until a worker runs `id`.
+/// Waits (bounded, loud) until a worker runs `id`.
 async fn wait_running(client: &Client, id: &str) {
-    for _ in 0..100 {
-        if client.status(id).await.ok().map(|s| s.state) == Some(RequestState::Running) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait::until(&format!("{id} runs"), WITHIN, || async {
+        running(client, id).await
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -360,32 +403,24 @@ async fn a_request_the_lost_worker_listed_in_its_heartbeat_is_ended_with_nobody_
     let mut f = doomed_running(fast_heartbeats(fleet()).script(LONG), "listed").await;
     // A live worker that follows the heartbeats (its own slot is free: it took nothing).
     let _live = f.start_worker().await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !fleet::heartbeats(f.client.nats())
-        .await
-        .get("doomed")
-        .is_some_and(|running| running.iter().any(|id| id == "listed"))
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no heartbeat listed the request"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait::until("doomed's heartbeat to list the request", WITHIN, || async {
+        fleet::heartbeats(f.client.nats())
+            .await
+            .get("doomed")
+            .is_some_and(|running| running.iter().any(|id| id == "listed"))
+    })
+    .await;
     f.processes[0].kill();
     // Read from the bucket, not through a worker: only the heartbeat's follower can end it.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let record = loop {
+    let record = wait::until("the request's record to be a result", WITHIN, || async {
         let record = fleet::record(f.client.nats(), "listed").await.unwrap();
         if record.get("live").is_none() {
-            break record;
+            Ok(record)
+        } else {
+            Err(record)
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "still running: {record}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    })
+    .await;
     assert_eq!(
         (record["state"].as_str(), record["reason"].as_str()),
         (Some("FAILED"), Some("worker_lost")),
@@ -406,17 +441,12 @@ async fn a_request_no_heartbeat_shows_is_ended_by_the_first_status_that_finds_it
     f.processes[0].kill();
     let client = &f.client;
     // Its heartbeat ages out of the bucket before any other worker exists.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while fleet::heartbeats(client.nats())
-        .await
-        .contains_key("doomed")
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the heartbeat never aged out"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait::until("doomed's heartbeat to age out", WITHIN, || async {
+        !fleet::heartbeats(client.nats())
+            .await
+            .contains_key("doomed")
+    })
+    .await;
     let _live = f.start_worker().await;
     let status = client.status("unlisted").await.unwrap();
     assert_eq!(status.state, RequestState::Failed, "{status:?}");
@@ -455,17 +485,7 @@ async fn a_request_out_of_deliveries_is_stored_as_worker_lost_and_removed() {
     );
     assert!(r.detail.unwrap().contains("deliveries exhausted"));
     // The result is stored first, then the message is removed.
-    let js = async_nats::jetstream::new(client.nats().clone());
-    let mut stream = js.get_stream("GENFLEET_QUEUE").await.unwrap();
-    let mut left = u64::MAX;
-    for _ in 0..100 {
-        left = stream.info().await.unwrap().state.messages;
-        if left == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(left, 0, "the message is removed");
+    fleet::wait_queue_empty(client.nats(), "default", WITHIN).await;
 }
 
 #[tokio::test]
@@ -487,12 +507,11 @@ async fn sigterm_drains_the_worker_and_it_exits_zero() {
             .success()
     );
     let status = tokio::task::spawn_blocking(move || {
-        let status = worker.child.wait();
-        (worker, status)
+        wait::until_blocking("the worker to exit on SIGTERM", WITHIN, || {
+            worker.child.try_wait().expect("waits for the worker")
+        })
     })
     .await
-    .unwrap()
-    .1
     .unwrap();
     assert!(status.success(), "exit status {status:?}");
     // The drain let the running request finish first; the stores have its result.

@@ -19,10 +19,11 @@ mod common;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::fleet::{self, Fleet};
 use common::nats::free_port;
+use common::wait;
 use futures_util::StreamExt;
 use genfleet::protocol::{
     EventBody, GenerationRequest, GenerationResult, Reason, RequestState, Role,
@@ -101,38 +102,39 @@ impl ModelServer {
             _dir: dir,
         };
         let http = reqwest::Client::new();
-        let started = Instant::now();
-        loop {
-            if let Some(status) = this.child.try_wait().unwrap() {
-                panic!(
-                    "llama-server exited at start ({status}):\n{}",
-                    this.log_text()
-                );
-            }
-            if let Ok(r) = http
-                .get(format!("http://127.0.0.1:{port}/health"))
-                .timeout(Duration::from_secs(2))
-                .send()
-                .await
-                && r.status().is_success()
-            {
-                return this;
-            }
-            assert!(
-                started.elapsed() < SERVER_START,
-                "llama-server was not ready in {SERVER_START:?}:\n{}",
-                this.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        let log = this.log.clone();
+        let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+        let child = std::sync::Mutex::new(&mut this.child);
+        wait::until_showing(
+            "llama-server to be ready",
+            SERVER_START,
+            || async {
+                let exited = child.lock().unwrap().try_wait().unwrap();
+                if let Some(status) = exited {
+                    panic!("llama-server exited at start ({status}):\n{}", log_text());
+                }
+                http.get(format!("http://127.0.0.1:{port}/health"))
+                    .timeout(Duration::from_secs(2))
+                    .send()
+                    .await
+                    .map(|r| r.status())
+                    .map_err(|e| e.to_string())
+                    .and_then(|status| {
+                        if status.is_success() {
+                            Ok(())
+                        } else {
+                            Err(status.to_string())
+                        }
+                    })
+            },
+            log_text,
+        )
+        .await;
+        this
     }
 
     fn base_url(&self) -> String {
         format!("http://127.0.0.1:{}/v1", self.port)
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// A counter from the server's Prometheus metrics (`llamacpp:NAME`).

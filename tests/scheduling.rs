@@ -6,6 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::fleet::{self, Fleet, request};
+use common::wait;
 use futures_util::StreamExt;
 use genfleet::bus::client::Client;
 use genfleet::protocol::{ErrorCode, GenerationRequest, Priority, RequestState};
@@ -296,33 +297,35 @@ async fn a_tenant_limit_holds_under_concurrent_submits_from_two_processes() {
     let status = f.client.status("other.other-1").await.unwrap();
     assert_eq!(status.tenant.as_deref(), Some("other"));
     // The worker's service stats count them per tenant and band (the console's fleet view).
-    let deadline = tokio::time::Instant::now() + WITHIN;
-    loop {
-        let reply = f
-            .client
-            .nats()
-            .request("$SRV.STATS.genfleet", "".into())
-            .await
-            .unwrap();
-        let stats: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
-        let tenants = stats["endpoints"][0]["data"]["tenants"].clone();
-        let running = |name: &str| {
-            tenants
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|t| t["tenant"] == name && t["band"] == "normal")
-                .and_then(|t| t["running"].as_u64())
-        };
-        if running("acme") == Some(2) && running("other") == Some(1) {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "tenants in the stats: {tenants}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait::until(
+        "the stats to count two of acme's and one of other's running",
+        WITHIN,
+        || async {
+            let reply = f
+                .client
+                .nats()
+                .request("$SRV.STATS.genfleet", "".into())
+                .await
+                .unwrap();
+            let stats: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
+            let tenants = stats["endpoints"][0]["data"]["tenants"].clone();
+            let running = |name: &str| {
+                tenants
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|t| t["tenant"] == name && t["band"] == "normal")
+                    .and_then(|t| t["running"].as_u64())
+            };
+            if running("acme") == Some(2) && running("other") == Some(1) {
+                Ok(())
+            } else {
+                Err(format!("tenants in the stats: {tenants}"))
+            }
+        },
+    )
+    .await;
+    // Clean up: the refused ones were never there, so their cancels fail.
     for id in [
         "acme.p1-0",
         "acme.p1-1",
@@ -340,16 +343,21 @@ async fn a_tenant_limit_holds_under_concurrent_submits_from_two_processes() {
 
 /// Polls (bounded) until `id` runs.
 async fn wait_running(client: &Client, id: &str) {
-    let deadline = tokio::time::Instant::now() + WITHIN;
-    loop {
-        if let Ok(status) = client.status(id).await
-            && status.state == RequestState::Running
-        {
-            return;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{id} never ran");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait::until(&format!("{id} runs"), WITHIN, || async {
+        client
+            .status(id)
+            .await
+            .map(|status| status.state)
+            .map_err(|e| e.to_string())
+            .and_then(|state| {
+                if state == RequestState::Running {
+                    Ok(())
+                } else {
+                    Err(format!("{state:?}"))
+                }
+            })
+    })
+    .await
 }
 
 /// A fleet with one-slot worker processes, a short ack wait and `max_deliver` deliveries.

@@ -3,22 +3,44 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::fleet;
 use common::nats::{NatsServer, free_port};
-use futures_util::StreamExt;
+use common::wait;
+use futures_util::{FutureExt, StreamExt};
 use genfleet::bus::client::Client;
 use genfleet::protocol::{GenerationRequest, Reason};
 use genfleet::settings::Settings;
 
 const KEY: &str = "sk-genfleet-secret-7Q2XK9";
+/// Generous: a busy machine is slow, never wrong.
+const WITHIN: Duration = Duration::from_secs(20);
+
+/// What the backend was sent: the method and path of each call, with its Authorization
+/// header.
+type Seen = Arc<Mutex<Vec<(String, String)>>>;
 
 /// A backend that refuses every call and echoes the Authorization header it got, in the error
-/// body and in a header.
-async fn echoing_backend() -> String {
+/// body and in a header; it keeps every call's header in `seen`.
+async fn echoing_backend(seen: Seen) -> String {
+    use axum::extract::{Request, State};
     use axum::http::{HeaderMap, StatusCode};
+    use axum::middleware::{self, Next};
+    use axum::response::Response;
     use axum::routing::{get, post};
+    async fn record(State(seen): State<Seen>, request: Request, next: Next) -> Response {
+        let authorization = request
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let call = format!("{} {}", request.method(), request.uri().path());
+        seen.lock().unwrap().push((call, authorization));
+        next.run(request).await
+    }
     async fn refuse(headers: HeaderMap) -> (StatusCode, HeaderMap, String) {
         let got = headers
             .get("authorization")
@@ -45,7 +67,8 @@ async fn echoing_backend() -> String {
         .route("/v1/chat/completions", post(refuse))
         .route("/v2/v1/chat/completions", post(overloaded))
         .route("/v1/models", get(refuse))
-        .route("/v2/v1/models", get(overloaded));
+        .route("/v2/v1/models", get(overloaded))
+        .layer(middleware::from_fn_with_state(seen, record));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -58,14 +81,13 @@ async fn echoing_backend() -> String {
 async fn the_api_key_appears_nowhere_even_when_the_backend_echoes_it() {
     genfleet::llm::openai::install_crypto_provider();
     let nats = NatsServer::start().await;
-    let backend = echoing_backend().await;
+    let seen = Seen::default();
+    let backend = echoing_backend(seen.clone()).await;
     let logs = tempfile::tempdir().unwrap();
     let http = format!("127.0.0.1:{}", free_port());
     let mut collected = String::new();
-    for (worker_id, base_url) in [
-        ("refused", format!("{backend}/v1")),
-        ("overloaded", format!("{backend}/v2/v1")),
-    ] {
+    for (worker_id, prefix) in [("refused", "/v1"), ("overloaded", "/v2/v1")] {
+        let base_url = format!("{backend}{prefix}");
         let env = vec![
             ("GENFLEET__LLM__BASE_URL", base_url),
             ("GENFLEET__LLM__API_KEY", KEY.to_string()),
@@ -86,20 +108,14 @@ async fn the_api_key_appears_nowhere_even_when_the_backend_echoes_it() {
         let mut request = GenerationRequest::user("hello");
         request.request_id = Some(id.clone());
         client.submit("default", &request).await.unwrap();
-        let finished = tokio::time::timeout(Duration::from_secs(20), async {
-            let mut all = Vec::new();
-            while let Some(event) = events.next().await {
-                let last = matches!(event.body, genfleet::protocol::EventBody::Finished { .. });
-                all.push(serde_json::to_string(&event).unwrap());
-                if last {
-                    break;
-                }
-            }
-            all
+        let finished = wait::collect_until("the finished event", WITHIN, &mut events, |event| {
+            matches!(event.body, genfleet::protocol::EventBody::Finished { .. })
         })
-        .await
-        .expect("the request finishes");
-        collected.push_str(&finished.join("\n"));
+        .await;
+        for event in &finished {
+            collected.push_str(&serde_json::to_string(event).unwrap());
+            collected.push('\n');
+        }
         let status = client.status(&id).await.unwrap();
         collected.push_str(&serde_json::to_string(&status).unwrap());
         let result = client.result(&id, true).await.unwrap();
@@ -110,13 +126,43 @@ async fn the_api_key_appears_nowhere_even_when_the_backend_echoes_it() {
             "the backend's own words stay: {result:?}"
         );
         collected.push_str(&serde_json::to_string(&result).unwrap());
-        while let Ok(Some(signal)) =
-            tokio::time::timeout(Duration::from_millis(300), signals.next()).await
-        {
+        // The request's failure is announced: its signal carries the backend's words too.
+        let failed =
+            wait::next_matching("the request's FAILED signal", WITHIN, &mut signals, |m| {
+                let payload = String::from_utf8_lossy(&m.payload).into_owned();
+                (m.subject.as_str() == "signals.outcome.FAILED" && payload.contains(&id))
+                    .then_some(payload)
+            })
+            .await;
+        collected.push_str(&failed);
+        // Every signal that came meanwhile.
+        while let Some(Some(signal)) = signals.next().now_or_never() {
             collected.push_str(&String::from_utf8_lossy(&signal.payload));
         }
-        // The readiness probe met the same backend several times meanwhile.
-        tokio::time::sleep(Duration::from_millis(600)).await;
+        // The backend saw the key: on the completions it refused and on the readiness probe's
+        // calls (two of them, so the probe met the refusal again after logging it once).
+        let sent = format!("Bearer {KEY}");
+        let with_key = |call: &str| {
+            let seen = seen.lock().unwrap();
+            let count = seen
+                .iter()
+                .filter(|(c, key)| c == call && *key == sent)
+                .count();
+            (count, format!("{seen:?}"))
+        };
+        let completion = format!("POST {prefix}/chat/completions");
+        let probe = format!("GET {prefix}/models");
+        wait::until(
+            &format!("{worker_id}'s backend to get the key on a completion and on two probes"),
+            WITHIN,
+            || async {
+                match (with_key(&completion), with_key(&probe)) {
+                    ((completions, _), (probes, _)) if completions >= 1 && probes >= 2 => Ok(()),
+                    (_, (_, all)) => Err(all),
+                }
+            },
+        )
+        .await;
         for path in ["/metrics", "/readyz", "/healthz"] {
             let body = reqwest::get(format!("http://{http}{path}"))
                 .await
@@ -130,12 +176,37 @@ async fn the_api_key_appears_nowhere_even_when_the_backend_echoes_it() {
         let log = std::fs::read_to_string(logs.path().join(format!("{worker_id}.log"))).unwrap();
         // Logs written to a file are plain text: no terminal colour codes.
         assert!(!log.contains('\u{1b}'), "colour codes in the log: {log}");
+        // Written at trace level: lines of that level, from the HTTP client that sent the key
+        // among them.
+        let at_level = |level: &str| {
+            log.lines()
+                .filter(|line| line.split_whitespace().nth(1) == Some(level))
+                .count()
+        };
+        assert!(
+            at_level("TRACE") > 0 && at_level("DEBUG") > 0,
+            "{worker_id}: no TRACE or DEBUG lines in the log:\n{log}"
+        );
+        assert!(
+            log.lines()
+                .any(|line| line.contains("reqwest") || line.contains("hyper")),
+            "{worker_id}: nothing of the HTTP client in the log:\n{log}"
+        );
         collected.push_str(&log);
     }
-    // The test saw what it meant to look at.
+    // The test saw what it meant to look at: the failure (results, events and the signal carry
+    // the backend's own words, which held the key), the metrics, and a log written at trace
+    // level, where a header would show if anything logged it.
     assert!(collected.contains("backend_error"), "{collected}");
+    assert!(
+        collected.contains("invalid key: Bearer [redacted]"),
+        "the 401's echo of the key, redacted: {collected}"
+    );
+    assert!(
+        collected.contains("overloaded for Bearer [redacted]"),
+        "the 503's echo of the key, redacted: {collected}"
+    );
     assert!(collected.contains("genfleet_requests_total"), "{collected}");
-    assert!(collected.to_lowercase().contains("trace") || collected.contains("DEBUG"));
     let fragment = &KEY[3..];
     assert!(
         !collected.contains(fragment),

@@ -133,6 +133,9 @@ impl Soak {
                 if submitted.is_err() {
                     return Outcome::Full;
                 }
+                // Paces the load: the cancel lands at a varied moment of the generation (or
+                // after its end, which the match below accepts), not after anything in
+                // particular.
                 tokio::time::sleep(Duration::from_millis(40 + n % 200)).await;
                 match self.client.cancel(&id).await {
                     Ok(_) => {}
@@ -313,6 +316,7 @@ async fn mixed_traffic_for_minutes_leaves_the_fleet_at_rest_with_nothing_lost() 
     // Memory of each worker, sampled through the soak.
     let mut samples: Vec<(Duration, Vec<u64>)> = Vec::new();
     while started.elapsed() < soak_time {
+        // Paces the samples through the soak; not a wait for anything.
         tokio::time::sleep(Duration::from_secs(2).min(soak_time / 10)).await;
         samples.push((
             started.elapsed(),

@@ -10,12 +10,13 @@ mod common;
 use std::collections::HashMap;
 use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::routing::post;
 use common::fleet::{self, Fleet};
+use common::wait;
 use genfleet::protocol::{GenerationRequest, Reason};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
@@ -236,19 +237,11 @@ async fn spans_where<T>(
     what: &str,
     found: impl Fn(&[Span]) -> Option<T>,
 ) -> T {
-    let deadline = Instant::now() + SPANS_WITHIN;
-    loop {
-        if let Some(value) = found(&received.lock().unwrap()) {
-            return value;
-        }
-        if Instant::now() > deadline {
-            panic!(
-                "{what} never arrived; the collector got {:#?}",
-                received.lock().unwrap()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait::until(what, SPANS_WITHIN, || async {
+        let spans = received.lock().unwrap();
+        found(&spans).ok_or_else(|| format!("the collector got {:#?}", *spans))
+    })
+    .await
 }
 
 fn request_span<'a>(spans: &'a [Span], request_id: &str, reason: &str) -> Option<&'a Span> {

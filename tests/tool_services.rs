@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::fleet::{self, Fleet};
+use common::wait;
 use genfleet::protocol::{ErrorCode, GenerationRequest, Reason};
 
 const CALCULATES: &str = r#"
@@ -74,25 +75,33 @@ async fn the_demo_tools_serve_a_worker_and_are_withdrawn_on_sigterm() {
             .unwrap()
             .success()
     );
-    let status = tokio::task::spawn_blocking(move || demo.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = tokio::task::spawn_blocking(move || {
+        wait::until_blocking(
+            "the tool demo to exit on SIGTERM",
+            Duration::from_secs(20),
+            || demo.try_wait().expect("waits for the tool demo"),
+        )
+    })
+    .await
+    .unwrap();
     assert!(status.success());
-    let mut refused = false;
-    for i in 0..200 {
-        match client
-            .submit("default", &request(&format!("late{i}"), "x"))
-            .await
-        {
-            Err(e) if e.code() == Some(ErrorCode::InvalidRequest) => {
-                refused = true;
-                break;
+    let sent = std::cell::Cell::new(0);
+    wait::until(
+        "the withdrawn tools to be unknown",
+        Duration::from_secs(10),
+        || async {
+            sent.set(sent.get() + 1);
+            match client
+                .submit("default", &request(&format!("late{}", sent.get()), "x"))
+                .await
+            {
+                Err(e) if e.code() == Some(ErrorCode::InvalidRequest) => Ok(()),
+                Err(e) => Err(e.to_string()),
+                Ok(accepted) => Err(format!("{} accepted", accepted.request_id)),
             }
-            _ => tokio::time::sleep(Duration::from_millis(25)).await,
-        }
-    }
-    assert!(refused, "withdrawn tools are unknown");
+        },
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -113,6 +122,7 @@ async fn a_slow_tool_times_out_and_the_slot_is_released() {
         &f.settings,
         definition,
         |_, _| async {
+            // Answers long after the call's timeout (200 ms): the tool's slowness, not a wait.
             tokio::time::sleep(Duration::from_secs(5)).await;
             Ok(serde_json::json!("too late"))
         },

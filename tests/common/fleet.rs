@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
+use crate::common::wait;
+
 /// A child process killed (SIGKILL) and reaped on drop.
 pub struct Proc {
     pub child: Child,
@@ -87,37 +89,37 @@ pub fn worker(id: &str, nats_url: &str, env: &[(&str, String)], log_dir: &Path) 
 /// `genfleet mock-llm` on `listen` (port 0: a free one) with a script file; returns once it
 /// listens, with its base URL.
 pub fn mock_llm(listen: &str, script: &Path) -> (Proc, String) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_genfleet"))
-            .args(["mock-llm", "--listen", listen, "--script"])
-            .arg(script)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("genfleet mock-llm starts");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        if let Some(url) = line.trim().strip_prefix("mock-llm listening on ") {
-            let url = url.to_string();
-            return (
-                Proc {
-                    child,
-                    name: "mock-llm".into(),
-                },
-                url,
-            );
-        }
-        // The port of a killed mock can take a moment to be free again.
-        let _ = child.kill();
-        let _ = child.wait();
-        assert!(
-            Instant::now() < deadline,
-            "mock-llm did not listen on {listen}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // The port of a killed mock can take a moment to be free again: start it again until then.
+    wait::until_blocking(
+        &format!("mock-llm to listen on {listen}"),
+        Duration::from_secs(10),
+        || {
+            let mut child = Command::new(env!("CARGO_BIN_EXE_genfleet"))
+                .args(["mock-llm", "--listen", listen, "--script"])
+                .arg(script)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("genfleet mock-llm starts");
+            let stdout = child.stdout.take().expect("piped stdout");
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            match line.trim().strip_prefix("mock-llm listening on ") {
+                Some(url) => Ok((
+                    Proc {
+                        child,
+                        name: "mock-llm".into(),
+                    },
+                    url.to_string(),
+                )),
+                None => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    Err(format!("it printed {line:?}"))
+                }
+            }
+        },
+    )
 }
 
 /// The `$SRV.STATS` data of every worker that answers within `wait`, by worker id:
@@ -172,6 +174,7 @@ pub async fn submit_raw(
         if !no_slot || Instant::now() >= deadline {
             return reply;
         }
+        // Paces the retries, as the client library does; the caller judges the last reply.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -182,149 +185,165 @@ pub async fn wait_all_slots_free(
     expected: usize,
     within: Duration,
 ) -> BTreeMap<String, serde_json::Value> {
-    let deadline = Instant::now() + within;
-    loop {
-        let stats = worker_stats(nats, Duration::from_millis(400)).await;
-        let at_rest = stats.len() == expected
-            && stats
-                .values()
-                .all(|s| s["busy"] == 0 && s["free"] == s["slots"]);
-        if at_rest {
-            return stats;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "slots still busy (or workers missing) after {within:?}: {stats:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait::until(
+        &format!("{expected} workers with every slot free"),
+        within,
+        || async {
+            let stats = worker_stats(nats, Duration::from_millis(400)).await;
+            let at_rest = stats.len() == expected
+                && stats
+                    .values()
+                    .all(|s| s["busy"] == 0 && s["free"] == s["slots"]);
+            if at_rest {
+                Ok(stats)
+            } else {
+                Err(format!("{stats:?}"))
+            }
+        },
+    )
+    .await
 }
+
+/// How long the buckets may take to answer: a JetStream cluster electing a leader answers
+/// errors for a moment.
+const BUCKETS_ANSWER_WITHIN: Duration = Duration::from_secs(10);
 
 /// The keys of the results bucket, by kind (`req`, `res`, `idx`, `cont`, ...).
 pub async fn result_keys(nats: &async_nats::Client) -> BTreeMap<String, Vec<String>> {
     let js = async_nats::jetstream::new(nats.clone());
-    // A JetStream cluster electing a leader answers errors for a moment.
-    for _ in 0..50 {
-        let Ok(kv) = js.get_key_value("GENFLEET_RESULTS").await else {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            continue;
-        };
-        let Ok(mut keys) = kv.keys().await else {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            continue;
-        };
-        let mut by_kind: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        while let Some(Ok(key)) = keys.next().await {
-            let kind = key.split('.').next().unwrap_or_default().to_string();
-            by_kind.entry(kind).or_default().push(key);
-        }
-        return by_kind;
-    }
-    panic!("the keys of the results bucket cannot be listed");
+    wait::until(
+        "the keys of the results bucket",
+        BUCKETS_ANSWER_WITHIN,
+        || async {
+            let kv = js
+                .get_key_value("GENFLEET_RESULTS")
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut keys = kv.keys().await.map_err(|e| e.to_string())?;
+            let mut by_kind: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            while let Some(Ok(key)) = keys.next().await {
+                let kind = key.split('.').next().unwrap_or_default().to_string();
+                by_kind.entry(kind).or_default().push(key);
+            }
+            Ok::<_, String>(by_kind)
+        },
+    )
+    .await
 }
 
 /// The record of a request (`res.<id>`) as JSON, if there is one.
 pub async fn record(nats: &async_nats::Client, request_id: &str) -> Option<serde_json::Value> {
     let js = async_nats::jetstream::new(nats.clone());
-    for _ in 0..50 {
-        let Ok(kv) = js.get_key_value("GENFLEET_RESULTS").await else {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            continue;
-        };
-        match kv.get(format!("res.{request_id}")).await {
-            Ok(value) => return value.and_then(|v| serde_json::from_slice(&v).ok()),
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
-    panic!("the results bucket cannot be read");
+    wait::until(
+        "the results bucket to be read",
+        BUCKETS_ANSWER_WITHIN,
+        || async {
+            let kv = js
+                .get_key_value("GENFLEET_RESULTS")
+                .await
+                .map_err(|e| e.to_string())?;
+            let value = kv
+                .get(format!("res.{request_id}"))
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>(value.and_then(|v| serde_json::from_slice(&v).ok()))
+        },
+    )
+    .await
 }
 
 /// The requests each worker's heartbeat lists as running, by worker id.
 pub async fn heartbeats(nats: &async_nats::Client) -> BTreeMap<String, Vec<String>> {
     let js = async_nats::jetstream::new(nats.clone());
-    for _ in 0..50 {
-        let Ok(kv) = js.get_key_value("GENFLEET_WORKERS").await else {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            continue;
-        };
-        let Ok(mut keys) = kv.keys().await else {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            continue;
-        };
-        let mut found = BTreeMap::new();
-        while let Some(Ok(worker)) = keys.next().await {
-            if let Ok(Some(value)) = kv.get(&worker).await
-                && let Ok(beat) = serde_json::from_slice::<serde_json::Value>(&value)
-            {
-                let running = beat["running"]
-                    .as_array()
-                    .map(|ids| {
-                        ids.iter()
-                            .filter_map(|id| id.as_str().map(String::from))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                found.insert(worker, running);
+    wait::until("the heartbeats", BUCKETS_ANSWER_WITHIN, || async {
+        let kv = js
+            .get_key_value("GENFLEET_WORKERS")
+            .await
+            .map_err(|e| e.to_string())?;
+        // Listing a bucket's keys while its entries expire (a lost worker's heartbeat) can wait
+        // for ever: each look is bounded, and a look that ran out is looked again.
+        let listed = tokio::time::timeout(Duration::from_secs(3), async {
+            let mut keys = kv.keys().await.map_err(|e| e.to_string())?;
+            let mut found = BTreeMap::new();
+            while let Some(Ok(worker)) = keys.next().await {
+                if let Ok(Some(value)) = kv.get(&worker).await
+                    && let Ok(beat) = serde_json::from_slice::<serde_json::Value>(&value)
+                {
+                    let running = beat["running"]
+                        .as_array()
+                        .map(|ids| {
+                            ids.iter()
+                                .filter_map(|id| id.as_str().map(String::from))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    found.insert(worker, running);
+                }
             }
-        }
-        return found;
-    }
-    panic!("the heartbeats cannot be listed");
+            Ok::<_, String>(found)
+        })
+        .await;
+        listed.unwrap_or_else(|_| Err("listing the heartbeats took over 3 s".to_string()))
+    })
+    .await
 }
 
 /// Waits (bounded) until the results bucket holds only ended requests: results and tombstones
 /// (and the marks of answered decisions), no record of a running request, nothing else.
 pub async fn wait_only_results_left(nats: &async_nats::Client, within: Duration) {
-    let deadline = Instant::now() + within;
-    loop {
-        let keys = result_keys(nats).await;
-        let mut stray: Vec<String> = keys
-            .iter()
-            .filter(|(kind, _)| !matches!(kind.as_str(), "res" | "cont"))
-            .flat_map(|(_, keys)| keys.iter().cloned())
-            .collect();
-        for key in keys.get("res").into_iter().flatten() {
-            let id = key.trim_start_matches("res.");
-            if let Some(record) = record(nats, id).await
-                && record.get("live").is_some()
-            {
-                stray.push(format!("{key} (live: {record})"));
+    wait::until(
+        "only results left in the results bucket",
+        within,
+        || async {
+            let keys = result_keys(nats).await;
+            let mut stray: Vec<String> = keys
+                .iter()
+                .filter(|(kind, _)| !matches!(kind.as_str(), "res" | "cont"))
+                .flat_map(|(_, keys)| keys.iter().cloned())
+                .collect();
+            for key in keys.get("res").into_iter().flatten() {
+                let id = key.trim_start_matches("res.");
+                if let Some(record) = record(nats, id).await
+                    && record.get("live").is_some()
+                {
+                    stray.push(format!("{key} (live: {record})"));
+                }
             }
-        }
-        if stray.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "records left in the results bucket after {within:?}: {stray:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+            if stray.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{stray:?}"))
+            }
+        },
+    )
+    .await
 }
 
 /// Waits (bounded) until the pool's queue holds no message and none is being worked on.
 pub async fn wait_queue_empty(nats: &async_nats::Client, pool: &str, within: Duration) {
     let js = async_nats::jetstream::new(nats.clone());
-    let deadline = Instant::now() + within;
-    loop {
-        let mut stream = js.get_stream("GENFLEET_QUEUE").await.expect("queue stream");
-        let messages = stream.info().await.expect("stream info").state.messages;
-        let mut consumer: async_nats::jetstream::consumer::PullConsumer = stream
-            .get_consumer(&format!("genfleet-{pool}"))
-            .await
-            .expect("pool consumer");
-        let info = consumer.info().await.expect("consumer info");
-        if messages == 0 && info.num_ack_pending == 0 && info.num_pending == 0 {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "queue not empty after {within:?}: {messages} messages, {} pending, {} unacknowledged",
-            info.num_pending,
-            info.num_ack_pending
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait::until(
+        &format!("the queue of pool {pool} to be empty"),
+        within,
+        || async {
+            let mut stream = js.get_stream("GENFLEET_QUEUE").await.expect("queue stream");
+            let messages = stream.info().await.expect("stream info").state.messages;
+            let mut consumer: async_nats::jetstream::consumer::PullConsumer = stream
+                .get_consumer(&format!("genfleet-{pool}"))
+                .await
+                .expect("pool consumer");
+            let info = consumer.info().await.expect("consumer info");
+            if messages == 0 && info.num_ack_pending == 0 && info.num_pending == 0 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{messages} messages, {} pending, {} unacknowledged",
+                    info.num_pending, info.num_ack_pending
+                ))
+            }
+        },
+    )
+    .await
 }
 
 /// Waits (bounded, `within` for each check) until the fleet is at rest: the pool's queue holds
@@ -339,16 +358,52 @@ pub async fn wait_at_rest(nats: &async_nats::Client, pool: &str, workers: usize,
 /// Waits (bounded) until `count` workers answer the service API; else fails with the logs in
 /// `logs` (worker processes write theirs there).
 pub async fn wait_workers(nats: &async_nats::Client, count: usize, within: Duration, logs: &Path) {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if worker_stats(nats, Duration::from_millis(200)).await.len() >= count {
-            return;
+    let logs_text = || {
+        let mut all = String::from("their logs:\n");
+        for entry in std::fs::read_dir(logs).unwrap().flatten() {
+            let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+            all.push_str(&format!("--- {}\n{text}\n", entry.path().display()));
         }
-    }
-    let mut all = String::new();
-    for entry in std::fs::read_dir(logs).unwrap().flatten() {
-        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
-        all.push_str(&format!("--- {}\n{text}\n", entry.path().display()));
-    }
-    panic!("{count} workers did not come up within {within:?}; their logs:\n{all}");
+        all
+    };
+    wait::until_showing(
+        &format!("{count} workers to come up"),
+        within,
+        || async {
+            match worker_stats(nats, Duration::from_millis(200)).await.len() {
+                up if up >= count => Ok(()),
+                up => Err(format!("{up} answered")),
+            }
+        },
+        logs_text,
+    )
+    .await;
+}
+
+/// The slot counts of worker `worker_id` (`{"total", "busy", "draining", "waiting"}`), from its
+/// own `capacity` endpoint; `None` while it does not answer.
+pub async fn capacity(nats: &async_nats::Client, worker_id: &str) -> Option<serde_json::Value> {
+    let reply = nats
+        .request(format!("gen.worker.{worker_id}.capacity"), "".into())
+        .await
+        .ok()?;
+    let stats: serde_json::Value = serde_json::from_slice(&reply.payload).ok()?;
+    Some(stats["capacity"].clone())
+}
+
+/// Waits (bounded) until worker `worker_id` answers with every slot free and nothing waiting
+/// for one.
+pub async fn wait_worker_idle(nats: &async_nats::Client, worker_id: &str, within: Duration) {
+    wait::until(
+        &format!("worker {worker_id} with every slot free"),
+        within,
+        || async {
+            let capacity = capacity(nats, worker_id).await;
+            match &capacity {
+                Some(c) if c["busy"] == 0 && c["waiting"] == 0 && c["draining"] == false => Ok(()),
+                _ => Err(format!("{capacity:?}")),
+            }
+        },
+    )
+    .await
 }

@@ -5,6 +5,7 @@
 pub mod fleet;
 pub mod nats;
 pub mod process;
+pub mod wait;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -252,11 +253,49 @@ impl Harness {
         context: RequestContext,
         cancel: CancellationToken,
     ) -> (GenerationResult, Vec<Event>) {
+        self.run_watched(request, context, cancel, |_| {}).await
+    }
+
+    /// Runs a request and cancels it at the first event `at` picks (the first delta, say);
+    /// fails if the request ends before any event was picked.
+    pub async fn run_cancelled_at(
+        &self,
+        request: GenerationRequest,
+        at: impl Fn(&Event) -> bool + Send + 'static,
+    ) -> (GenerationResult, Vec<Event>) {
+        let id = request.request_id.clone().unwrap_or_else(|| "req-1".into());
+        let context = RequestContext::new(id, "worker-1", "default");
+        let cancel = CancellationToken::new();
+        let (trigger, fired) = (cancel.clone(), cancel.clone());
+        let (result, events) = self
+            .run_watched(request, context, cancel, move |event| {
+                if at(event) {
+                    trigger.cancel();
+                }
+            })
+            .await;
+        assert!(
+            fired.is_cancelled(),
+            "no event came to cancel the request at; it emitted {:?}",
+            event_names(&events)
+        );
+        (result, events)
+    }
+
+    /// Runs a request, showing `watch` every event as it is emitted.
+    async fn run_watched(
+        &self,
+        request: GenerationRequest,
+        context: RequestContext,
+        cancel: CancellationToken,
+        mut watch: impl FnMut(&Event) + Send + 'static,
+    ) -> (GenerationResult, Vec<Event>) {
         let (tx, mut rx) = mpsc::channel(1024);
         let id = context.request_id.clone();
         let collector = tokio::spawn(async move {
             let mut events = Vec::new();
             while let Some(event) = rx.recv().await {
+                watch(&event);
                 events.push(event);
             }
             events

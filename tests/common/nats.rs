@@ -16,6 +16,9 @@ use tokio::process::{Child, Command};
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a restart keeps trying to bind the port the killed server held.
 const REBIND_TIMEOUT: Duration = Duration::from_secs(5);
+/// The pause between two looks of the bounded start loops below, each of which fails loudly
+/// with the server's log (they hold the process, so they keep their own loop rather than
+/// `wait::until`'s).
 const POLL: Duration = Duration::from_millis(20);
 
 pub struct NatsServer {

@@ -6,6 +6,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use super::wait;
+
 /// How long a command may take to say it is ready (a cold start on a busy machine).
 pub const STARTS_WITHIN: Duration = Duration::from_secs(60);
 /// How long it may take to exit once signalled before the test calls it stuck. A command that
@@ -106,23 +108,20 @@ impl Running {
             .status()
             .expect("kill runs");
         assert!(sent.success(), "kill -{signal} {pid}");
-        let deadline = Instant::now() + EXITS_WITHIN;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("waits for the command") {
-                return status;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                self.seen.extend(self.lines.try_iter());
-                panic!(
-                    "{} ignored SIG{signal}; its output:\n{}",
-                    self.name,
-                    self.seen.join("\n")
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let exited = wait::poll_blocking(
+            &format!("{} to exit on SIG{signal}", self.name),
+            EXITS_WITHIN,
+            || self.child.try_wait().expect("waits for the command"),
+        );
+        exited.unwrap_or_else(|failure| {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            self.seen.extend(self.lines.try_iter());
+            panic!(
+                "{failure}: it ignored SIG{signal}; its output:\n{}",
+                self.seen.join("\n")
+            );
+        })
     }
 }
 

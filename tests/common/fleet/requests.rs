@@ -2,11 +2,13 @@
 //! them yet (no free slot, a tool not registered yet), and polled until they end.
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use genfleet::actors::Accepted;
 use genfleet::bus::client::{Client, ClientError};
 use genfleet::protocol::{ErrorCode, GenerationRequest, GenerationResult};
+
+use crate::common::wait;
 
 /// How long a request is sent again while a worker does not know its tools: a registration
 /// reaches a worker's catalog (it follows the tools bucket) a moment after it is written.
@@ -31,7 +33,7 @@ pub fn request(id: &str, text: &str) -> GenerationRequest {
 /// The terminal result of `id`, peeked (left stored), waiting (bounded) while it is not ready
 /// or no worker answers.
 pub async fn terminal(client: &Client, id: &str, within: Duration) -> GenerationResult {
-    poll_result(client, id, within, Duration::from_millis(100), |code| {
+    poll_result(client, id, within, |code| {
         !matches!(
             code,
             Some(ErrorCode::InvalidRequest) | Some(ErrorCode::Internal)
@@ -48,29 +50,22 @@ pub async fn wait_result(
     within: Duration,
     pending: &[Option<ErrorCode>],
 ) -> GenerationResult {
-    poll_result(client, id, within, Duration::from_millis(20), |code| {
-        pending.contains(&code)
-    })
-    .await
+    poll_result(client, id, within, |code| pending.contains(&code)).await
 }
 
 async fn poll_result(
     client: &Client,
     id: &str,
     within: Duration,
-    pause: Duration,
     pending: impl Fn(Option<ErrorCode>) -> bool,
 ) -> GenerationResult {
-    let deadline = Instant::now() + within;
-    loop {
+    wait::until(&format!("the result of {id}"), within, || async {
         match client.result(id, false).await {
-            Ok(result) => return result,
-            Err(error) if Instant::now() < deadline && pending(error.code()) => {
-                tokio::time::sleep(pause).await
-            }
-            Err(error) => panic!("{id}: no result within {within:?}: {error}"),
+            Err(error) if !pending(error.code()) => panic!("{id}: no result: {error}"),
+            answer => answer.map_err(|e| e.to_string()),
         }
-    }
+    })
+    .await
 }
 
 /// Reads and releases the result of `id`; a second read must find only the tombstone.
@@ -95,19 +90,16 @@ pub async fn submit_until_accepted(
     request: &GenerationRequest,
     within: Duration,
 ) -> Accepted {
-    let deadline = Instant::now() + within;
-    loop {
+    let what = format!("a free slot for {:?}", request.request_id);
+    wait::until(&what, within, || async {
         match client.submit(pool, request).await {
-            Ok(accepted) => return accepted,
-            Err(error)
-                if error.code() == Some(ErrorCode::NoSlotAvailable)
-                    && Instant::now() < deadline =>
-            {
-                tokio::time::sleep(Duration::from_millis(50)).await
+            Err(error) if error.code() != Some(ErrorCode::NoSlotAvailable) => {
+                panic!("{:?} not accepted: {error}", request.request_id)
             }
-            Err(error) => panic!("{:?} not accepted: {error}", request.request_id),
+            answer => answer.map_err(|e| e.to_string()),
         }
-    }
+    })
+    .await
 }
 
 /// Runs `request` on the default pool (waiting `wait` for its end), sent again while a worker
@@ -126,25 +118,32 @@ pub async fn submit_when_tools_known(client: &Client, request: &GenerationReques
     when_tools_known(request, || client.submit("default", request)).await
 }
 
-async fn when_tools_known<T, Sent>(request: &GenerationRequest, mut send: impl FnMut() -> Sent) -> T
+async fn when_tools_known<T, Sent>(request: &GenerationRequest, send: impl FnMut() -> Sent) -> T
 where
     Sent: Future<Output = Result<T, ClientError>>,
 {
-    let deadline = Instant::now() + TOOLS_KNOWN_WITHIN;
-    loop {
-        match send().await {
-            Ok(done) => return done,
-            Err(error)
-                if error.code() == Some(ErrorCode::InvalidRequest)
-                    && error.to_string().contains("unknown tools")
-                    && Instant::now() < deadline =>
-            {
-                tokio::time::sleep(Duration::from_millis(50)).await
+    let what = format!(
+        "a worker that knows the tools {:?} of {:?}",
+        request.tools, request.request_id
+    );
+    let send = std::sync::Mutex::new(send);
+    wait::until(&what, TOOLS_KNOWN_WITHIN, || {
+        let sent = (send.lock().unwrap())();
+        async move {
+            match sent.await {
+                Err(error)
+                    if error.code() == Some(ErrorCode::InvalidRequest)
+                        && error.to_string().contains("unknown tools") =>
+                {
+                    Err(error.to_string())
+                }
+                Err(error) => panic!(
+                    "{:?} (tools {:?}) not taken: {error}",
+                    request.request_id, request.tools
+                ),
+                Ok(done) => Ok(done),
             }
-            Err(error) => panic!(
-                "{:?} (tools {:?}) not taken: {error}",
-                request.request_id, request.tools
-            ),
         }
-    }
+    })
+    .await
 }
