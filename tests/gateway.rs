@@ -362,6 +362,15 @@ async fn a_caller_that_hangs_up_cancels_its_request_running_or_queued() {
     );
     whole.abort();
     assert_eq!(terminal(&f, "gw-hangup-run").await, RequestState::Cancelled);
+    // Its result says who cancelled it and why.
+    let cancelled = f.client.result("gw-hangup-run", false).await.unwrap();
+    assert_eq!(
+        cancelled.detail.as_deref(),
+        Some(
+            "cancelled by its caller: the caller went away (its HTTP connection to the gateway closed)"
+        ),
+        "{cancelled:?}"
+    );
     let mock = f.mock();
     wait::until("the backend to see its stream closed", WITHIN, || async {
         mock.abandoned_streams() > abandoned
