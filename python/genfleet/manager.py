@@ -16,7 +16,6 @@ import logging
 from typing import Any, Awaitable, Callable, Dict, Optional, Union
 
 from nats.aio.client import Client as NATS
-from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from .client import Client
@@ -106,7 +105,9 @@ class Manager:
             while not self._stopped.is_set():
                 try:
                     messages = await subscription.fetch(batch=16, timeout=1.0)
-                except NatsTimeout:
+                except asyncio.TimeoutError:
+                    # nats-py's own TimeoutError, or (when the wait runs out between its two
+                    # pull requests) asyncio's: either way, no signal this second.
                     continue
                 for message in messages:
                     try:
