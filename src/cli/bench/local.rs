@@ -240,6 +240,35 @@ impl LocalFleet {
         slots: u32,
         backend_url: &str,
     ) -> anyhow::Result<LocalWorker> {
+        // A free port can be taken by another process between choosing it and the worker
+        // binding it: a worker that exits at start for that is started again on another.
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self
+                .spawn_worker_once(exe, worker_id, pool, slots, backend_url)
+                .await
+            {
+                Err(error)
+                    if tries < PORT_TRIES
+                        && error.to_string().contains("(http.listen)")
+                        && error.to_string().contains("in use") =>
+                {
+                    continue;
+                }
+                done => return done,
+            }
+        }
+    }
+
+    async fn spawn_worker_once(
+        &self,
+        exe: &Path,
+        worker_id: &str,
+        pool: &str,
+        slots: u32,
+        backend_url: &str,
+    ) -> anyhow::Result<LocalWorker> {
         let http_addr = format!("127.0.0.1:{}", free_port()?);
         let log_path = self.dir.path().join(format!("{worker_id}.log"));
         let log = std::fs::File::create(&log_path).context("cannot create a worker log")?;
@@ -382,6 +411,10 @@ async fn mock_url(mock: &mut Child) -> anyhow::Result<String> {
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     Ok(url)
 }
+
+/// How many times a worker whose chosen HTTP port was taken before it bound it is started
+/// again on another.
+const PORT_TRIES: u32 = 5;
 
 async fn wait_until_ready(worker: &mut LocalWorker, log: &Path) -> anyhow::Result<()> {
     let http = reqwest::Client::new();
