@@ -301,9 +301,9 @@ impl Message for Pause {
     type Result = ();
 }
 
-/// Stops every request this worker holds, running or waiting for a slot, as
-/// [`Canceller::Fenced`]: the fleet declared the worker lost. Answers with their ids.
-pub struct Fence;
+/// Stops these requests, running or waiting for a slot, as [`Canceller::Fenced`]: the fleet
+/// took them from this worker (it was declared lost). Answers with the ids it stopped.
+pub struct Fence(pub Vec<String>);
 
 impl Message for Fence {
     type Result = Vec<String>;
@@ -996,22 +996,19 @@ impl Handler<Pause> for Supervisor {
 impl Handler<Fence> for Supervisor {
     type Result = MessageResult<Fence>;
 
-    fn handle(&mut self, _: Fence, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, Fence(ids): Fence, _: &mut Context<Self>) -> Self::Result {
         let mut fenced = Vec::new();
-        for request_id in self.waiting.clone() {
+        for request_id in ids {
             if self.end_waiting(
                 &request_id,
                 Canceller::Fenced,
                 "the fleet declared this worker lost before the request started",
             ) {
                 fenced.push(request_id);
-            }
-        }
-        for (id, record) in &mut self.records {
-            if let Record::Running(running) = record {
+            } else if let Some(Record::Running(running)) = self.records.get_mut(&request_id) {
                 running.cancel.cancel();
                 running.cancelled_by.get_or_insert(Canceller::Fenced);
-                fenced.push(id.clone());
+                fenced.push(request_id);
             }
         }
         MessageResult(fenced)

@@ -122,25 +122,47 @@ pub(super) async fn beat(shared: &Shared) -> Result<(), HeartbeatError> {
         .map_err(HeartbeatError::Write)
 }
 
-/// Before a heartbeat: a worker whose last one is older than `worker.lost_after_ms` (it was
-/// paused, or cut off from NATS) has been declared lost, and its peers end what it ran. It
-/// stops every request it holds, without a word for them: their ends store a result only
-/// where the record is still theirs, and a durable one goes back to the queue.
-async fn fence_if_lost(shared: &Shared) {
-    if !shared.fencing.silenced() {
+/// After the first heartbeat that follows one older than `worker.lost_after_ms` (the worker
+/// was paused, or cut off from NATS): its peers may have declared it lost meanwhile and ended
+/// or taken over what it held. Its entry is back, so no peer takes it for lost from now on;
+/// every request whose record no longer names this worker is stopped without a word (its
+/// end stores nothing over the record, publishes nothing, and leaves a durable message to
+/// the worker that took it). Requests still on record here go on.
+async fn fence_taken(shared: &Shared) {
+    let mut taken = Vec::new();
+    for (held, _) in held_requests(shared).await {
+        if held.state.is_terminal() {
+            continue;
+        }
+        match shared.stores.record(&held.request_id).await {
+            Ok(Some((RequestRecord::Live { live }, _))) if live.worker_id == shared.worker_id => {}
+            // Another worker's, given back, ended, or gone: no longer this worker's.
+            Ok(_) => taken.push(held.request_id),
+            // Cannot be told now: the end's compare-and-set still guards the record.
+            Err(_) => {}
+        }
+    }
+    if taken.is_empty() {
         return;
     }
-    let Ok(fenced) = shared.supervisor.send(crate::actors::Fence).await else {
+    // Muted first, so nothing more goes out for them while they stop.
+    shared.fencing.fence(taken.clone());
+    let Ok(fenced) = shared
+        .supervisor
+        .send(crate::actors::Fence(taken.clone()))
+        .await
+    else {
         return;
     };
-    if !fenced.is_empty() {
-        tracing::warn!(
-            message = "this worker's heartbeat expired, so the fleet took it for lost: its requests are stopped",
-            requests = fenced.len()
-        );
+    // Those that ended meanwhile have nothing more to mute.
+    for id in taken.iter().filter(|id| !fenced.contains(id)) {
+        shared.fencing.ended(id);
     }
+    tracing::warn!(
+        message = "this worker's heartbeat had expired and the fleet took some of its requests: they are stopped",
+        requests = fenced.len()
+    );
     shared.metrics.fenced.inc_by(fenced.len() as u64);
-    shared.fencing.fence(fenced);
 }
 
 /// The first heartbeat, tried again for a while: on a JetStream cluster, a bucket created a
@@ -183,9 +205,10 @@ pub(super) async fn run(shared: Arc<Shared>) {
         ticker.tick().await;
         loop {
             ticker.tick().await;
-            fence_if_lost(&shared).await;
+            let stale = shared.fencing.stale();
             // A heartbeat slower than the interval is left behind for the next one.
             match tokio::time::timeout(every, beat(&shared)).await {
+                Ok(Ok(())) if stale => fence_taken(&shared).await,
                 Ok(Ok(())) => {}
                 Ok(Err(error)) => tracing::warn!(message = "heartbeat failed", %error),
                 Err(_) => {

@@ -55,10 +55,11 @@ pub(super) struct Shared {
 }
 
 /// Fencing: a worker whose heartbeat expired (it was paused, or cut off from NATS, for
-/// `worker.lost_after_ms`) has been declared lost by its peers, which end its requests. From
-/// the moment its last heartbeat is that old it publishes nothing for the requests it holds
-/// (events, signals); its next heartbeat stops them all ([`crate::actors::Fence`]), and their
-/// ends store a result only where the record is still theirs.
+/// `worker.lost_after_ms`) may have been declared lost by its peers, which then end its
+/// requests or take them over. Its first heartbeat after that puts its entry back (so no peer
+/// takes it for lost from then on), then reads the record of every request it holds: those
+/// whose record no longer names it are stopped without a word ([`crate::actors::Fence`]);
+/// the others go on. Any result it stores replaces only a record that is still its own.
 pub(super) struct Fencing {
     lost_after: std::time::Duration,
     last_beat: std::sync::Mutex<std::time::Instant>,
@@ -81,7 +82,7 @@ impl Fencing {
 
     /// Whether this worker's last heartbeat is old enough for the fleet to have declared it
     /// lost.
-    pub(super) fn silenced(&self) -> bool {
+    pub(super) fn stale(&self) -> bool {
         self.last_beat.lock().expect("last beat").elapsed() >= self.lost_after
     }
 
@@ -90,9 +91,10 @@ impl Fencing {
         self.fenced.lock().expect("fenced").extend(ids);
     }
 
-    /// Whether nothing may be published for this request now.
+    /// Whether nothing may be published for this request now: the fleet took it from this
+    /// worker.
     pub(super) fn muted(&self, request_id: &str) -> bool {
-        self.silenced() || self.fenced.lock().expect("fenced").contains(request_id)
+        self.fenced.lock().expect("fenced").contains(request_id)
     }
 
     /// A fenced request ended: true if it was one.
