@@ -169,84 +169,17 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
     let sequence = info.stream_sequence;
     // The request's id on the bus: `<tenant>.<id>` for a tenant other than the default.
     let request_id = queued.qualified_id();
-    if queued.pool != shared.settings.worker.pool {
-        let detail = format!("{} is not a queue subject of this pool", message.subject);
-        return refuse(
-            shared,
-            message,
-            &request_id,
-            attempt,
-            detail,
-            Over::Message(sequence),
-        )
-        .await;
-    }
-    // The same size limit as submit: a server allowing larger messages must not let a larger
-    // request in through the queue.
-    let request: GenerationRequest =
-        match super::reply::decode(&message.message, shared.settings.limits.max_request_bytes) {
-            Ok(request) => request,
-            Err(error) => {
-                return refuse(
-                    shared,
-                    message,
-                    &request_id,
-                    attempt,
-                    error.message,
-                    Over::Message(sequence),
-                )
-                .await;
-            }
-        };
-    if request.request_id.as_deref() != Some(queued.request_id.as_str()) {
-        let detail = format!(
-            "the body's request_id ({}) must equal the subject's ({})",
-            request.request_id.as_deref().unwrap_or("absent"),
-            queued.request_id
-        );
-        return refuse(
-            shared,
-            message,
-            &request_id,
-            attempt,
-            detail,
-            Over::Message(sequence),
-        )
-        .await;
-    }
-    // The band is the subject's: the body may repeat it, never contradict it. A continuation
-    // inherits the band the request carries.
-    let mut request = request;
-    match request.priority {
-        Some(band) if band != queued.band => {
-            let detail = format!(
-                "priority is {band}, but the request was queued in band {}",
-                queued.band
-            );
+    let tenant = (queued.tenant != DEFAULT_TENANT).then(|| queued.tenant.clone());
+    // Checked before anything is written for it.
+    let request = match read_request(shared, &message, &queued) {
+        Ok(request) => request.qualified(tenant.as_deref()),
+        Err(detail) => {
             return refuse(
                 shared,
                 message,
                 &request_id,
                 attempt,
                 detail,
-                Over::Message(sequence),
-            )
-            .await;
-        }
-        None if queued.band != Priority::Normal => request.priority = Some(queued.band),
-        _ => {}
-    }
-    let tenant = (queued.tenant != DEFAULT_TENANT).then(|| queued.tenant.clone());
-    // Checked before anything is written for it.
-    let request = match admission::check(shared, request) {
-        Ok(request) => request.qualified(tenant.as_deref()),
-        Err(error) => {
-            return refuse(
-                shared,
-                message,
-                &request_id,
-                attempt,
-                error.message,
                 Over::Message(sequence),
             )
             .await;
@@ -475,6 +408,46 @@ pub(super) async fn give_back_message(
         tracing::warn!(message = "could not mark a request's record given back", %error, request_id = %live.request_id);
     }
     let _ = message.ack_with(AckKind::Nak(None)).await;
+}
+
+/// A queue message's request, decoded and checked against its subject (the id, the band) and
+/// the limits; the reason it is refused otherwise.
+fn read_request(
+    shared: &Shared,
+    message: &jetstream::Message,
+    queued: &super::subjects::QueueSubject,
+) -> Result<crate::actors::CheckedRequest, String> {
+    if queued.pool != shared.settings.worker.pool {
+        return Err(format!(
+            "{} is not a queue subject of this pool",
+            message.subject
+        ));
+    }
+    // The same size limit as submit: a server allowing larger messages must not let a larger
+    // request in through the queue.
+    let mut request: GenerationRequest =
+        super::reply::decode(&message.message, shared.settings.limits.max_request_bytes)
+            .map_err(|error| error.message)?;
+    if request.request_id.as_deref() != Some(queued.request_id.as_str()) {
+        return Err(format!(
+            "the body's request_id ({}) must equal the subject's ({})",
+            request.request_id.as_deref().unwrap_or("absent"),
+            queued.request_id
+        ));
+    }
+    // The band is the subject's: the body may repeat it, never contradict it. A continuation
+    // inherits the band the request carries.
+    match request.priority {
+        Some(band) if band != queued.band => {
+            return Err(format!(
+                "priority is {band}, but the request was queued in band {}",
+                queued.band
+            ));
+        }
+        None if queued.band != Priority::Normal => request.priority = Some(queued.band),
+        _ => {}
+    }
+    admission::check(shared, request).map_err(|error| error.message)
 }
 
 /// How many times one durable request is given back for want of a slot before a worker keeps

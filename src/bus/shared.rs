@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use actix::Addr;
 use async_nats::jetstream;
@@ -64,6 +64,9 @@ pub(super) struct Fencing {
     lost_after: std::time::Duration,
     last_beat: std::sync::Mutex<std::time::Instant>,
     fenced: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Whether `fenced` holds any request: every event asks [`Fencing::muted`], and almost
+    /// always none is fenced, so the common answer costs one atomic load, no lock.
+    any_fenced: AtomicBool,
 }
 
 impl Fencing {
@@ -72,6 +75,7 @@ impl Fencing {
             lost_after,
             last_beat: std::sync::Mutex::new(std::time::Instant::now()),
             fenced: Default::default(),
+            any_fenced: AtomicBool::new(false),
         }
     }
 
@@ -88,18 +92,27 @@ impl Fencing {
 
     /// Notes the requests a fence stopped (bounded by the slots and the waiting list).
     pub(super) fn fence(&self, ids: impl IntoIterator<Item = String>) {
-        self.fenced.lock().expect("fenced").extend(ids);
+        let mut fenced = self.fenced.lock().expect("fenced");
+        fenced.extend(ids);
+        self.any_fenced.store(!fenced.is_empty(), Ordering::Release);
     }
 
     /// Whether nothing may be published for this request now: the fleet took it from this
     /// worker.
     pub(super) fn muted(&self, request_id: &str) -> bool {
-        self.fenced.lock().expect("fenced").contains(request_id)
+        self.any_fenced.load(Ordering::Acquire)
+            && self.fenced.lock().expect("fenced").contains(request_id)
     }
 
     /// A fenced request ended: true if it was one.
     pub(super) fn ended(&self, request_id: &str) -> bool {
-        self.fenced.lock().expect("fenced").remove(request_id)
+        if !self.any_fenced.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut fenced = self.fenced.lock().expect("fenced");
+        let was = fenced.remove(request_id);
+        self.any_fenced.store(!fenced.is_empty(), Ordering::Release);
+        was
     }
 }
 
