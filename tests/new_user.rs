@@ -218,6 +218,17 @@ async fn sigterm_with_nats_out_of_reach_stops_the_worker_without_draining() {
     .await
     .expect("the request runs");
     f.nats.kill().await;
+    // SIGTERM once the worker knows NATS is gone (before that it would drain as usual).
+    let log_path = f.logs().join("w1.log");
+    common::wait::until("the worker to see NATS gone", WITHIN, || async {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if log.contains("disconnected from NATS") {
+            Ok(())
+        } else {
+            Err("not yet")
+        }
+    })
+    .await;
     let pid = f.processes[0].pid().to_string();
     let sent = std::process::Command::new("kill")
         .args(["-TERM", &pid])

@@ -27,8 +27,11 @@ use crate::settings::Settings;
 /// may be free by then).
 const SUBMIT_RETRIES: u32 = 3;
 
-/// How long the workers' answers to `$SRV.INFO` are gathered.
-pub const POOLS_GATHER: Duration = Duration::from_millis(250);
+/// How long the first worker's answer to `$SRV.INFO` is waited for (a busy worker answers
+/// late; with no worker at all this is the whole wait).
+const POOLS_FIRST_ANSWER: Duration = Duration::from_secs(1);
+/// After an answer, how long the next is waited for before the gathering ends.
+const POOLS_NEXT_ANSWER: Duration = Duration::from_millis(100);
 
 /// A submit refusal that stands for "no responders": no worker of the pool is connected.
 fn is_no_responders(error: &WireError) -> bool {
@@ -342,8 +345,11 @@ impl Client {
         {
             return pools;
         }
-        let deadline = tokio::time::Instant::now() + POOLS_GATHER;
-        while let Ok(Some(message)) = tokio::time::timeout_at(deadline, replies.next()).await {
+        // Gathered until no answer comes for a moment: as long as the workers take to answer,
+        // not a fixed window that a busy worker could miss.
+        let mut wait = POOLS_FIRST_ANSWER;
+        while let Ok(Some(message)) = tokio::time::timeout(wait, replies.next()).await {
+            wait = POOLS_NEXT_ANSWER;
             if let Ok(info) = serde_json::from_slice::<serde_json::Value>(&message.payload)
                 && let Some(pool) = info["metadata"]["pool"].as_str()
             {

@@ -11,6 +11,9 @@ use super::mapping::Route;
 use crate::bus::client::Client;
 use crate::settings::Settings;
 
+/// Pools asked for less than this long ago are not asked again, even when `fresh`.
+const JUST_ASKED: Duration = Duration::from_secs(1);
+
 /// The pools seen lately, asked again when older than `gateway.pools_refresh_ms`.
 pub struct Pools {
     models: std::collections::BTreeMap<String, crate::settings::GatewayModel>,
@@ -80,11 +83,7 @@ impl Pools {
     /// were just asked.
     async fn live(&self, client: &Client, fresh: bool) -> BTreeSet<String> {
         let mut seen = self.seen.lock().await;
-        let age_limit = if fresh {
-            crate::bus::client::POOLS_GATHER * 4
-        } else {
-            self.refresh
-        };
+        let age_limit = if fresh { JUST_ASKED } else { self.refresh };
         if let Some((at, pools)) = &*seen
             && at.elapsed() < age_limit
         {
