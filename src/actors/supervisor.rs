@@ -294,7 +294,7 @@ impl Message for Drain {
 }
 
 /// Stops (or resumes) taking work: a worker whose backend does not answer takes none. Running
-/// requests go on; requests waiting for a slot wait on.
+/// requests go on; requests waiting for a slot are handed back (as by a drain).
 pub struct Pause(pub bool);
 
 impl Message for Pause {
@@ -986,7 +986,17 @@ impl Handler<Pause> for Supervisor {
 
     fn handle(&mut self, Pause(paused): Pause, ctx: &mut Context<Self>) {
         self.paused = paused;
-        if !paused {
+        if paused {
+            // What waits here for a slot would wait for the backend: it goes back to the
+            // queue for a worker whose backend answers, as in a drain.
+            for request_id in self.waiting.clone() {
+                self.end_waiting(
+                    &request_id,
+                    Canceller::Drain,
+                    "the worker's backend stopped answering before the request started",
+                );
+            }
+        } else {
             self.start_waiting(ctx);
         }
         self.publish_capacity();
