@@ -1,13 +1,13 @@
 //! genfleet: a horizontally scaled fleet of LLM generation workers on NATS.
 //!
-//! See ARCHITECTURE.md for the bird's-eye view. Layers, each knowing only the one below:
-//! `cli` → `bus` → `actors` → `engine` → (`llm`, `tools`); `protocol` is shared by all. The
-//! exact rule, module by module, is the table in ARCHITECTURE.md, checked by
-//! `tests/architecture.rs`.
+//! See ARCHITECTURE.md for the bird's-eye view. Data flows one way: each module imports only
+//! modules below it, as the table in ARCHITECTURE.md says module by module (checked by
+//! `tests/architecture.rs`).
 
 pub mod actors;
 pub mod bus;
 pub mod cli;
+pub mod client;
 pub mod console;
 pub mod engine;
 pub mod gateway;

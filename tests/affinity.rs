@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::fleet::{self, Fleet, Proc};
 use futures_util::StreamExt;
-use genfleet::bus::client::Client;
+use genfleet::client::Client;
 use genfleet::llm::mock::{MockServer, PrefixCacheSettings, Rule, Script};
 use genfleet::protocol::{
     ErrorCode, GenerationRequest, GenerationResult, Message, Reason, RequestState,

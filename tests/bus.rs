@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::fleet::{self, Fleet, request as req};
 use common::wait;
 use futures_util::StreamExt;
-use genfleet::bus::client::Client;
+use genfleet::client::Client;
 use genfleet::protocol::{Encoding, ErrorCode, EventBody, GenerationRequest, Reason, RequestState};
 use serde_json::json;
 

@@ -11,7 +11,7 @@ use common::fleet::{self, Fleet};
 use common::wait;
 use eventsource_stream::Eventsource;
 use futures_util::{Stream, StreamExt};
-use genfleet::bus::client::Client;
+use genfleet::client::Client;
 use genfleet::console::{Console, ConsoleOptions};
 use genfleet::protocol::decision::DecisionRecord;
 use genfleet::protocol::{EventBody, GenerationRequest, GenerationResult, Reason};

@@ -15,7 +15,7 @@ use std::time::Duration;
 use common::fleet::{self, Fleet, FleetBuilder, request};
 use common::nats::{NatsServer, free_port};
 use common::wait;
-use genfleet::bus::client::Client;
+use genfleet::client::Client;
 use genfleet::llm::mock::{MockServer, Script};
 use genfleet::protocol::{EventBody, Reason, RequestState};
 use genfleet::settings::Settings;

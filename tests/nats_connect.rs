@@ -14,7 +14,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use common::nats::{NatsServer, free_port};
 use common::wait;
 use futures_util::StreamExt;
-use genfleet::bus::connect::{ConnectError, ConnectPurpose, connect};
+use genfleet::client::connect::{ConnectError, ConnectPurpose, connect};
 use genfleet::protocol::ids::new_id;
 use genfleet::settings::{NatsSettings, Settings};
 use nkeys::KeyPair;

@@ -14,7 +14,7 @@ use common::fleet::{self, Fleet, request};
 use common::nats::NatsServer;
 use common::wait;
 use futures_util::StreamExt;
-use genfleet::bus::client::Client;
+use genfleet::client::Client;
 use genfleet::manager::{Manager, ManagerOptions, MemorySink, Policy};
 use genfleet::protocol::{Reason, RequestState};
 use genfleet::settings::Settings;
@@ -171,9 +171,9 @@ async fn each_role_does_its_job_and_nothing_else() {
 
     // The tool service, as user "tools": registers and serves the calculator.
     let tools_settings = settings_as(nats, "tools", "tpass");
-    let tools_connection = genfleet::bus::connect::connect(
+    let tools_connection = genfleet::client::connect::connect(
         &tools_settings.nats,
-        genfleet::bus::connect::ConnectPurpose::Client,
+        genfleet::client::connect::ConnectPurpose::Client,
     )
     .await
     .unwrap();

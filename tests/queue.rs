@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::fleet::{self, Fleet, FleetBuilder, request};
 use common::wait;
-use genfleet::bus::client::Client;
+use genfleet::client::Client;
 use genfleet::protocol::{ErrorCode, GenerationRequest, Reason, RequestState};
 
 /// One slot a worker, a short drain and a short ack wait (for worker processes too); the test

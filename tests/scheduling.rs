@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::fleet::{self, Fleet, request};
 use common::wait;
 use futures_util::StreamExt;
-use genfleet::bus::client::Client;
+use genfleet::client::Client;
 use genfleet::protocol::{ErrorCode, GenerationRequest, Priority, RequestState};
 
 /// `block` answers take about 30 s (cancelled long before), everything else a moment.

@@ -10,7 +10,7 @@ use common::fleet;
 use common::nats::{NatsServer, free_port};
 use common::wait;
 use futures_util::{FutureExt, StreamExt};
-use genfleet::bus::client::Client;
+use genfleet::client::Client;
 use genfleet::protocol::{GenerationRequest, Reason};
 use genfleet::settings::Settings;
 

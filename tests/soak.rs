@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::fleet::{self, Fleet, request};
-use genfleet::bus::client::Client;
+use genfleet::client::Client;
 use genfleet::protocol::DecisionAnswer;
 use genfleet::protocol::{ErrorCode, Reason, RequestState};
 
@@ -260,7 +260,7 @@ enum Outcome {
 }
 
 /// NO_SLOT_AVAILABLE is an answer a caller must expect; any other error fails the soak.
-fn full_or_panic(id: &str, error: genfleet::bus::client::ClientError) {
+fn full_or_panic(id: &str, error: genfleet::client::ClientError) {
     assert_eq!(
         error.code(),
         Some(ErrorCode::NoSlotAvailable),

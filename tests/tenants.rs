@@ -1504,7 +1504,7 @@ async fn a_message_id_squatted_by_another_tenant_is_refused_to_the_caller_not_lo
     settings.nats.url = f.nats.url();
     as_user(&mut settings, "bob", "bobpass");
     settings.nats.inbox_prefix = "_INBOX_bob".into();
-    let bob = genfleet::bus::client::Client::connect(&settings)
+    let bob = genfleet::client::Client::connect(&settings)
         .await
         .unwrap()
         .with_tenant("bob")

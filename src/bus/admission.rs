@@ -12,10 +12,10 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use super::affinity::Preference;
-use super::reply::header;
 use super::shared::{Asked, Hold, Shared};
 use super::store::LiveRecord;
 use crate::actors::{Accepted, CheckedRequest, Placement, Submit};
+use crate::client::reply::header;
 use crate::protocol::decision::{
     CHAIN_HEADER, CHAIN_STATE_HEADER, PARENT_HEADER, ROOT_HEADER, TRACE_LINK_HEADER,
 };

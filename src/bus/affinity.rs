@@ -116,13 +116,15 @@ pub(super) async fn offer_continuation(
         .timeout(Some(OFFER_FOR));
     let reply = client.send_request(own_subject, offer).await;
     match reply {
-        Ok(reply) => match super::reply::encoding_of(&reply).decode::<ErrorReply>(&reply.payload) {
-            // Accepted: the reply is no error.
-            Err(_) => Offer::Taken,
-            // Its id is in use: an earlier offer of the same answer started it.
-            Ok(error) if error.error.code == ErrorCode::DuplicateRequestId => Offer::Taken,
-            Ok(_) => Offer::Busy,
-        },
+        Ok(reply) => {
+            match crate::client::reply::encoding_of(&reply).decode::<ErrorReply>(&reply.payload) {
+                // Accepted: the reply is no error.
+                Err(_) => Offer::Taken,
+                // Its id is in use: an earlier offer of the same answer started it.
+                Ok(error) if error.error.code == ErrorCode::DuplicateRequestId => Offer::Taken,
+                Ok(_) => Offer::Busy,
+            }
+        }
         Err(error) if error.kind() == async_nats::RequestErrorKind::NoResponders => Offer::Busy,
         // No answer in time: the request's record says whether it started.
         Err(_) if on_record(results, request_id).await => Offer::Taken,

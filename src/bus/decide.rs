@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use futures_util::StreamExt;
 
-use super::reply::{decode, guarded, respond};
 use super::shared::{Shared, hold_of, spawn_handler};
-use super::subjects::Subjects;
+use crate::client::reply::{decode, guarded, respond};
+use crate::client::subjects::Subjects;
 use crate::protocol::DecisionAnswer;
 use crate::protocol::decision::{DecisionRecord, DecisionReply};
 use crate::protocol::{DecisionBlock, Signal, WireError};

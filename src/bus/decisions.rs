@@ -12,7 +12,7 @@ use async_nats::jetstream::kv;
 use super::BusError;
 use super::affinity::{Offer, offer_continuation, on_record};
 use super::store::ensure_bucket;
-use super::subjects::Subjects;
+use crate::client::subjects::Subjects;
 use std::collections::HashMap;
 
 use futures_util::StreamExt;

@@ -28,7 +28,7 @@ use super::shared::{Shared, held_requests};
 use super::store::{LiveRecord, Over, RequestRecord, StoreError, Stored, ensure_bucket};
 use crate::protocol::{GenerationResult, Reason, RequestState};
 
-pub const WORKERS_BUCKET: &str = "GENFLEET_WORKERS";
+pub use crate::client::streams::WORKERS_BUCKET;
 
 /// Request ids followed across all peers' heartbeats; past it, a list is cut (its requests are
 /// still found lost by whoever asks about them).

@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 
 use super::BusError;
-use super::store::ensure_stream;
+use crate::client::streams::ensure_stream;
 use crate::engine::history::{DecisionHistory, HistoryEntry, HistoryOutcome};
 use crate::protocol::ids::now_rfc3339;
 use crate::protocol::{GenerationResult, Reason, RequestState};

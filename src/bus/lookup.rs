@@ -10,10 +10,10 @@ use serde::Deserialize;
 
 use super::heartbeat::end_if_lost;
 use super::queue::{cancel_queued, find_queued};
-use super::reply::{decode, guarded, respond};
 use super::shared::{Shared, spawn_handler};
 use super::store::{LiveRecord, RequestRecord, Versioned};
 use crate::actors::Cancel;
+use crate::client::reply::{decode, guarded, respond};
 use crate::protocol::ids::rfc3339;
 use crate::protocol::schedule::is_valid_qualified_id;
 use crate::protocol::{
@@ -448,7 +448,7 @@ pub(super) async fn serve_forwarded_cancels(shared: Arc<Shared>, mut sub: async_
         let shared2 = shared.clone();
         spawn_handler(&shared, async move {
             let request_id = String::from_utf8_lossy(&message.payload).to_string();
-            let reason = super::reply::header(&message, CANCEL_REASON_HEADER);
+            let reason = crate::client::reply::header(&message, CANCEL_REASON_HEADER);
             let reply = guarded(cancel_here(&shared2, &request_id, reason)).await;
             respond(&shared2.client, &message, reply).await;
         })

@@ -1,20 +1,18 @@
-//! The bus layer: the worker on NATS (subjects, stores, events, signals, tools) and the client
-//! API the CLI and tests use. It knows the layers below it (actors, engine, llm, tools,
-//! observe, protocol, settings) and nothing above.
+//! The worker's side of the bus: the worker on NATS (queue, stores, events, signals, tools).
+//! It knows the layers below it (client, actors, engine, llm, tools, observe, protocol,
+//! settings) and nothing above; what it shares with callers (connecting, subjects, records,
+//! message bodies) is the client room's.
 //!
 //! The worker's modules, one job each: `wiring` builds a worker and starts its named tasks;
 //! `worker` runs and drains it; `admission` is the one path into the Supervisor, used by
 //! `submit` and `queue`; `finish` stores results and publishes events; `lookup` answers status,
 //! result and cancel; `decide` records decisions and takes answers; `heartbeat` beats and finds
 //! lost workers; `upkeep` keeps held requests' records and deliveries alive; `service` is the
-//! NATS service API. `store` owns the request's record in JetStream and `subjects` every
-//! subject. `shared` is what they share.
+//! NATS service API. `store` owns the worker's writes of a request's record. `shared` is what they share.
 
 mod admission;
 mod affinity;
 pub mod catalog;
-pub mod client;
-pub mod connect;
 mod decide;
 pub mod decisions;
 mod finish;
@@ -22,12 +20,10 @@ pub mod heartbeat;
 pub mod history;
 mod lookup;
 pub mod queue;
-pub(crate) mod reply;
 pub mod schedule;
 mod service;
 mod shared;
 pub mod store;
-pub mod subjects;
 mod submit;
 pub mod tenants;
 pub mod tool_service;
@@ -36,9 +32,4 @@ mod upkeep;
 mod wiring;
 pub mod worker;
 
-/// A failure of the bus layer itself (not of a request).
-#[derive(Debug, thiserror::Error)]
-pub enum BusError {
-    #[error("{0}")]
-    Setup(String),
-}
+pub use crate::client::BusError;

@@ -21,8 +21,8 @@ use super::finish::recorded;
 use super::schedule::{Scheduler, is_pool_consumer, queue_of_consumer};
 use super::shared::{Shared, hold_of};
 use super::store::{DurableClaim, LiveRecord, Over, StoreError, Stored};
-use super::subjects::Subjects;
 use crate::actors::{Capacity, Placement, TenantSlots};
+use crate::client::subjects::Subjects;
 use crate::protocol::ids::is_valid_request_id;
 use crate::protocol::{
     DEFAULT_TENANT, ErrorCode, GenerationRequest, GenerationResult, Priority, Reason, RequestState,
@@ -415,7 +415,7 @@ pub(super) async fn give_back_message(
 fn read_request(
     shared: &Shared,
     message: &jetstream::Message,
-    queued: &super::subjects::QueueSubject,
+    queued: &crate::client::subjects::QueueSubject,
 ) -> Result<crate::actors::CheckedRequest, String> {
     if queued.pool != shared.settings.worker.pool {
         return Err(format!(
@@ -426,7 +426,7 @@ fn read_request(
     // The same size limit as submit: a server allowing larger messages must not let a larger
     // request in through the queue.
     let mut request: GenerationRequest =
-        super::reply::decode(&message.message, shared.settings.limits.max_request_bytes)
+        crate::client::reply::decode(&message.message, shared.settings.limits.max_request_bytes)
             .map_err(|error| error.message)?;
     if request.request_id.as_deref() != Some(queued.request_id.as_str()) {
         return Err(format!(

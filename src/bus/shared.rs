@@ -17,8 +17,8 @@ use tokio::sync::{Semaphore, broadcast, watch};
 
 use super::decisions::Decisions;
 use super::store::{LiveRecord, Stores};
-use super::subjects::Subjects;
 use crate::actors::{Capacity, Held, HeldRequest, RequestChecker, Supervisor, Ticket, TicketOf};
+use crate::client::subjects::Subjects;
 use crate::observe::Metrics;
 use crate::protocol::{AffinityRecord, ChainState, GenerationRequest};
 use crate::settings::Settings;

@@ -25,10 +25,10 @@ use tokio::sync::watch;
 
 use super::admission::{self, Claim};
 use super::affinity::Preference;
-use super::reply::{decode, guarded, header, respond};
 use super::shared::{Shared, spawn_handler};
 use super::store::LiveRecord;
 use crate::actors::{Accepted, Capacity, Placement};
+use crate::client::reply::{decode, guarded, header, respond};
 use crate::protocol::{
     DEFAULT_TENANT, ErrorCode, GenerationRequest, RequestState, WireError,
     request::FORWARDED_BY_HEADER,

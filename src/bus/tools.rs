@@ -7,7 +7,7 @@ use std::time::Instant;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 
-use super::subjects::Subjects;
+use crate::client::subjects::Subjects;
 use crate::observe::Metrics;
 use crate::tools::{ToolInvocation, ToolReply, ToolRunError, ToolRunner};
 

@@ -13,12 +13,13 @@ use super::finish::FINISHING_AT_ONCE;
 use super::lookup::Lookup;
 use super::shared::{MAX_IN_FLIGHT, Shared};
 use super::store::Stores;
-use super::subjects::Subjects;
 use super::tools::BusToolRunner;
 use super::{
-    BusError, connect, decide, finish, heartbeat, lookup, queue, schedule, service, submit, upkeep,
+    BusError, decide, finish, heartbeat, lookup, queue, schedule, service, submit, upkeep,
 };
 use crate::actors::{Supervisor, SupervisorConfig, SupervisorHandle};
+use crate::client::connect;
+use crate::client::subjects::Subjects;
 use crate::engine::{DefaultBios, Engine, EngineConfig};
 use crate::llm::OpenAiBackend;
 use crate::observe::{MeteredBackend, Metrics, Readiness};

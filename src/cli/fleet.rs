@@ -5,7 +5,7 @@ use std::time::Duration;
 use clap::Args;
 use futures_util::StreamExt;
 
-use crate::bus::client::Client;
+use crate::client::Client;
 use crate::settings::Settings;
 
 #[derive(Debug, Args)]

@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::Args;
 use futures_util::StreamExt;
 
-use crate::bus::client::Client;
+use crate::client::Client;
 use crate::protocol::{ErrorCode, EventBody, GenerationRequest};
 use crate::settings::Settings;
 

@@ -5,8 +5,8 @@
 use clap::Args;
 use serde_json::{Value, json};
 
-use crate::bus::connect::{self, ConnectPurpose};
 use crate::bus::tool_service::ToolService;
+use crate::client::connect::{self, ConnectPurpose};
 use crate::settings::Settings;
 use crate::tools::ToolDefinition;
 

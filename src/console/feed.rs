@@ -21,7 +21,7 @@ use tokio::task::JoinSet;
 use super::requests::Requests;
 use super::state::{FeedSignal, InboxItem, Links, WorkerView};
 use super::{Push, Shared};
-use crate::bus::store::{RequestRecord, record_key};
+use crate::client::records::{RequestRecord, record_key};
 use crate::protocol::decision::DecisionRecord;
 use crate::protocol::ids::now_rfc3339;
 use crate::protocol::{Event, Signal};

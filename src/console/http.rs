@@ -38,7 +38,7 @@ use tokio::sync::broadcast::error::RecvError;
 use super::auth::Refusal;
 use super::requests::RequestFilter;
 use super::{Push, Shared, assets};
-use crate::bus::client::ClientError;
+use crate::client::ClientError;
 use crate::protocol::schedule::is_valid_qualified_id;
 use crate::protocol::{DecisionAnswer, ErrorCode, WireError};
 

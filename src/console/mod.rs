@@ -44,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::auth::Gate;
 use self::state::State;
-use crate::bus::client::Client;
+use crate::client::Client;
 use crate::settings::Settings;
 
 /// Updates waiting for the slowest open page before it is sent a fresh snapshot instead.

@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use self::keys::Keys;
 use self::metrics::Metrics;
 use self::pools::Pools;
-use crate::bus::client::Client;
+use crate::client::Client;
 use crate::settings::Settings;
 
 #[derive(Debug, thiserror::Error)]

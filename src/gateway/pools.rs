@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
 use super::mapping::Route;
-use crate::bus::client::Client;
+use crate::client::Client;
 use crate::settings::Settings;
 
 /// Pools asked for less than this long ago are not asked again, even when `fresh`.

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::Shared;
 use super::mapping::{DECISION_TIMEOUT, Ending, Mapped, ending_of, ending_of_chain};
-use crate::bus::client::{Client, ClientError};
+use crate::client::{Client, ClientError};
 use crate::protocol::{
     ErrorCode, Event, EventBody, GenerationResult, Reason, RequestState, ToolCall,
 };

@@ -17,8 +17,8 @@ use super::log::{Action, ActionKind, Log, LogSink};
 use super::rules::{AnswerSpec, Policy, Verdict};
 use super::view::DecisionView;
 use super::{Deliver, ManagerError, ManagerOptions};
-use crate::bus::client::{Client, ClientError};
-use crate::bus::store::Stores;
+use crate::client::streams::Stores;
+use crate::client::{Client, ClientError};
 use crate::protocol::DecisionOutcome;
 use crate::protocol::decision::{Answer, DecisionRecord};
 use crate::protocol::ids::is_valid_name;
@@ -115,7 +115,7 @@ impl Manager {
                 Stores::ensure(
                     jetstream.clone(),
                     &settings.jetstream,
-                    &crate::bus::subjects::Subjects::new(&settings.subjects),
+                    &crate::client::subjects::Subjects::new(&settings.subjects),
                 )
                 .await
                 .map_err(|e| ManagerError::Setup(e.to_string()))?;

@@ -72,9 +72,9 @@ pub async fn run(
     bar.set_message("results stored");
 
     // Listening before the first publish, on a connection of its own.
-    let listener = crate::bus::connect::connect(
+    let listener = crate::client::connect::connect(
         &target.settings.nats,
-        crate::bus::connect::ConnectPurpose::Client,
+        crate::client::connect::ConnectPurpose::Client,
     )
     .await?;
     let mut events = listener.subscribe(target.subjects.events("*")).await?;

@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use super::target::Target;
 use super::workload;
-use crate::bus::client::Client;
+use crate::client::Client;
 use crate::protocol::{EventBody, GenerationRequest, Priority, RequestState};
 
 /// The tenants the phase uses.

@@ -52,9 +52,9 @@ pub async fn nats_request_reply(
 ) -> anyhow::Result<FloorReport> {
     let payload = submit_body(target, load.reply_tokens);
     let subject = format!("_genfleet_bench.{}.echo", target.run_id);
-    let responder = crate::bus::connect::connect(
+    let responder = crate::client::connect::connect(
         &target.settings.nats,
-        crate::bus::connect::ConnectPurpose::Client,
+        crate::client::connect::ConnectPurpose::Client,
     )
     .await?;
     let mut requests_in = responder.subscribe(subject.clone()).await?;
@@ -102,7 +102,7 @@ pub async fn jetstream_writes(
     let payload = submit_body(target, load.reply_tokens);
     let name = format!("genfleet_bench_floor_{}", target.run_id);
     let admin = async_nats::jetstream::new(target.connection(0).clone());
-    crate::bus::store::ensure_bucket(
+    crate::client::streams::ensure_bucket(
         &admin,
         &name,
         1,

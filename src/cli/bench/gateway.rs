@@ -30,7 +30,7 @@ use super::procstat::{ProcessUsage, Watched};
 use super::progress::Progress;
 use super::report::{Table, TargetCheck, yes_no};
 use super::workload;
-use crate::bus::client::Client;
+use crate::client::Client;
 use crate::protocol::{EventBody, GenerationResult, RequestState};
 use crate::settings::Settings;
 

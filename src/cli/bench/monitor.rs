@@ -31,7 +31,7 @@ use futures_util::StreamExt;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::bus::heartbeat::WORKERS_BUCKET;
+use crate::client::streams::WORKERS_BUCKET;
 
 /// The subject every direct get is a request on.
 const DIRECT_GET_SUBJECTS: &str = "$JS.API.DIRECT.GET.>";
@@ -80,7 +80,8 @@ impl Monitor {
         nats: &crate::settings::NatsSettings,
     ) -> anyhow::Result<Monitor> {
         let client =
-            crate::bus::connect::connect(nats, crate::bus::connect::ConnectPurpose::Client).await?;
+            crate::client::connect::connect(nats, crate::client::connect::ConnectPurpose::Client)
+                .await?;
         let mut gets = client.subscribe(DIRECT_GET_SUBJECTS).await?;
         client.flush().await?;
         let seen = Arc::new(AtomicU64::new(0));

@@ -17,7 +17,7 @@ use serde::Serialize;
 use super::latency::{Samples, Summary};
 use super::local::{LocalFleet, LocalWorker};
 use super::report::TargetCheck;
-use crate::bus::client::Client;
+use crate::client::Client;
 use crate::llm::mock::{MockServer, PrefixCacheSettings, PrefixCacheStats, Script};
 use crate::protocol::{GenerationRequest, GenerationResult, Message, Reason};
 use crate::settings::Settings;

@@ -6,8 +6,8 @@ use std::time::Duration;
 use anyhow::Context;
 use futures_util::StreamExt;
 
-use crate::bus::connect::{self, ConnectPurpose};
-use crate::bus::subjects::Subjects;
+use crate::client::connect::{self, ConnectPurpose};
+use crate::client::subjects::Subjects;
 use crate::settings::Settings;
 
 pub struct Target {

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use genfleet::actors::Accepted;
-use genfleet::bus::client::{Client, ClientError};
+use genfleet::client::{Client, ClientError};
 use genfleet::protocol::{ErrorCode, GenerationRequest, GenerationResult};
 
 use crate::common::wait;

@@ -8,15 +8,15 @@ use futures_util::{Stream, StreamExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::connect::{self, ConnectPurpose};
-use super::decisions::DecisionReply;
-use super::reply::encode_reply;
-use super::subjects::Subjects;
-use crate::actors::{Accepted, CancelReply};
+use crate::client::connect::{self, ConnectPurpose};
+use crate::client::reply::encode_reply;
+use crate::client::subjects::Subjects;
 use crate::protocol::StatusReply;
 use crate::protocol::codec::CONTENT_TYPE_HEADER;
+use crate::protocol::decision::DecisionReply;
 use crate::protocol::lru::BoundedLru;
 use crate::protocol::request::{AFFINITY_FALLBACK_HEADER, PREFERRED_WORKER_HEADER};
+use crate::protocol::{Accepted, CancelReply};
 use crate::protocol::{
     DecisionAnswer, Encoding, ErrorCode, ErrorReply, Event, EventBody, GenerationRequest,
     GenerationResult, WireError,
@@ -232,7 +232,7 @@ impl Client {
                 async_nats::RequestErrorKind::TimedOut => ClientError::Timeout(self.timeout),
                 _ => ClientError::Transport(error.to_string()),
             })?;
-        let encoding = super::reply::encoding_of(&reply);
+        let encoding = crate::client::reply::encoding_of(&reply);
         if let Ok(error) = encoding.decode::<ErrorReply>(&reply.payload) {
             return Err(ClientError::Wire(error.into()));
         }
@@ -576,6 +576,9 @@ impl Client {
 /// spans on the worker join the caller's trace.
 fn trace_context(headers: &mut async_nats::HeaderMap) {
     if let Some(traceparent) = crate::telemetry::current_traceparent() {
-        headers.insert(super::tools::TRACEPARENT_HEADER, traceparent.as_str());
+        headers.insert(
+            crate::client::reply::TRACEPARENT_HEADER,
+            traceparent.as_str(),
+        );
     }
 }

@@ -9,6 +9,9 @@ use crate::protocol::codec::CONTENT_TYPE_HEADER;
 use crate::protocol::text::{ELLIPSIS, clip_bytes};
 use crate::protocol::{Encoding, ErrorCode, WireError};
 
+/// The W3C trace context of a message: a request, a tool call or a reply joins its sender's trace.
+pub const TRACEPARENT_HEADER: &str = "traceparent";
+
 /// The encoding a message was sent in.
 pub fn encoding_of(message: &Message) -> Encoding {
     let value = message

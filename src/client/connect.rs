@@ -81,7 +81,8 @@ pub async fn connect(
     settings: &NatsSettings,
     purpose: ConnectPurpose,
 ) -> Result<async_nats::Client, ConnectError> {
-    crate::llm::openai::install_crypto_provider();
+    // The process shares one rustls crypto provider (ring) between NATS and the model client.
+    let _ = async_nats::rustls::crypto::ring::default_provider().install_default();
     let servers = parse_servers(&settings.url)?;
     let shown = display_servers(&servers);
     let options = connect_options(settings, &servers, &shown).await?;
