@@ -390,59 +390,15 @@ class Client:
             yield event
 
     async def _events(self, subscription: Any, request_id: str, chain: bool, wait: float) -> AsyncIterator[Dict[str, Any]]:
-        # Events are at most once, and a continuation can end before it is followed: when no
-        # event comes for a second, the stored status says whether the request ended (its
-        # result then stands in for the missed `finished`) or continued.
-        current = request_id
-        finished = False
-        while True:
-            next_id = None
-            quiet = 0.0
-            try:
-                while next_id is None:
-                    try:
-                        message = await subscription.next_msg(timeout=1.0)
-                    except NatsTimeout:
-                        quiet += 1.0
-                        if quiet >= wait:
-                            raise GenfleetError("TIMEOUT", f"no event of {current} within {wait} s") from None
-                        try:
-                            status = await self.status(current)
-                        except GenfleetError as error:
-                            if error.code == "NOT_FOUND":
-                                continue  # not on record yet
-                            raise
-                        if not finished and status["state"] in ("COMPLETED", "FAILED", "CANCELLED"):
-                            result = await self.result(current, release=False)
-                            event = {"event": "finished", "request_id": current, "result": result}
-                        elif finished and status.get("continuation_request_id"):
-                            event = {
-                                "event": "continued",
-                                "request_id": current,
-                                "continuation_request_id": status["continuation_request_id"],
-                            }
-                        elif finished and status.get("decision_outcome") not in (None, "pending", "continued"):
-                            event = {"event": "chain_ended", "request_id": current, "outcome": status["decision_outcome"]}
-                        else:
-                            continue
-                    else:
-                        quiet = 0.0
-                        event = json.loads(message.data)
-                    yield event
-                    kind = event.get("event")
-                    if kind == "finished":
-                        finished = True
-                        if not (chain and event["result"].get("reason") == "decision_requested"):
-                            return
-                    elif kind == "continued":
-                        next_id = event["continuation_request_id"]
-                    elif kind == "chain_ended":
-                        return
-            finally:
-                await subscription.unsubscribe()
-            current = self.qualify(next_id)
-            finished = False
-            subscription = await self._subscribe(current)
+        follow = _Follow(self, subscription, request_id, chain, wait)
+        try:
+            while True:
+                event = await follow.next()
+                if event is None:
+                    return
+                yield event
+        finally:
+            await follow.close()
 
     async def stream(self, given: Union[str, Request], *, pool: Optional[str] = None, chain: bool = True, durable: bool = False, wait: float = 600.0) -> AsyncIterator[Dict[str, Any]]:
         """Submits (or enqueues) a request and yields its events, subscribed before it starts."""
@@ -518,3 +474,144 @@ class Client:
         }
         body = {k: v for k, v in answer.items() if v is not None}
         return await self._call(f"decisions.{check_id('decision', decision_id)}", body)
+
+
+#: How long the events may be silent before the stored state is read.
+CHECK_AFTER = 1.0
+_TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
+
+
+class _Follow:
+    """One request followed through its decision chain, as the Rust client's
+    `client::follow` walks it: events first; the stored state read only where an event can be
+    missed (after a second of silence, a skipped `seq`, a continuation that may have run
+    before it was followed). A part whose events were missed gets its text from its stored
+    result, as one `delta` event marked `"from_result": true`, so no text is given twice or
+    lost; a missed `finished` is stood in for by the result (peeked); a `continued` or
+    `chain_ended` whose `finished` was missed comes after it."""
+
+    def __init__(self, client: "Client", subscription: Any, request_id: str, chain: bool, wait: float):
+        self.client = client
+        self.subscription = subscription
+        self.current = request_id
+        self.chain = chain
+        self.wait = wait
+        self.next_seq = 0
+        self.gapped = False
+        self.streamed = ""
+        self.streamed_reasoning = ""
+        self.awaiting_decision = False
+        self.pending: List[Dict[str, Any]] = []
+        self.done = False
+
+    async def close(self) -> None:
+        await self.subscription.unsubscribe()
+
+    async def next(self) -> Optional[Dict[str, Any]]:
+        quiet = 0.0
+        while True:
+            if self.pending:
+                return self.pending.pop(0)
+            if self.done:
+                return None
+            try:
+                message = await self.subscription.next_msg(timeout=CHECK_AFTER)
+            except NatsTimeout:
+                quiet += CHECK_AFTER
+                if quiet >= self.wait:
+                    raise GenfleetError("TIMEOUT", f"no event of {self.current} within {self.wait} s") from None
+                await self._check_stored()
+                continue
+            quiet = 0.0
+            await self._on_event(json.loads(message.data))
+
+    async def _on_event(self, event: Dict[str, Any]) -> None:
+        if event.get("request_id") != self.current:
+            return
+        seq = event.get("seq", self.next_seq)
+        if seq != self.next_seq and not self.gapped:
+            _log.debug("an event of %s was missed: the text comes from the result", self.current)
+            self.gapped = True
+        self.next_seq = seq + 1
+        kind = event.get("event")
+        open_ = not self.awaiting_decision
+        if kind == "delta" and open_ and not self.gapped:
+            self.streamed += event.get("text", "")
+            self.pending.append(event)
+        elif kind == "reasoning" and open_ and not self.gapped:
+            self.streamed_reasoning += event.get("text", "")
+            self.pending.append(event)
+        elif kind in ("delta", "reasoning"):
+            pass
+        elif kind == "finished":
+            if open_:
+                self._on_result(event["result"], event)
+        elif kind == "continued":
+            await self._catch_up()
+            if not self.done:
+                await self._continue_as(event)
+        elif kind == "chain_ended":
+            await self._catch_up()
+            if not self.done:
+                self.done = True
+                self.pending.append(event)
+        elif open_:
+            self.pending.append(event)
+
+    async def _catch_up(self) -> None:
+        """A `continued` or `chain_ended` came while the `finished` before it was missed."""
+        if self.awaiting_decision or self.done:
+            return
+        result = await self.client.wait_result(self.current, release=False, wait=10.0)
+        self._on_result(result, None)
+
+    async def _check_stored(self) -> None:
+        try:
+            status = await self.client.status(self.current)
+        except GenfleetError as error:
+            if error.code == "NOT_FOUND":
+                return  # not on record yet
+            raise
+        if self.awaiting_decision:
+            if status.get("continuation_request_id"):
+                await self._continue_as(
+                    {
+                        "event": "continued",
+                        "request_id": self.current,
+                        "continuation_request_id": status["continuation_request_id"],
+                    }
+                )
+            elif status.get("decision_outcome") not in (None, "pending", "continued"):
+                self.done = True
+                self.pending.append({"event": "chain_ended", "request_id": self.current, "outcome": status["decision_outcome"]})
+        elif status["state"] in _TERMINAL:
+            result = await self.client.wait_result(self.current, release=False, wait=10.0)
+            self._on_result(result, None)
+
+    def _on_result(self, result: Dict[str, Any], event: Optional[Dict[str, Any]]) -> None:
+        if result.get("request_id") != self.current:
+            return
+        reasoning = result.get("reasoning") or ""
+        if reasoning.startswith(self.streamed_reasoning) and len(reasoning) > len(self.streamed_reasoning):
+            self.pending.append(
+                {"event": "reasoning", "request_id": self.current, "text": reasoning[len(self.streamed_reasoning):], "from_result": True}
+            )
+        output = result.get("output") or ""
+        if output.startswith(self.streamed) and len(output) > len(self.streamed):
+            self.pending.append({"event": "delta", "request_id": self.current, "text": output[len(self.streamed):], "from_result": True})
+        asks = result.get("reason") == "decision_requested" and any(s.get("decision") for s in result.get("signals") or [])
+        self.awaiting_decision = asks and self.chain
+        self.done = not self.awaiting_decision
+        self.pending.append(event or {"event": "finished", "request_id": self.current, "result": result})
+
+    async def _continue_as(self, event: Dict[str, Any]) -> None:
+        self.pending.append(event)
+        await self.subscription.unsubscribe()
+        self.current = self.client.qualify(event["continuation_request_id"])
+        self.subscription = await self.client._subscribe(self.current)
+        self.next_seq = 0
+        self.gapped = False
+        self.streamed = ""
+        self.streamed_reasoning = ""
+        self.awaiting_decision = False
+

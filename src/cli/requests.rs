@@ -4,13 +4,11 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::client::{Client, Step};
+use crate::protocol::{ErrorCode, GenerationRequest};
+use crate::settings::Settings;
 use anyhow::Context;
 use clap::Args;
-use futures_util::StreamExt;
-
-use crate::client::Client;
-use crate::protocol::{ErrorCode, EventBody, GenerationRequest};
-use crate::settings::Settings;
 
 mod show;
 
@@ -232,7 +230,7 @@ pub async fn submit(settings: Settings, args: SubmitArgs) -> anyhow::Result<()> 
         .request_id
         .get_or_insert_with(crate::protocol::ids::new_id)
         .clone();
-    let mut events: Events = Box::pin(client.follow(&request_id).await?);
+    let mut follow = client.follow_chain(&request_id, !args.no_chain).await?;
     if args.durable {
         client.enqueue(&pool, &request).await?;
         warn_if_unserved(&client, &pool).await;
@@ -240,61 +238,94 @@ pub async fn submit(settings: Settings, args: SubmitArgs) -> anyhow::Result<()> 
         client.submit(&pool, &request).await?;
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(args.wait_secs);
-    let mut current = client.on_bus(&request_id);
+    let mut stdout = std::io::stdout();
     loop {
-        let result = follow_one(&client, &current, &mut events, deadline, args.json).await?;
-        if args.json {
-            println!("{}", serde_json::to_string(&result)?);
-        } else {
-            println!();
-            let detail = result
-                .detail
-                .as_deref()
-                .map(|d| format!(": {d}"))
-                .unwrap_or_default();
-            eprintln!(
-                "{} {} {}{detail}",
-                result.request_id,
-                result.state.as_str(),
-                result.reason.as_str()
+        let Ok(step) = tokio::time::timeout_at(deadline, follow.next()).await else {
+            anyhow::bail!(
+                "request {} did not end within the wait (--wait-secs {})",
+                follow.current(),
+                args.wait_secs
             );
-        }
-        let decision = result.signals.iter().rev().find_map(|s| s.decision.clone());
-        let waiting = result.reason == crate::protocol::Reason::DecisionRequested;
-        match decision {
-            Some(decision) if waiting && !args.no_chain => {
-                if !args.json {
-                    print_decision(&decision);
-                }
-                // The next thing on this request's subject is `continued` or `chain_ended`.
-                match wait_for_answer(&mut events, deadline).await {
-                    Some(EventBody::Continued {
-                        continuation_request_id,
-                    }) => {
+        };
+        match step {
+            Some(Step::Text(text)) if !args.json => {
+                let _ = stdout.write_all(text.as_bytes());
+                let _ = stdout.flush();
+            }
+            // The tool loop, on stderr beside the output (as the demo narrates it and the
+            // console's timeline shows it).
+            Some(Step::ToolCall { name, arguments }) if !args.json => {
+                let _ = stdout.flush();
+                eprintln!("\n▸ tool call: {name} {}", opening(&arguments.to_string()));
+            }
+            Some(Step::ToolResult { name, ok, result }) if !args.json => {
+                let failed = if ok { "" } else { " (failed)" };
+                eprintln!(
+                    "▸ tool result: {name}{failed} → {}",
+                    opening(&result.to_string())
+                );
+            }
+            Some(Step::Ended(result)) => {
+                ended(&result, args.json)?;
+                // Read: the stored copy is released.
+                let _ = client.result(&result.request_id, true).await;
+                let decision = result
+                    .signals
+                    .iter()
+                    .rev()
+                    .find_map(|s| s.decision.as_ref());
+                match decision {
+                    Some(decision)
+                        if result.reason == crate::protocol::Reason::DecisionRequested
+                            && !args.no_chain =>
+                    {
                         if !args.json {
-                            eprintln!("continuing as {continuation_request_id}");
+                            print_decision(decision);
                         }
-                        events = Box::pin(client.follow(&continuation_request_id).await?);
-                        current = continuation_request_id;
                     }
-                    Some(EventBody::ChainEnded { outcome, .. }) => {
-                        anyhow::bail!("the decision ended the job: {}", outcome.as_str());
-                    }
+                    _ if result.state == crate::protocol::RequestState::Completed => return Ok(()),
                     _ => anyhow::bail!(
-                        "no answer to decision {} within the wait",
-                        decision.decision_id
+                        "request {} ended {} ({})",
+                        result.request_id,
+                        result.state.as_str(),
+                        result.reason.as_str()
                     ),
                 }
             }
-            _ if result.state == crate::protocol::RequestState::Completed => return Ok(()),
-            _ => anyhow::bail!(
-                "request {} ended {} ({})",
-                result.request_id,
-                result.state.as_str(),
-                result.reason.as_str()
-            ),
+            Some(Step::Continued { request_id }) if !args.json => {
+                eprintln!("continuing as {request_id}");
+            }
+            Some(Step::ChainEnded { outcome }) => {
+                anyhow::bail!("the decision ended the job: {}", outcome.as_str());
+            }
+            Some(Step::Lost(lost)) => {
+                anyhow::bail!("following {} stopped: {lost:?}", follow.current())
+            }
+            Some(_) => {}
+            None => return Ok(()),
         }
     }
+}
+
+/// What `submit --follow` says of a part of the chain that ended.
+fn ended(result: &crate::protocol::GenerationResult, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(result)?);
+        return Ok(());
+    }
+    println!();
+    let detail = result
+        .detail
+        .as_deref()
+        .map(|d| format!(": {d}"))
+        .unwrap_or_default();
+    eprintln!(
+        "{} {} {}{detail}",
+        result.request_id,
+        result.state.as_str(),
+        result.reason.as_str()
+    );
+    Ok(())
 }
 
 /// A request queued for a pool no worker serves waits until one does: said plainly on stderr
@@ -317,89 +348,6 @@ async fn warn_if_unserved(client: &Client, pool: &str) {
     );
 }
 
-type Events = std::pin::Pin<Box<dyn futures_util::Stream<Item = crate::protocol::Event> + Send>>;
-
-/// Prints one request's output as it streams and returns its stored result.
-async fn follow_one(
-    client: &Client,
-    request_id: &str,
-    events: &mut Events,
-    deadline: tokio::time::Instant,
-    json: bool,
-) -> anyhow::Result<crate::protocol::GenerationResult> {
-    // Deltas are printed as they come only when the stream is followed from its start (`seq`
-    // 0): a continuation may have started (or ended) before it was followed, and then its
-    // stored output is printed instead, whole.
-    let mut from_start = None;
-    let finished = tokio::time::timeout_at(deadline, async {
-        let mut stdout = std::io::stdout();
-        // Events are at most once, and a continuation may have ended before it was followed:
-        // the stored state is checked now and then too.
-        let mut check = tokio::time::interval(Duration::from_secs(1));
-        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                event = events.next() => match event {
-                    Some(event) => {
-                        let whole = *from_start.get_or_insert(event.seq == 0);
-                        match event.body {
-                            EventBody::Delta { text } if !json && whole => {
-                                let _ = stdout.write_all(text.as_bytes());
-                                let _ = stdout.flush();
-                            }
-                            // The tool loop, on stderr beside the output (as the demo
-                            // narrates it and the console's timeline shows it).
-                            EventBody::ToolCall { name, arguments, .. } if !json => {
-                                let _ = stdout.flush();
-                                eprintln!("\n▸ tool call: {name} {}", opening(&arguments.to_string()));
-                            }
-                            EventBody::ToolResult { name, ok, result, .. } if !json => {
-                                let failed = if ok { "" } else { " (failed)" };
-                                eprintln!("▸ tool result: {name}{failed} → {}", opening(&result.to_string()));
-                            }
-                            EventBody::Finished { .. } => return true,
-                            _ => {}
-                        }
-                    }
-                    None => return false,
-                },
-                _ = check.tick() => {
-                    if client
-                        .status(request_id)
-                        .await
-                        .is_ok_and(|s| s.state.is_terminal())
-                    {
-                        return false;
-                    }
-                }
-            }
-        }
-    })
-    .await
-    .unwrap_or(false);
-    if !finished && !json {
-        eprintln!("(reading the stored result of {request_id})");
-    }
-    // A continuation may have started before it was followed: wait for its result.
-    let result = loop {
-        match client.result(request_id, true).await {
-            Err(error)
-                if error.code() == Some(crate::protocol::ErrorCode::NotReady)
-                    && tokio::time::Instant::now() < deadline =>
-            {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            other => break other?,
-        }
-    };
-    if !json && from_start != Some(true) {
-        let mut stdout = std::io::stdout();
-        let _ = stdout.write_all(result.output.as_bytes());
-        let _ = stdout.flush();
-    }
-    Ok(result)
-}
-
 /// The first characters of a tool's arguments or result, as a line for people.
 fn opening(text: &str) -> String {
     crate::protocol::finished::opening(text, TOOL_LINE_CHARS)
@@ -407,23 +355,6 @@ fn opening(text: &str) -> String {
 
 /// Characters of a tool call's arguments or result `submit --follow` prints.
 const TOOL_LINE_CHARS: usize = 300;
-
-async fn wait_for_answer(events: &mut Events, deadline: tokio::time::Instant) -> Option<EventBody> {
-    tokio::time::timeout_at(deadline, async {
-        while let Some(event) = events.next().await {
-            if matches!(
-                event.body,
-                EventBody::Continued { .. } | EventBody::ChainEnded { .. }
-            ) {
-                return Some(event.body);
-            }
-        }
-        None
-    })
-    .await
-    .ok()
-    .flatten()
-}
 
 fn print_decision(decision: &crate::protocol::DecisionBlock) {
     eprintln!(

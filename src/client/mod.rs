@@ -13,13 +13,14 @@
 
 pub mod caller;
 pub mod connect;
-// pub mod follow;
+pub mod follow;
 pub mod records;
 pub(crate) mod reply;
 pub mod streams;
 pub mod subjects;
 
 pub use caller::{Client, ClientError, Queued};
+pub use follow::{Follow, Lost, Step};
 
 /// A failure to set up what the fleet needs on the bus (a stream, a bucket, a connection).
 #[derive(Debug, thiserror::Error)]

@@ -9,25 +9,15 @@
 //! disarmed only once the request (or its chain) reached its end and the caller was told.
 
 use std::collections::VecDeque;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::{Stream, StreamExt};
 use tokio::time::Instant;
 
 use super::Shared;
 use super::mapping::{DECISION_TIMEOUT, Ending, Mapped, ending_of, ending_of_chain};
-use crate::client::{Client, ClientError};
-use crate::protocol::{
-    ErrorCode, Event, EventBody, GenerationResult, Reason, RequestState, ToolCall,
-};
-
-/// How often the stored state is read while following: events are at most once, so a missed
-/// `finished` or `continued` is found there.
-const CHECK_EVERY: Duration = Duration::from_secs(1);
-
-type Events = Pin<Box<dyn Stream<Item = Event> + Send>>;
+use crate::client::{Client, ClientError, Follow, Lost, Step};
+use crate::protocol::{ErrorCode, GenerationResult, Reason, RequestState, ToolCall};
 
 /// What the caller is given next.
 #[derive(Debug)]
@@ -159,25 +149,19 @@ impl Drop for CancelGuard {
 pub struct Run {
     shared: Arc<Shared>,
     guard: CancelGuard,
-    events: Events,
-    backlog: VecDeque<Event>,
+    follow: Follow,
+    /// Steps that came while waiting for the request to start.
+    backlog: VecDeque<Step>,
     /// The first request of the chain (the completion's id).
     pub root: String,
-    current: String,
-    next_seq: u64,
-    /// An event of the current request was missed: its text comes from its result instead.
-    gapped: bool,
-    streamed: String,
     /// Text was sent to the caller already in this completion.
     sent_text: bool,
     /// A continuation started since: its first text is set apart from the part before it.
     separate: bool,
-    streamed_reasoning: String,
     usage: crate::protocol::result::Usage,
     follow_decisions: bool,
     /// Set while a decision of the chain waits for its answer.
     decision_deadline: Option<Instant>,
-    check: tokio::time::Interval,
     pending: VecDeque<Piece>,
     done: bool,
 }
@@ -194,12 +178,10 @@ impl Run {
     ) -> Result<Run, StartError> {
         // Submitted under the key's tenant, a subject token the gateway's NATS user is
         // granted (the tenant's metadata entry is for people and metrics only).
-        let tenant_client;
         let client = if tenant.is_empty() {
-            &shared.client
+            shared.client.clone()
         } else {
-            tenant_client = shared.client.clone().with_tenant(tenant)?;
-            &tenant_client
+            shared.client.clone().with_tenant(tenant)?
         };
         // Its id on the bus: within the key's tenant (`<tenant>.<id>`), so an id the caller
         // chose never reaches another tenant's request.
@@ -218,28 +200,22 @@ impl Run {
                 Err(error) => return Err(error.into()),
             }
         }
-        let events: Events = Box::pin(client.follow(&request_id).await?);
+        let follow = client
+            .follow_chain(&request_id, mapped.follow_decisions)
+            .await?;
         let guard = CancelGuard::new(shared, tenant);
         guard.arm(&request_id);
-        let mut check = tokio::time::interval(CHECK_EVERY);
-        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut run = Run {
             shared: shared.clone(),
             guard,
-            events,
+            follow,
             backlog: VecDeque::new(),
-            root: request_id.clone(),
-            current: request_id,
-            next_seq: 0,
-            gapped: false,
-            streamed: String::new(),
+            root: request_id,
             sent_text: false,
             separate: false,
-            streamed_reasoning: String::new(),
             usage: Default::default(),
             follow_decisions: mapped.follow_decisions,
             decision_deadline: None,
-            check,
             pending: VecDeque::new(),
             done: false,
         };
@@ -286,7 +262,7 @@ impl Run {
         crate::protocol::schedule::split_qualified(&self.root).map_or(&self.root, |(_, id)| id)
     }
 
-    /// Waits for the `started` event (or a state past QUEUED), keeping what else arrives.
+    /// Waits until the request started (or ended), keeping the steps that came.
     async fn wait_started(&mut self) -> Result<(), StartError> {
         let wait = self.shared.settings.gateway.queue_wait_ms;
         let deadline = (wait > 0).then(|| Instant::now() + Duration::from_millis(wait));
@@ -295,23 +271,19 @@ impl Run {
             tokio::select! {
                 _ = abort.cancelled() => {
                     self.guard.disarm();
-                    let _ = self.shared.client.cancel(&self.current).await;
+                    let _ = self.shared.client.cancel(self.follow.current()).await;
                     return Err(StartError::Shutdown);
                 }
-                event = self.events.next() => {
-                    let Some(event) = event else {
+                step = self.follow.next() => {
+                    let Some(step) = step else {
                         return Err(StartError::Bus("the bus connection closed".into()));
                     };
-                    let started = matches!(event.body, EventBody::Started { .. } | EventBody::Finished { .. });
-                    self.backlog.push_back(event);
-                    if started {
-                        return Ok(());
+                    if let Step::Lost(Lost::BusClosed) = step {
+                        return Err(StartError::Bus("the bus connection closed".into()));
                     }
-                }
-                _ = self.check.tick() => {
-                    if let Ok(status) = self.shared.client.status(&self.current).await
-                        && status.state != RequestState::Queued
-                    {
+                    let queued = matches!(step, Step::ToolCall { .. } | Step::ToolResult { .. });
+                    self.backlog.push_back(step);
+                    if !queued {
                         return Ok(());
                     }
                 }
@@ -319,7 +291,7 @@ impl Run {
                     self.guard.disarm();
                     // Had it started meanwhile, the cancel ends it too: the caller is told
                     // it timed out either way.
-                    let _ = self.shared.client.cancel(&self.current).await;
+                    let _ = self.shared.client.cancel(self.follow.current()).await;
                     return Err(StartError::QueueTimeout);
                 }
             }
@@ -335,177 +307,79 @@ impl Run {
             if self.done {
                 return None;
             }
-            let abort = self.shared.abort.clone();
-            let event = if let Some(event) = self.backlog.pop_front() {
-                Some(event)
-            } else {
-                tokio::select! {
-                    biased;
-                    _ = abort.cancelled() => {
-                        self.end_on_shutdown().await;
-                        continue;
-                    }
-                    event = self.events.next() => match event {
-                        Some(event) => Some(event),
-                        None => {
-                            self.fail(503, "api_connection_error", "bus_closed", "the gateway lost the bus connection".into());
+            let step = match self.backlog.pop_front() {
+                Some(step) => step,
+                None => {
+                    let abort = self.shared.abort.clone();
+                    tokio::select! {
+                        biased;
+                        _ = abort.cancelled() => {
+                            self.end_on_shutdown().await;
                             continue;
                         }
-                    },
-                    _ = sleep_until(self.decision_deadline) => {
-                        self.end_decision_wait().await;
-                        continue;
+                        step = self.follow.next() => match step {
+                            Some(step) => step,
+                            // The follow ends with its last part's result or the chain's end:
+                            // a follow that stops without either lost the bus.
+                            None => Step::Lost(Lost::BusClosed),
+                        },
+                        _ = sleep_until(self.decision_deadline) => {
+                            self.end_decision_wait().await;
+                            continue;
+                        }
                     }
-                    _ = self.check.tick() => None,
                 }
             };
-            match event {
-                Some(event) => {
-                    // The stored state is read only after a silence: events are flowing.
-                    self.check.reset();
-                    self.on_event(event).await;
-                }
-                None => self.check_stored().await,
-            }
+            self.on_step(step);
         }
     }
 
-    async fn on_event(&mut self, event: Event) {
-        if event.request_id != self.current {
-            return;
-        }
-        if event.seq != self.next_seq && !self.gapped {
-            tracing::debug!(
-                message = "an event was missed: the text comes from the result",
-                request_id = %self.current,
-                expected = self.next_seq,
-                seq = event.seq
-            );
-            self.gapped = true;
-        }
-        self.next_seq = event.seq + 1;
-        match event.body {
-            EventBody::Delta { text } if !self.gapped && self.decision_deadline.is_none() => {
-                self.streamed.push_str(&text);
-                self.push_text(text);
+    fn on_step(&mut self, step: Step) {
+        match step {
+            Step::Text(text) => self.push_text(text),
+            Step::Reasoning(text) => self.pending.push_back(Piece::Reasoning(text)),
+            Step::Ended(result) => self.on_result(*result),
+            Step::Continued { request_id } => {
+                tracing::debug!(message = "following the continuation", request_id = %request_id, root = %self.root);
+                self.guard.arm(&request_id);
+                self.separate = self.sent_text;
+                self.decision_deadline = None;
             }
-            EventBody::Reasoning { text } if !self.gapped && self.decision_deadline.is_none() => {
-                self.streamed_reasoning.push_str(&text);
-                self.pending.push_back(Piece::Reasoning(text));
+            Step::ChainEnded { outcome } => {
+                self.finish(ending_of_chain(outcome), "the decision ended the chain")
             }
-            EventBody::Finished { result } if self.decision_deadline.is_none() => {
-                self.on_result(*result).await;
+            Step::Lost(Lost::BusClosed) => self.fail(
+                503,
+                "api_connection_error",
+                "bus_closed",
+                "the gateway lost the bus connection".into(),
+            ),
+            Step::Lost(Lost::Result(message)) => {
+                self.fail(502, "server_error", "result_unavailable", message)
             }
-            EventBody::Continued {
-                continuation_request_id,
-            } => {
-                self.catch_up().await;
-                if !self.done {
-                    self.continue_as(continuation_request_id).await;
-                }
+            Step::Lost(Lost::Continuation(message)) => {
+                self.fail(503, "api_connection_error", "bus_unavailable", message)
             }
-            EventBody::ChainEnded { outcome, .. } => {
-                self.catch_up().await;
-                if !self.done {
-                    self.finish(ending_of_chain(outcome), "the decision ended the chain");
-                }
-            }
-            _ => {}
+            Step::Started { .. } | Step::ToolCall { .. } | Step::ToolResult { .. } => {}
         }
     }
 
-    /// A `continued` or `chain_ended` came while the `finished` before it was missed: its
-    /// result is read first.
-    async fn catch_up(&mut self) {
-        if self.decision_deadline.is_some() || self.done {
-            return;
-        }
-        if let Some(result) = self.stored_result().await {
-            self.on_result(result).await;
-        }
-    }
-
-    /// The current request's stored result, waiting while it is not ready (bounded).
-    async fn stored_result(&mut self) -> Option<GenerationResult> {
-        for _ in 0..50 {
-            match self.shared.client.result(&self.current, false).await {
-                Ok(result) => return Some(result),
-                Err(error) if error.code() == Some(ErrorCode::NotReady) => {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                Err(error) => {
-                    self.fail(
-                        502,
-                        "server_error",
-                        "result_unavailable",
-                        format!("the request's result cannot be read: {error}"),
-                    );
-                    return None;
-                }
-            }
-        }
-        None
-    }
-
-    /// The stored state, read now and then: a missed `finished` or `continued`.
-    async fn check_stored(&mut self) {
-        let Ok(status) = self.shared.client.status(&self.current).await else {
-            return;
-        };
-        if self.decision_deadline.is_some() {
-            if let Some(next) = status.continuation_request_id {
-                self.continue_as(next).await;
-            } else if let Some(outcome) = status.decision_outcome
-                && !matches!(
-                    outcome,
-                    crate::protocol::DecisionOutcome::Pending
-                        | crate::protocol::DecisionOutcome::Continued
-                )
-            {
-                self.finish(ending_of_chain(outcome), "the decision ended the chain");
-            }
-        } else if status.state.is_terminal()
-            && let Some(result) = self.stored_result().await
-        {
-            self.on_result(result).await;
-        }
-    }
-
-    async fn on_result(&mut self, result: GenerationResult) {
-        if result.request_id != self.current {
-            return;
-        }
-        // What the events missed (or all of it, if none came): the joined deltas are the
-        // output, so the rest is what follows the text streamed; the same for the reasoning.
-        if let Some(rest) = result
-            .reasoning
-            .strip_prefix(self.streamed_reasoning.as_str())
-            && !rest.is_empty()
-        {
-            self.pending.push_back(Piece::Reasoning(rest.to_string()));
-        }
-        if let Some(rest) = result.output.strip_prefix(self.streamed.as_str())
-            && !rest.is_empty()
-        {
-            self.push_text(rest.to_string());
-        }
+    fn on_result(&mut self, result: GenerationResult) {
         self.usage.add(result.usage);
         let client = self.shared.client.clone();
         let id = result.request_id.clone();
         let has_decision = result.signals.iter().any(|s| s.decision.is_some());
         let waits =
             result.reason == Reason::DecisionRequested && self.follow_decisions && has_decision;
-        if !waits {
-            // The caller gets all of it: the stored copy is released.
-            tokio::spawn(async move {
-                let _ = client.result(&id, true).await;
-            });
-        }
         if waits {
             let wait = Duration::from_millis(self.shared.settings.gateway.decision_wait_ms);
             self.decision_deadline = Some(Instant::now() + wait);
             return;
         }
+        // The caller gets all of it: the stored copy is released.
+        tokio::spawn(async move {
+            let _ = client.result(&id, true).await;
+        });
         let message = result
             .detail
             .clone()
@@ -534,35 +408,9 @@ impl Run {
         self.pending.push_back(Piece::Text(text));
     }
 
-    async fn continue_as(&mut self, next: String) {
-        match self.shared.client.follow(&next).await {
-            Ok(events) => {
-                tracing::debug!(message = "following the continuation", request_id = %next, root = %self.root);
-                self.events = Box::pin(events);
-                self.backlog.clear();
-                self.guard.arm(&next);
-                self.current = next;
-                self.next_seq = 0;
-                self.gapped = false;
-                self.streamed.clear();
-                self.streamed_reasoning.clear();
-                self.separate = self.sent_text;
-                self.decision_deadline = None;
-                // The continuation may have run before it was followed.
-                self.check.reset_immediately();
-            }
-            Err(error) => self.fail(
-                503,
-                "api_connection_error",
-                "bus_unavailable",
-                format!("cannot follow the continuation: {error}"),
-            ),
-        }
-    }
-
     async fn end_decision_wait(&mut self) {
         // Cancelling a request that waits on its decision expires the decision.
-        let _ = self.shared.client.cancel(&self.current).await;
+        let _ = self.shared.client.cancel(self.follow.current()).await;
         self.finish(
             DECISION_TIMEOUT,
             "no answer to the decision within gateway.decision_wait_ms",
@@ -570,7 +418,7 @@ impl Run {
     }
 
     async fn end_on_shutdown(&mut self) {
-        let _ = self.shared.client.cancel(&self.current).await;
+        let _ = self.shared.client.cancel(self.follow.current()).await;
         self.fail(
             503,
             "server_error",

@@ -1,0 +1,356 @@
+//! Following a request through its whole decision chain: one stream of what a caller sees,
+//! from the first request to its last continuation.
+//!
+//! Events come first. They are at most once, so the stored state is read only where an event
+//! can be missed: after [`CHECK_AFTER`] of silence (a missed `finished`, `continued` or
+//! `chain_ended`), when a sequence number is skipped (the part's text then comes from its
+//! stored result, never twice), and when a continuation is followed after it may already have
+//! run. The CLI's `submit --follow`, the gateway and the Python package's `Client.follow` walk
+//! a chain this one way.
+//!
+//! Architecture invariant: each text is handed out once and in order. A part's text is what
+//! its deltas carried, then whatever of its stored output they did not (all of it when its
+//! events were missed); the same for its reasoning.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures_util::{Stream, StreamExt};
+
+use super::{Client, ClientError};
+use crate::protocol::{
+    DecisionOutcome, ErrorCode, Event, EventBody, GenerationResult, Reason, RequestState,
+};
+
+/// How long the events may be silent before the stored state is read.
+pub const CHECK_AFTER: Duration = Duration::from_secs(1);
+
+/// How long a result whose part ended may take to be readable (`not_ready`) before following
+/// gives up on it.
+const RESULT_WAIT: Duration = Duration::from_secs(10);
+
+type Events = Pin<Box<dyn Stream<Item = Event> + Send>>;
+
+/// What following a chain yields, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// A part of the chain (the first request or a continuation) started on a worker. Seen at
+    /// most once per part; a part whose `started` was missed may not show it.
+    Started { request_id: String },
+    /// Output text, in order.
+    Text(String),
+    /// Reasoning text, kept apart from the output.
+    Reasoning(String),
+    /// The model called a tool the fleet runs.
+    ToolCall {
+        name: String,
+        arguments: serde_json::Value,
+    },
+    /// That tool's result (`ok: false` when the tool service answered with an error).
+    ToolResult {
+        name: String,
+        ok: bool,
+        result: serde_json::Value,
+    },
+    /// A part ended, with its stored result (not released). When the part asks for a
+    /// decision and the chain is followed through decisions, more steps follow.
+    Ended(Box<GenerationResult>),
+    /// The decision was answered: the chain goes on as this request.
+    Continued { request_id: String },
+    /// The decision ended the chain (skipped, aborted, expired).
+    ChainEnded { outcome: DecisionOutcome },
+    /// The chain cannot be followed further.
+    Lost(Lost),
+}
+
+/// Why a chain could not be followed further.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Lost {
+    /// The bus connection closed.
+    BusClosed,
+    /// A part ended but its result could not be read.
+    Result(String),
+    /// A continuation could not be subscribed to.
+    Continuation(String),
+}
+
+/// One request followed through its chain; [`Follow::next`] gives its steps, `None` after the
+/// last. Dropping a `next()` that has not finished may lose a step: drop the follow with it.
+pub struct Follow {
+    client: Client,
+    events: Events,
+    /// The request's first id on the bus.
+    root: String,
+    /// The part followed now.
+    current: String,
+    through_decisions: bool,
+    next_seq: u64,
+    /// An event of the current part was missed: its text comes from its result.
+    gapped: bool,
+    started: bool,
+    streamed: String,
+    streamed_reasoning: String,
+    /// The current part ended asking for a decision; its answer is awaited.
+    awaiting_decision: bool,
+    check: tokio::time::Interval,
+    pending: VecDeque<Step>,
+    done: bool,
+}
+
+impl Client {
+    /// Follows a request through its decision chain (`through_decisions`), or only itself.
+    /// Subscribe before sending the request, with a request id of your own, to miss nothing;
+    /// following a request that already ran reads what is stored.
+    pub async fn follow_chain(
+        &self,
+        request_id: &str,
+        through_decisions: bool,
+    ) -> Result<Follow, ClientError> {
+        let root = self.on_bus(request_id);
+        let events: Events = Box::pin(self.follow(&root).await?);
+        let mut check = tokio::time::interval(CHECK_AFTER);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        check.reset();
+        Ok(Follow {
+            client: self.clone(),
+            events,
+            current: root.clone(),
+            root,
+            through_decisions,
+            next_seq: 0,
+            gapped: false,
+            started: false,
+            streamed: String::new(),
+            streamed_reasoning: String::new(),
+            awaiting_decision: false,
+            check,
+            pending: VecDeque::new(),
+            done: false,
+        })
+    }
+}
+
+impl Follow {
+    /// The chain's first request id on the bus.
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+
+    /// The part followed now (the last continuation once the chain went on).
+    pub fn current(&self) -> &str {
+        &self.current
+    }
+
+    /// The next step; `None` once the chain ended.
+    pub async fn next(&mut self) -> Option<Step> {
+        loop {
+            if let Some(step) = self.pending.pop_front() {
+                return Some(step);
+            }
+            if self.done {
+                return None;
+            }
+            tokio::select! {
+                event = self.events.next() => match event {
+                    Some(event) => {
+                        // The stored state is read only after a silence: events are flowing.
+                        self.check.reset();
+                        self.on_event(event).await;
+                    }
+                    None => self.lose(Lost::BusClosed),
+                },
+                _ = self.check.tick() => self.check_stored().await,
+            }
+        }
+    }
+
+    async fn on_event(&mut self, event: Event) {
+        if event.request_id != self.current {
+            return;
+        }
+        if event.seq != self.next_seq && !self.gapped {
+            tracing::debug!(
+                message = "an event was missed: the text comes from the result",
+                request_id = %self.current,
+                expected = self.next_seq,
+                seq = event.seq
+            );
+            self.gapped = true;
+        }
+        self.next_seq = event.seq + 1;
+        let open = !self.awaiting_decision;
+        match event.body {
+            EventBody::Started { .. } => self.part_started(),
+            EventBody::Delta { text } if open && !self.gapped => {
+                self.part_started();
+                self.streamed.push_str(&text);
+                push_text(&mut self.pending, text);
+            }
+            EventBody::Reasoning { text } if open && !self.gapped => {
+                self.part_started();
+                self.streamed_reasoning.push_str(&text);
+                self.pending.push_back(Step::Reasoning(text));
+            }
+            EventBody::ToolCall {
+                name, arguments, ..
+            } if open => {
+                self.part_started();
+                self.pending.push_back(Step::ToolCall { name, arguments });
+            }
+            EventBody::ToolResult {
+                name, ok, result, ..
+            } if open => self
+                .pending
+                .push_back(Step::ToolResult { name, ok, result }),
+            EventBody::Finished { result } if open => self.on_result(*result),
+            EventBody::Continued {
+                continuation_request_id,
+            } => {
+                self.catch_up().await;
+                if !self.done {
+                    self.continue_as(continuation_request_id).await;
+                }
+            }
+            EventBody::ChainEnded { outcome, .. } => {
+                self.catch_up().await;
+                if !self.done {
+                    self.end_chain(outcome);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn part_started(&mut self) {
+        if !std::mem::replace(&mut self.started, true) {
+            self.pending.push_back(Step::Started {
+                request_id: self.current.clone(),
+            });
+        }
+    }
+
+    /// A `continued` or `chain_ended` came while the `finished` before it was missed: the
+    /// part's result is read first.
+    async fn catch_up(&mut self) {
+        if self.awaiting_decision || self.done {
+            return;
+        }
+        if let Some(result) = self.stored_result().await {
+            self.on_result(result);
+        }
+    }
+
+    /// The current part's stored result, waiting while it is not ready (bounded).
+    async fn stored_result(&mut self) -> Option<GenerationResult> {
+        let deadline = tokio::time::Instant::now() + RESULT_WAIT;
+        loop {
+            match self.client.result(&self.current, false).await {
+                Ok(result) => return Some(result),
+                Err(error)
+                    if error.code() == Some(ErrorCode::NotReady)
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(error) => {
+                    self.lose(Lost::Result(format!(
+                        "the request's result cannot be read: {error}"
+                    )));
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// The stored state, read after a silence: a missed `started`, `finished`, `continued` or
+    /// `chain_ended`.
+    async fn check_stored(&mut self) {
+        let Ok(status) = self.client.status(&self.current).await else {
+            return;
+        };
+        if self.awaiting_decision {
+            if let Some(next) = status.continuation_request_id {
+                self.continue_as(next).await;
+            } else if let Some(outcome) = status.decision_outcome
+                && !matches!(
+                    outcome,
+                    DecisionOutcome::Pending | DecisionOutcome::Continued
+                )
+            {
+                self.end_chain(outcome);
+            }
+            return;
+        }
+        if status.state != RequestState::Queued {
+            self.part_started();
+        }
+        if status.state.is_terminal()
+            && let Some(result) = self.stored_result().await
+        {
+            self.on_result(result);
+        }
+    }
+
+    fn on_result(&mut self, result: GenerationResult) {
+        if result.request_id != self.current {
+            return;
+        }
+        self.part_started();
+        if let Some(rest) = result
+            .reasoning
+            .strip_prefix(self.streamed_reasoning.as_str())
+            && !rest.is_empty()
+        {
+            self.pending.push_back(Step::Reasoning(rest.to_string()));
+        }
+        if let Some(rest) = result.output.strip_prefix(self.streamed.as_str())
+            && !rest.is_empty()
+        {
+            push_text(&mut self.pending, rest.to_string());
+        }
+        let asks = result.reason == Reason::DecisionRequested
+            && result.signals.iter().any(|s| s.decision.is_some());
+        self.awaiting_decision = asks && self.through_decisions;
+        self.done = !self.awaiting_decision;
+        self.pending.push_back(Step::Ended(Box::new(result)));
+    }
+
+    async fn continue_as(&mut self, next: String) {
+        match self.client.follow(&next).await {
+            Ok(events) => {
+                tracing::debug!(message = "following the continuation", request_id = %next, root = %self.root);
+                self.events = Box::pin(events);
+                self.current = next.clone();
+                self.next_seq = 0;
+                self.gapped = false;
+                self.started = false;
+                self.streamed.clear();
+                self.streamed_reasoning.clear();
+                self.awaiting_decision = false;
+                self.pending.push_back(Step::Continued { request_id: next });
+                // The continuation may have run before it was followed.
+                self.check.reset_immediately();
+            }
+            Err(error) => self.lose(Lost::Continuation(format!(
+                "cannot follow the continuation: {error}"
+            ))),
+        }
+    }
+
+    fn end_chain(&mut self, outcome: DecisionOutcome) {
+        self.done = true;
+        self.pending.push_back(Step::ChainEnded { outcome });
+    }
+
+    fn lose(&mut self, lost: Lost) {
+        self.done = true;
+        self.pending.push_back(Step::Lost(lost));
+    }
+}
+
+fn push_text(pending: &mut VecDeque<Step>, text: String) {
+    if !text.is_empty() {
+        pending.push_back(Step::Text(text));
+    }
+}
