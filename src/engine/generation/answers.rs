@@ -22,16 +22,17 @@ impl Generation<'_> {
         answers: Vec<(&ModelCall, String)>,
         note: Option<String>,
     ) {
-        match self.mode {
+        match self.tools.mode {
             ToolMode::Native => {
                 // Calls the model wrote without an id in native mode were given one when they
                 // were added to the assistant message, so every call has its answer here.
                 for (call, content) in answers {
-                    self.conversation
+                    self.transcript
+                        .conversation
                         .push(Message::tool(call.id.clone(), content));
                 }
                 if let Some(note) = note {
-                    self.conversation.push(Message::user(note));
+                    self.transcript.conversation.push(Message::user(note));
                 }
             }
             ToolMode::Text => {
@@ -44,7 +45,8 @@ impl Generation<'_> {
                     text.push_str(&note);
                 }
                 if !text.is_empty() {
-                    self.conversation
+                    self.transcript
+                        .conversation
                         .push(Message::user(text.trim_end().to_string()));
                 }
             }

@@ -41,7 +41,7 @@ impl Generation<'_> {
         // In text mode the turn went into the conversation as the model wrote it; the caller
         // needs the calls as OpenAI shapes them, with ids to answer.
         let message = self.calls_message(turn, calls.all);
-        if let Some(last) = self.conversation.last_mut() {
+        if let Some(last) = self.transcript.conversation.last_mut() {
             *last = message.clone();
         }
         let replies = if calls.bus.is_empty() {
@@ -53,13 +53,14 @@ impl Generation<'_> {
             }
         };
         for (call, content) in tool_answers(calls.bus, calls.controls, recorded, replies) {
-            self.conversation
+            self.transcript
+                .conversation
                 .push(Message::tool(call.id.clone(), content));
         }
         for call in calls.caller {
             self.announce_call(call).await;
         }
-        self.caller_calls = message
+        self.transcript.caller_calls = message
             .tool_calls
             .into_iter()
             .filter(|c| calls.caller.iter().any(|k| k.id == c.id))

@@ -32,23 +32,32 @@ pub(super) struct Problem {
     pub(super) what: String,
 }
 
-impl Generation<'_> {
+/// The ids given to calls the model made without one. Only gathering a turn's calls (here)
+/// gives them out.
+#[derive(Default)]
+pub(super) struct CallIds {
+    given: u32,
+}
+
+impl CallIds {
     /// An id for a call the model made without one: unique in the conversation, also across
     /// the requests that continue it (a caller's continuation after `tool_calls`, a decision's
     /// continuation), since it carries 8 random characters (of a fresh ULID, whose last 16 are
     /// random). Nothing of the request's id goes into it: the backend sees call ids.
-    fn call_id(&mut self) -> String {
-        self.next_call_id += 1;
+    fn next(&mut self) -> String {
+        self.given += 1;
         let fresh = new_id();
-        format!("call_{}_{}", &fresh[fresh.len() - 8..], self.next_call_id)
+        format!("call_{}_{}", &fresh[fresh.len() - 8..], self.given)
     }
+}
 
+impl Generation<'_> {
     /// The turn's calls in order (native first, then those written as text), and the invalid ones.
     pub(super) fn collect_calls(&mut self, turn: &Turn) -> (Vec<ModelCall>, Vec<Problem>) {
         let mut calls = Vec::new();
         let mut problems = Vec::new();
         for native in turn.native.values() {
-            let id = native.id.clone().unwrap_or_else(|| self.call_id());
+            let id = native.id.clone().unwrap_or_else(|| self.call_ids.next());
             if native.name.is_empty() {
                 problems.push(Problem {
                     call_id: Some(id),
@@ -78,7 +87,7 @@ impl Generation<'_> {
         for item in &turn.parsed {
             match item {
                 ParsedItem::Call(call) => {
-                    let id = call.id.clone().unwrap_or_else(|| self.call_id());
+                    let id = call.id.clone().unwrap_or_else(|| self.call_ids.next());
                     calls.push(ModelCall {
                         id,
                         name: call.name.clone(),
@@ -113,7 +122,7 @@ impl Generation<'_> {
     /// `tool_calls` (those written as text too, so every tool result has a call to answer); in
     /// text mode the model's own text stands as written.
     pub(super) fn assistant_message(&self, turn: &Turn, calls: &[ModelCall]) -> Message {
-        if self.mode == ToolMode::Text || calls.is_empty() {
+        if self.tools.mode == ToolMode::Text || calls.is_empty() {
             return Message::assistant(turn.raw.clone());
         }
         self.calls_message(turn, calls)
@@ -148,11 +157,7 @@ impl Generation<'_> {
     pub(super) fn tool_call_problems(&self, calls: &[ModelCall]) -> Vec<Problem> {
         let mut problems = Vec::new();
         for call in calls {
-            let tool = self
-                .tools
-                .iter()
-                .chain(&self.caller_tools)
-                .find(|t| t.name() == call.name);
+            let tool = self.tools.callable().find(|t| t.name() == call.name);
             match tool {
                 None => problems.push(Problem {
                     call_id: Some(call.id.clone()),
@@ -171,12 +176,7 @@ impl Generation<'_> {
     /// written for the person reading the result, not for the model (which was told in its
     /// own words).
     pub(super) fn failed_calls_detail(&self, calls: &[ModelCall], problems: &[Problem]) -> String {
-        let offered: Vec<&str> = self
-            .tools
-            .iter()
-            .chain(&self.caller_tools)
-            .map(|t| t.name())
-            .collect();
+        let offered: Vec<&str> = self.tools.callable().map(|t| t.name()).collect();
         let unknown = calls
             .iter()
             .find(|call| !offered.contains(&call.name.as_str()));

@@ -66,8 +66,7 @@ impl Generation<'_> {
             }
             let tool = self
                 .tools
-                .iter()
-                .chain(&self.caller_tools)
+                .callable()
                 .chain(control::control_tools())
                 .find(|t| t.name() == name);
             if let Some(tool) = tool {
@@ -85,8 +84,7 @@ impl Generation<'_> {
         }
         if problems.iter().any(|p| p.tool.is_none()) {
             text.push_str("\nThe tools you can call:\n");
-            let all = self.tools.iter().chain(&self.caller_tools);
-            for tool in all.chain(control::control_tools()) {
+            for tool in self.tools.callable().chain(control::control_tools()) {
                 let _ = writeln!(
                     text,
                     "- {}: {}",
@@ -95,7 +93,7 @@ impl Generation<'_> {
             }
         }
         text.push_str("\nSend your tool calls again, corrected.");
-        if self.mode == ToolMode::Text {
+        if self.tools.mode == ToolMode::Text {
             text.push_str(
                 " Write each as <tool_call>{\"name\": \"TOOL_NAME\", \"arguments\": {...}}</tool_call>.",
             );

@@ -5,7 +5,7 @@
 //! is built, so its fields mean the same whatever ended the generation.
 
 use crate::engine::Finished;
-use crate::protocol::{GenerationResult, Reason, Timings};
+use crate::protocol::{GenerationResult, Reason};
 
 use super::Generation;
 
@@ -36,10 +36,7 @@ impl Generation<'_> {
     /// shown; the emitter is handed back so `finished` follows with the next sequence number.
     pub(super) async fn finish(mut self, stop: Stop) -> Finished {
         self.events.flush().await;
-        let total = self.ctx.accepted_at.elapsed();
-        let queued = self
-            .started_at
-            .saturating_duration_since(self.ctx.accepted_at);
+        let timings_ms = self.meter.timings(self.ctx.accepted_at);
         let signals_dropped = self.signals.dropped();
         let result = GenerationResult {
             request_id: self.ctx.request_id,
@@ -49,25 +46,21 @@ impl Generation<'_> {
             state: stop.reason.state(),
             reason: stop.reason,
             detail: stop.detail,
-            output: self.output,
-            reasoning: self.reasoning,
-            messages: self.conversation,
+            output: self.transcript.output,
+            reasoning: self.transcript.reasoning,
+            messages: self.transcript.conversation,
             signals: self.signals.into_signals(),
             signals_dropped,
-            tool_iterations_used: self.iterations_used,
-            usage: self.usage,
+            tool_iterations_used: self.iterations.used,
+            usage: self.meter.usage,
             worker_id: self.ctx.worker_id,
             attempt: self.ctx.attempt,
             chain_position: self.ctx.chain_position,
-            truncated: self.truncated,
+            truncated: self.transcript.truncated,
             metadata: self.request.metadata,
-            timings_ms: Timings {
-                queued: queued.as_millis() as u64,
-                first_token: self.first_token.map(|d| d.as_millis() as u64),
-                total: total.as_millis() as u64,
-            },
-            validation: self.validation,
-            tool_calls: self.caller_calls,
+            timings_ms,
+            validation: self.judgement.report,
+            tool_calls: self.transcript.caller_calls,
             // Where the request was placed is the bus's to tell, not the engine's.
             affinity: None,
             tenant: None,

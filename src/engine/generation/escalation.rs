@@ -23,6 +23,41 @@ use super::ending::Stop;
 /// How long an escalation waits for the decision history before it goes without suggestions.
 const HISTORY_WAIT: Duration = Duration::from_secs(3);
 
+/// How the output fares against the request's checks: which try this is, where the answer
+/// under judgement starts, and the report the result carries (`validation`). Only the
+/// validation hand-off, here, changes it.
+pub(super) struct Judgement {
+    /// 1, or 2 once validation sent the model back to its answer.
+    tries: u32,
+    /// Where in the output the answer the checks judge starts: 0, or where the retry began.
+    answer_from: usize,
+    pub(super) report: Option<ValidationReport>,
+}
+
+impl Judgement {
+    pub(super) fn new() -> Self {
+        Judgement {
+            tries: 1,
+            answer_from: 0,
+            report: None,
+        }
+    }
+
+    /// The part of `output` under judgement: all of it, or the retry's.
+    fn answer<'o>(&self, output: &'o str) -> &'o str {
+        output
+            .get(self.answer_from..)
+            .unwrap_or_default()
+            .trim_start_matches('\n')
+    }
+
+    /// The model goes back to its answer: the checks judge what it writes past `output_len`.
+    fn retry_from(&mut self, output_len: usize) {
+        self.answer_from = output_len;
+        self.tries += 1;
+    }
+}
+
 impl Generation<'_> {
     /// Runs the tool loop, then holds the output to the request's checks: the first request
     /// of a chain gets one more try with the failed checks named, then a shortfall escalates.
@@ -43,9 +78,9 @@ impl Generation<'_> {
                 .max(0.0);
             let mut report =
                 validation::evaluate(&self.request.validation, self.judged_answer(), threshold);
-            report.retried = self.tries > 1;
+            report.retried = self.judgement.tries > 1;
             if report.passed {
-                self.validation = Some(report);
+                self.judgement.report = Some(report);
                 return stop;
             }
             let failed = report
@@ -55,27 +90,26 @@ impl Generation<'_> {
                 .map(|c| format!("{}: {}", c.name, c.detail.as_deref().unwrap_or("failed")));
             self.ctx.chain.push_attempt(PastAttempt::new(
                 self.ctx.chain_position,
-                self.tries,
+                self.judgement.tries,
                 Some(report.confidence),
                 failed,
             ));
-            if self.tries == 1 && self.ctx.chain_position == 1 && config.auto_retry_on_first_failure
+            if self.judgement.tries == 1
+                && self.ctx.chain_position == 1
+                && config.auto_retry_on_first_failure
             {
                 self.auto_retry(&report).await;
                 continue;
             }
             let stop = self.escalate(&report).await;
-            self.validation = Some(report);
+            self.judgement.report = Some(report);
             return stop;
         }
     }
 
     /// The output since the answer under judgement began: all of it, or the retry's.
     fn judged_answer(&self) -> &str {
-        self.output
-            .get(self.answer_from..)
-            .unwrap_or_default()
-            .trim_start_matches('\n')
+        self.judgement.answer(&self.transcript.output)
     }
 
     /// Sends the model back to its answer with the failed checks named. The output keeps the
@@ -94,10 +128,10 @@ impl Generation<'_> {
         });
         self.worker_signal("LOW_CONFIDENCE", Severity::Low, summary, meta)
             .await;
-        self.conversation
+        self.transcript
+            .conversation
             .push(Message::user(validation::retry_note(report)));
-        self.answer_from = self.output.len();
-        self.tries += 1;
+        self.judgement.retry_from(self.transcript.output.len());
     }
 
     /// Ends the request with `escalation.LOW_CONFIDENCE`, whose decision offers retry, skip,
@@ -123,7 +157,7 @@ impl Generation<'_> {
         meta.insert("pass_rate".into(), json!(report.pass_rate));
         meta.insert("chain_position".into(), json!(self.ctx.chain_position));
         meta.insert("attempt".into(), json!(self.ctx.attempt));
-        meta.insert("tries".into(), json!(self.tries));
+        meta.insert("tries".into(), json!(self.judgement.tries));
         meta.insert("error_history".into(), json!(self.ctx.chain.error_history));
         meta.insert("prompt".into(), json!(summarise(&task, 2000)));
         meta.insert(

@@ -1,14 +1,16 @@
 //! One generation: the tool loop of one request, from its `started` event to exactly one
 //! terminal result.
 //!
-//! This file holds the state of a generation and the loop that drives it; each job the loop
-//! hands out has a file of its own, so that the loop reads as the flow. In the order a request
-//! meets them: [`checkpoint`] (before anything runs); then, each turn, [`prompt`] and [`turn`]
-//! (the backend called and its stream read), [`calls`] (the calls gathered and checked),
-//! [`control_calls`] (the signals the model raises), [`correction`] or [`tools`] (run within the
-//! budget), and [`answers`] (what goes back to the model); after the loop, [`escalation`] (the
-//! output held to its checks); last, [`ending`]. [`signalling`] and [`decision`] serve them all:
-//! the signals raised, within their bounds, and the decisions asked of managers.
+//! This file holds the loop that drives a generation. Each job the loop hands out has a file of
+//! its own, so that the loop reads as the flow, and a part of the state that one job alone
+//! changes lives in that job's file ([`state`] holds the parts several share). In the order a
+//! request meets them: [`checkpoint`] (before anything runs); then, each turn, [`prompt`] and
+//! [`turn`] (the backend called and its stream read), [`calls`] (the calls gathered and
+//! checked), [`control_calls`] (the signals the model raises), [`correction`] or [`tools`] (run
+//! within the budget), and [`answers`] (what goes back to the model); after the loop,
+//! [`escalation`] (the output held to its checks); last, [`ending`]. [`signalling`] and
+//! [`decision`] serve them all: the signals raised, within their bounds, and the decisions asked
+//! of managers.
 
 mod answers;
 mod caller_calls;
@@ -21,12 +23,12 @@ mod ending;
 mod escalation;
 mod prompt;
 mod signalling;
+mod state;
 mod tools;
 mod turn;
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -38,48 +40,38 @@ use super::loop_detect::LoopDetector;
 use super::signals::SignalBook;
 use super::{Engine, Finished, RequestContext};
 use crate::llm::{ChatRequest, FinishReason, LlmError};
-use crate::protocol::{
-    EventBody, GenerationRequest, Message, Reason, Severity, ToolCall, Usage, ValidationReport,
-};
+use crate::protocol::{EventBody, GenerationRequest, Message, Reason, Severity};
 use crate::settings::ToolMode;
-use crate::tools::Tool;
 
 use caller_calls::TurnCalls;
-use calls::ModelCall;
+use calls::{CallIds, ModelCall};
 use ending::Stop;
-use turn::TurnError;
+use escalation::Judgement;
+use state::{Bounds, ToolSet, Transcript};
+use tools::ToolBudget;
+use turn::{Meter, TurnError};
 
+/// A generation's state, in parts each owned by the step that changes it. The request, its
+/// context and the engine are what it runs on; the parts are what it has done so far.
 pub(super) struct Generation<'e> {
     engine: &'e Engine,
     request: GenerationRequest,
+    /// The request's place in its chain; only the escalation adds to it (a failed attempt).
     ctx: RequestContext,
-    cancel: CancellationToken,
-    deadline: Option<tokio::time::Instant>,
+    bounds: Bounds,
+    /// Every step tells the caller what it does here, in order.
     events: EventEmitter,
+    tools: ToolSet,
+    transcript: Transcript,
+    call_ids: CallIds,
+    iterations: ToolBudget,
+    meter: Meter,
+    /// The signals raised so far, within their bounds; only [`signalling`] adds to it.
     signals: SignalBook,
+    /// Fed the visible text by the turn and the calls by the tool step, which stop the
+    /// generation when it reports a loop.
     loops: LoopDetector,
-    mode: ToolMode,
-    tools: Vec<Arc<Tool>>,
-    /// The caller's own tools (`caller_tools`): offered to the model beside `tools`, never run
-    /// here; a turn that calls one ends the generation with `tool_calls`.
-    caller_tools: Vec<Arc<Tool>>,
-    /// The caller-tool calls the generation ended with (the result's `tool_calls`).
-    caller_calls: Vec<ToolCall>,
-    conversation: Vec<Message>,
-    output: String,
-    reasoning: String,
-    truncated: bool,
-    usage: Usage,
-    iterations_left: u32,
-    iterations_used: u32,
-    started_at: Instant,
-    first_token: Option<Duration>,
-    next_call_id: u32,
-    /// 1, or 2 once validation sent the model back to its answer.
-    tries: u32,
-    /// Where in `output` the answer the checks judge starts: 0, or where the retry began.
-    answer_from: usize,
-    validation: Option<ValidationReport>,
+    judgement: Judgement,
 }
 
 impl<'e> Generation<'e> {
@@ -101,28 +93,16 @@ impl<'e> Generation<'e> {
             events,
             signals: SignalBook::new(config.signal_limits),
             loops: LoopDetector::new(&config.loop_detection),
-            mode: engine.effective_tool_mode(),
-            tools: Vec::new(),
-            caller_tools: Vec::new(),
-            caller_calls: Vec::new(),
-            conversation: request.messages.clone(),
-            output: String::new(),
-            reasoning: String::new(),
-            truncated: false,
-            usage: Usage::default(),
-            iterations_left: iterations,
-            iterations_used: 0,
-            started_at: Instant::now(),
-            first_token: None,
-            next_call_id: 0,
-            tries: 1,
-            answer_from: 0,
-            validation: None,
+            tools: ToolSet::new(engine.effective_tool_mode()),
+            transcript: Transcript::new(request.messages.clone()),
+            iterations: ToolBudget::new(iterations),
+            meter: Meter::new(),
+            call_ids: CallIds::default(),
+            judgement: Judgement::new(),
             engine,
             request,
             ctx,
-            cancel,
-            deadline,
+            bounds: Bounds { cancel, deadline },
         }
     }
 
@@ -146,38 +126,10 @@ impl<'e> Generation<'e> {
         self.finish(stop).await
     }
 
-    /// Takes the request's tools from the catalog as it is now (control tools need none); an
-    /// unknown tool ends the request before the model is called.
+    /// Takes the request's tools from the catalog as it is now; an unknown tool ends the
+    /// request before the model is called.
     fn resolve_tools(&mut self) -> Option<Stop> {
-        let catalog = self.engine.catalog();
-        for name in &self.request.tools {
-            match catalog.get(name) {
-                Some(tool) => self.tools.push(tool.clone()),
-                None if control::is_control_tool(name) => {}
-                None => {
-                    return Some(Stop::new(
-                        Reason::InvalidRequest,
-                        format!("unknown tool {name:?}"),
-                    ));
-                }
-            }
-        }
-        for (i, tool) in self.request.caller_tools.iter().enumerate() {
-            match Tool::from_function(&tool.function) {
-                Ok(tool) => self.caller_tools.push(Arc::new(tool)),
-                Err(error) => {
-                    return Some(Stop::new(
-                        Reason::InvalidRequest,
-                        format!("caller_tools[{i}]: {error}"),
-                    ));
-                }
-            }
-        }
-        None
-    }
-
-    fn is_caller_tool(&self, name: &str) -> bool {
-        self.caller_tools.iter().any(|t| t.name() == name)
+        self.tools.resolve(&self.engine.catalog(), &self.request)
     }
 
     /// The first backend call this request would make, exactly as it would be sent (what
@@ -198,7 +150,7 @@ impl<'e> Generation<'e> {
         let mut control_turns = 0;
         loop {
             let span = self.turn_span();
-            let before = self.usage;
+            let before = self.meter.usage;
             let turn = self.model_turn().instrument(span.clone()).await;
             self.end_turn_span(&span, before, &turn);
             let turn = match turn {
@@ -213,7 +165,7 @@ impl<'e> Generation<'e> {
                     self.engine
                         .native_tools_refused
                         .store(true, Ordering::Relaxed);
-                    self.mode = ToolMode::Text;
+                    self.tools.mode = ToolMode::Text;
                     continue;
                 }
                 Err(TurnError::SystemRefused(shape, body)) => {
@@ -225,7 +177,9 @@ impl<'e> Generation<'e> {
                 }
             };
             if turn.finish == FinishReason::Length {
-                self.conversation.push(Message::assistant(turn.raw));
+                self.transcript
+                    .conversation
+                    .push(Message::assistant(turn.raw));
                 self.worker_signal(
                     "MAX_TOKENS_REACHED",
                     Severity::Med,
@@ -241,7 +195,7 @@ impl<'e> Generation<'e> {
             // Kept in order only when the turn may end with the caller's calls.
             let in_order = calls
                 .iter()
-                .any(|c| self.is_caller_tool(&c.name))
+                .any(|c| self.tools.is_caller_tool(&c.name))
                 .then(|| calls.clone());
             let (controls, normal): (Vec<ModelCall>, Vec<ModelCall>) = calls
                 .into_iter()
@@ -251,11 +205,11 @@ impl<'e> Generation<'e> {
             let recorded = match self.record_control_calls(&controls, &mut problems).await {
                 Ok(recorded) => recorded,
                 Err(stop) => {
-                    self.conversation.push(assistant);
+                    self.transcript.conversation.push(assistant);
                     return stop;
                 }
             };
-            self.conversation.push(assistant);
+            self.transcript.conversation.push(assistant);
             if recorded.awaits_decision {
                 return Stop::plain(Reason::DecisionRequested);
             }
@@ -274,7 +228,7 @@ impl<'e> Generation<'e> {
 
             let (caller, normal): (Vec<ModelCall>, Vec<ModelCall>) = normal
                 .into_iter()
-                .partition(|c| self.is_caller_tool(&c.name));
+                .partition(|c| self.tools.is_caller_tool(&c.name));
             if let Some(all) = &in_order {
                 let calls = TurnCalls {
                     all,
@@ -313,13 +267,5 @@ impl<'e> Generation<'e> {
             };
             self.add_tool_results(&normal, &controls, &recorded, replies);
         }
-    }
-}
-
-/// Waits for the deadline, or forever when the request has none.
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
     }
 }

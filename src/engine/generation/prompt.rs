@@ -35,8 +35,8 @@ impl Generation<'_> {
     /// messages laid out in `shape`.
     fn prompt(&self, shape: SystemShape) -> Vec<Message> {
         let config = &self.engine.config;
-        let tools: Vec<&Tool> = self.tools.iter().map(|t| t.as_ref()).collect();
-        let caller_tools: Vec<&Tool> = self.caller_tools.iter().map(|t| t.as_ref()).collect();
+        let tools: Vec<&Tool> = self.tools.bus.iter().map(|t| t.as_ref()).collect();
+        let caller_tools: Vec<&Tool> = self.tools.caller.iter().map(|t| t.as_ref()).collect();
         let controls: Vec<&Tool> = control::control_tools()
             .iter()
             .map(|t| t.as_ref())
@@ -45,28 +45,28 @@ impl Generation<'_> {
             tools: &tools,
             caller_tools: &caller_tools,
             control_tools: &controls,
-            tool_mode: self.mode,
-            iterations_remaining: self.iterations_left,
+            tool_mode: self.tools.mode,
+            iterations_remaining: self.iterations.left,
             stop_on_decision_request: self.stop_on_decision(),
             max_model_signals: config.signal_limits.max_model_signals,
             max_model_signal_bytes: config.signal_limits.max_model_signal_bytes,
         });
-        let mut messages = Vec::with_capacity(self.conversation.len() + 2);
+        let mut messages = Vec::with_capacity(self.transcript.conversation.len() + 2);
         messages.push(Message::system(bios));
         if let Some(system) = &self.request.system {
             messages.push(Message::system(system.clone()));
         }
-        match self.mode {
-            ToolMode::Native => messages.extend(self.conversation.iter().cloned()),
+        match self.tools.mode {
+            ToolMode::Native => messages.extend(self.transcript.conversation.iter().cloned()),
             // Native calls and `tool` answers in the history (a caller's continuation after
             // `tool_calls`) are written the way a text-mode model reads and writes them.
-            ToolMode::Text => messages.extend(calls_as_text(&self.conversation)),
+            ToolMode::Text => messages.extend(calls_as_text(&self.transcript.conversation)),
         }
         shape.apply(messages)
     }
 
     fn native_tools(&self) -> Vec<ToolSpec> {
-        if self.mode == ToolMode::Text {
+        if self.tools.mode == ToolMode::Text {
             return Vec::new();
         }
         let spec = |tool: &Tool| ToolSpec {
@@ -90,6 +90,7 @@ impl Generation<'_> {
             }
         });
         self.tools
+            .bus
             .iter()
             .map(|tool| spec(tool))
             .chain(caller)
@@ -100,7 +101,7 @@ impl Generation<'_> {
     /// The backend call of the turn about to be taken.
     pub(super) fn chat_request(&self, shape: SystemShape) -> ChatRequest {
         let mut options = self.request.options.clone();
-        if self.mode == ToolMode::Text {
+        if self.tools.mode == ToolMode::Text {
             // tool_choice means nothing without native tools, and some servers reject it.
             options.remove("tool_choice");
         }

@@ -16,10 +16,32 @@ use crate::protocol::{EventBody, Reason, Severity};
 use crate::telemetry::{self, KeyValue};
 use crate::tools::{ToolInvocation, ToolReply};
 
+use super::Generation;
 use super::calls::ModelCall;
 use super::control_calls::RecordedControls;
 use super::ending::Stop;
-use super::{Generation, sleep_until};
+
+/// The request's tool iterations: how many are left, and how many were run. Only a turn's
+/// tools, run here, spend one; the BIOS tells the model what is left.
+pub(super) struct ToolBudget {
+    pub(super) left: u32,
+    pub(super) used: u32,
+}
+
+impl ToolBudget {
+    pub(super) fn new(iterations: u32) -> Self {
+        ToolBudget {
+            left: iterations,
+            used: 0,
+        }
+    }
+
+    /// One iteration ran (the budget was checked before it started).
+    fn spend(&mut self) {
+        self.left -= 1;
+        self.used += 1;
+    }
+}
 
 impl Generation<'_> {
     /// Runs a turn's tool calls as one tool iteration: refused once the budget is spent, and
@@ -28,12 +50,12 @@ impl Generation<'_> {
         &mut self,
         calls: &[ModelCall],
     ) -> Result<Vec<ToolReply>, Stop> {
-        if self.iterations_left == 0 {
+        if self.iterations.left == 0 {
             self.worker_signal(
                 "TOOL_LIMIT_REACHED",
                 Severity::Med,
                 "the model called a tool with no tool iterations left".into(),
-                json!({"tool_iterations": self.iterations_used}),
+                json!({"tool_iterations": self.iterations.used}),
             )
             .await;
             return Err(Stop::new(
@@ -50,8 +72,7 @@ impl Generation<'_> {
             }
         }
         let replies = self.run_tools(calls).await?;
-        self.iterations_left -= 1;
-        self.iterations_used += 1;
+        self.iterations.spend();
         Ok(replies)
     }
 
@@ -74,6 +95,7 @@ impl Generation<'_> {
         let runs = calls.iter().map(|call| {
             let tool = self
                 .tools
+                .bus
                 .iter()
                 .find(|t| t.name() == call.name)
                 .expect("validated");
@@ -108,9 +130,8 @@ impl Generation<'_> {
         let all = join_all(runs);
         let results = tokio::select! {
             biased;
-            _ = self.cancel.cancelled() => return Err(Stop::plain(Reason::Cancelled)),
-            _ = sleep_until(self.deadline) => {
-                return Err(Stop::new(Reason::Timeout, "the request's deadline passed during a tool call"));
+            stop = self.bounds.crossed("the request's deadline passed during a tool call") => {
+                return Err(stop);
             }
             results = all => results,
         };

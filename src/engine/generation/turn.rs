@@ -6,19 +6,57 @@
 //! back only what may be a call), so a looping model is stopped mid-turn, not at `max_tokens`.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
 use crate::engine::SystemShape;
 use crate::engine::text_calls::{ParseMode, ParsedItem, TextCallParser};
 use crate::llm::{FinishReason, LlmError, StreamEvent};
-use crate::protocol::{EventBody, Message, Reason};
+use crate::protocol::{EventBody, Message, Reason, Timings, Usage};
 use crate::settings::ToolMode;
 use crate::telemetry::{self, KeyValue};
 
+use super::Generation;
 use super::ending::Stop;
-use super::{Generation, sleep_until};
+use super::state::sleep_until;
+
+/// What the generation spent, as the result reports it: the backend's token usage and the
+/// times. Only the turn changes it, as the backend streams.
+pub(super) struct Meter {
+    started_at: Instant,
+    /// From `started_at` to the first token of the first turn that produced one.
+    first_token: Option<Duration>,
+    pub(super) usage: Usage,
+}
+
+impl Meter {
+    /// A meter started now.
+    pub(super) fn new() -> Self {
+        Meter {
+            started_at: Instant::now(),
+            first_token: None,
+            usage: Usage::default(),
+        }
+    }
+
+    /// A token arrived: the first one sets the time to first token.
+    fn token_arrived(&mut self) {
+        self.first_token
+            .get_or_insert_with(|| self.started_at.elapsed());
+    }
+
+    /// The result's timings, taken now, for a request accepted at `accepted_at`.
+    pub(super) fn timings(&self, accepted_at: Instant) -> Timings {
+        let total = accepted_at.elapsed();
+        let queued = self.started_at.saturating_duration_since(accepted_at);
+        Timings {
+            queued: queued.as_millis() as u64,
+            first_token: self.first_token.map(|d| d.as_millis() as u64),
+            total: total.as_millis() as u64,
+        }
+    }
+}
 
 /// What one backend call produced.
 pub(super) struct Turn {
@@ -63,7 +101,7 @@ impl Generation<'_> {
         let shape = self.engine.system_shape();
         let chat = self.chat_request(shape);
         let mut stream = self.engine.backend.chat_stream(chat);
-        let parse_mode = match self.mode {
+        let parse_mode = match self.tools.mode {
             ToolMode::Native => ParseMode::Native,
             ToolMode::Text => ParseMode::Text,
         };
@@ -83,11 +121,7 @@ impl Generation<'_> {
             let flush_at = self.events.flush_deadline();
             let item = tokio::select! {
                 biased;
-                _ = self.cancel.cancelled() => {
-                    return Err(self.interrupted(&turn, Stop::plain(Reason::Cancelled)).into());
-                }
-                _ = sleep_until(self.deadline) => {
-                    let stop = Stop::new(Reason::Timeout, "the request's deadline passed");
+                stop = self.bounds.crossed("the request's deadline passed") => {
                     return Err(self.interrupted(&turn, stop).into());
                 }
                 _ = sleep_until(flush_at) => {
@@ -106,7 +140,7 @@ impl Generation<'_> {
                     return Err(self.interrupted(&turn, stop).into());
                 }
                 Some(Err(LlmError::ToolsRejected(body)))
-                    if !any_token && self.mode == ToolMode::Native =>
+                    if !any_token && self.tools.mode == ToolMode::Native =>
                 {
                     return Err(TurnError::ToolsRefused(body));
                 }
@@ -121,15 +155,14 @@ impl Generation<'_> {
             };
             if !any_token && !matches!(event, StreamEvent::Usage(_) | StreamEvent::Finish(_)) {
                 any_token = true;
-                self.first_token
-                    .get_or_insert_with(|| self.started_at.elapsed());
+                self.meter.token_arrived();
                 let first_token = turn_started.elapsed().as_secs_f64() * 1000.0;
                 let ttft = KeyValue::new("genfleet.time_to_first_token_ms", first_token);
                 telemetry::annotate(&tracing::Span::current(), vec![ttft]);
             }
             match event {
                 StreamEvent::Text(text) => {
-                    push_capped(&mut turn.raw, &text, cap, &mut self.truncated);
+                    push_capped(&mut turn.raw, &text, cap, &mut self.transcript.truncated);
                     visible.clear();
                     parser.push(&text, &mut visible);
                     if let Err(stop) = self.show(&visible, &mut turn).await {
@@ -137,7 +170,12 @@ impl Generation<'_> {
                     }
                 }
                 StreamEvent::Reasoning(text) => {
-                    push_capped(&mut self.reasoning, &text, cap, &mut self.truncated);
+                    push_capped(
+                        &mut self.transcript.reasoning,
+                        &text,
+                        cap,
+                        &mut self.transcript.truncated,
+                    );
                     self.events.emit(EventBody::Reasoning { text }).await;
                 }
                 StreamEvent::ToolCall(delta) => {
@@ -152,10 +190,10 @@ impl Generation<'_> {
                         &mut call.arguments,
                         &delta.arguments,
                         cap,
-                        &mut self.truncated,
+                        &mut self.transcript.truncated,
                     );
                 }
-                StreamEvent::Usage(usage) => self.usage.add(usage),
+                StreamEvent::Usage(usage) => self.meter.usage.add(usage),
                 StreamEvent::Finish(reason) => finish = Some(reason),
             }
         }
@@ -199,7 +237,7 @@ impl Generation<'_> {
     pub(super) fn end_turn_span(
         &self,
         span: &tracing::Span,
-        before: crate::protocol::Usage,
+        before: Usage,
         turn: &Result<Turn, TurnError>,
     ) {
         if !telemetry::exporting() {
@@ -208,13 +246,15 @@ impl Generation<'_> {
         let mut attributes = vec![
             KeyValue::new(
                 "gen_ai.usage.input_tokens",
-                self.usage
+                self.meter
+                    .usage
                     .prompt_tokens
                     .saturating_sub(before.prompt_tokens) as i64,
             ),
             KeyValue::new(
                 "gen_ai.usage.output_tokens",
-                self.usage
+                self.meter
+                    .usage
                     .completion_tokens
                     .saturating_sub(before.completion_tokens) as i64,
             ),
@@ -258,13 +298,22 @@ impl Generation<'_> {
             }
         }
         let cap = self.engine.config.max_output_bytes;
-        if turn.visible.is_empty() && !self.output.is_empty() && !self.output.ends_with('\n') {
+        let transcript = &mut self.transcript;
+        if turn.visible.is_empty()
+            && !transcript.output.is_empty()
+            && !transcript.output.ends_with('\n')
+        {
             // A later turn starts a new paragraph of the output (and of the streamed text).
-            push_capped(&mut self.output, "\n\n", cap, &mut self.truncated);
+            push_capped(
+                &mut transcript.output,
+                "\n\n",
+                cap,
+                &mut transcript.truncated,
+            );
             self.events.delta("\n\n").await;
         }
-        push_capped(&mut turn.visible, text, cap, &mut self.truncated);
-        push_capped(&mut self.output, text, cap, &mut self.truncated);
+        push_capped(&mut turn.visible, text, cap, &mut transcript.truncated);
+        push_capped(&mut transcript.output, text, cap, &mut transcript.truncated);
         self.events.delta(text).await;
         match self.loops.push_text(text) {
             Some(verdict) => Err(self.loop_detected(verdict).await),
@@ -275,7 +324,9 @@ impl Generation<'_> {
     /// A turn cut short: keep what the model said in the conversation.
     fn interrupted(&mut self, turn: &Turn, stop: Stop) -> Stop {
         if !turn.raw.is_empty() {
-            self.conversation.push(Message::assistant(turn.raw.clone()));
+            self.transcript
+                .conversation
+                .push(Message::assistant(turn.raw.clone()));
         }
         stop
     }
