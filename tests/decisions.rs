@@ -759,3 +759,98 @@ async fn submit_follow_waits_for_the_answer_and_follows_the_continuation() {
         "{stdout}"
     );
 }
+
+/// The text of each part of a followed chain, and how the chain went: one entry per part
+/// (its joined text and its result), with the continuations between them.
+async fn walk(follow: &mut genfleet::client::Follow) -> Vec<(String, GenerationResult)> {
+    use genfleet::client::Step;
+    let mut parts = Vec::new();
+    let mut text = String::new();
+    let mut continued_to = None;
+    wait::within(
+        "the followed chain to end",
+        Duration::from_secs(20),
+        async {
+            while let Some(step) = follow.next().await {
+                match step {
+                    Step::Text(piece) => text.push_str(&piece),
+                    Step::Ended(result) => {
+                        if let Some(next) = continued_to.take() {
+                            assert_eq!(
+                                result.request_id, next,
+                                "a part's result follows its start"
+                            );
+                        }
+                        parts.push((std::mem::take(&mut text), *result));
+                    }
+                    Step::Continued { request_id } => {
+                        assert!(!parts.is_empty(), "a continuation comes after a part ended");
+                        assert!(
+                            text.is_empty(),
+                            "no text between a part's end and its continuation"
+                        );
+                        continued_to = Some(request_id);
+                    }
+                    Step::Lost(lost) => panic!("the chain was lost: {lost:?}"),
+                    Step::ChainEnded { outcome } => panic!("the chain ended {outcome:?}"),
+                    _ => {}
+                }
+            }
+        },
+    )
+    .await;
+    parts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn following_a_chain_gives_each_parts_text_once_through_its_decision_and_after_the_fact() {
+    let mut f = fleet(DEPLOY, |_| {}).await;
+    let client = &f.fleet.client;
+    let mut follow = client.follow_chain("fc1", true).await.unwrap();
+    client
+        .submit("default", &guarded("fc1", "Deploy build 9 to production."))
+        .await
+        .unwrap();
+    let answering = async {
+        let published = f.signal("decision_request.CHECKPOINT").await;
+        let decision_id = published["decision"]["decision_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let reply = f
+            .answer(
+                &decision_id,
+                json!({"option_id": "proceed", "guidance": "carefully"}),
+            )
+            .await;
+        assert_eq!(reply["outcome"], "continued", "{reply}");
+    };
+    let (parts, ()) = tokio::join!(walk(&mut follow), answering);
+    assert_eq!(
+        parts.len(),
+        2,
+        "the first request and its continuation: {parts:?}"
+    );
+    let (first_text, first) = &parts[0];
+    assert_eq!(first.reason, Reason::DecisionRequested);
+    assert_eq!(
+        first_text, &first.output,
+        "the first part's text, whole and once"
+    );
+    let (last_text, last) = &parts[1];
+    assert_eq!(last.state, RequestState::Completed);
+    assert_eq!(
+        last_text, &last.output,
+        "the continuation's text, whole and once"
+    );
+    assert!(last.output.contains("carefully"), "{}", last.output);
+
+    // Followed after it ended, the same chain reads from what is stored: each part's text
+    // from its result, once.
+    let mut late = f.fleet.client.follow_chain("fc1", true).await.unwrap();
+    let again = walk(&mut late).await;
+    assert_eq!(again.len(), 2, "{again:?}");
+    assert_eq!(again[0].0, first.output);
+    assert_eq!(again[1].0, last.output);
+    assert_eq!(again[1].1.request_id, last.request_id);
+}

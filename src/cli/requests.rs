@@ -335,14 +335,7 @@ async fn warn_if_unserved(client: &Client, pool: &str) {
     if served.contains(pool) {
         return;
     }
-    let others = if served.is_empty() {
-        "no worker answered the service API just now".to_string()
-    } else {
-        format!(
-            "pools with workers now: {}",
-            served.into_iter().collect::<Vec<_>>().join(", ")
-        )
-    };
+    let others = crate::client::caller::served_now(&served);
     eprintln!(
         "note: no worker of pool {pool} is connected ({others}); the request waits in the queue until one is"
     );

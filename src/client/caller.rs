@@ -313,15 +313,7 @@ impl Client {
     /// The refusal of a submit no worker of `pool` answered: it names the pool, and the pools
     /// whose workers answer the service API now.
     async fn no_worker_of(&self, pool: &str) -> WireError {
-        let served = self.pools_served().await;
-        let others = if served.is_empty() {
-            "no worker answered the service API just now".to_string()
-        } else {
-            format!(
-                "pools with workers now: {}",
-                served.into_iter().collect::<Vec<_>>().join(", ")
-            )
-        };
+        let others = served_now(&self.pools_served().await);
         WireError::new(
             ErrorCode::NoSlotAvailable,
             format!("no worker of pool {pool} is connected ({others})"),
@@ -580,5 +572,21 @@ fn trace_context(headers: &mut async_nats::HeaderMap) {
             crate::client::reply::TRACEPARENT_HEADER,
             traceparent.as_str(),
         );
+    }
+}
+
+/// The pools whose workers answer now, as a line for people.
+pub fn served_now(served: &std::collections::BTreeSet<String>) -> String {
+    if served.is_empty() {
+        "no worker answered the service API just now".to_string()
+    } else {
+        format!(
+            "pools with workers now: {}",
+            served
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
     }
 }
