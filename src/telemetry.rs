@@ -275,18 +275,26 @@ fn provider(export: &Export) -> Result<SdkTracerProvider, TelemetryError> {
         .build())
 }
 
-/// The span context a W3C `traceparent` names, when it is well formed and valid.
+/// Whether `traceparent` is a well-formed, valid W3C `traceparent`: the one reading of the
+/// header in genfleet, used both where a span is parented and where the bus takes a caller's
+/// header to hand on.
+pub fn valid_traceparent(traceparent: &str) -> bool {
+    parse_traceparent(traceparent).is_some()
+}
+
+/// The span context a W3C `traceparent` names, when it is well formed and valid: `-`-separated
+/// fields of exactly 2, 32, 16 and 2 hex digits, as written (no space around them); version
+/// `ff` refused, and `00` with nothing after its flags (a later version may add fields); trace
+/// and span ids not all zeros.
 fn parse_traceparent(traceparent: &str) -> Option<SpanContext> {
     use opentelemetry::trace::{SpanId, TraceFlags, TraceId, TraceState};
-    let mut parts = traceparent.trim().split('-');
+    let mut parts = traceparent.split('-');
     let (version, trace, span, flags) =
         (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    if version.len() != 2
-        || version == "ff"
-        || trace.len() != 32
-        || span.len() != 16
-        || flags.len() != 2
-    {
+    let hex = |field: &str, len: usize| {
+        field.len() == len && field.bytes().all(|byte| byte.is_ascii_hexdigit())
+    };
+    if !(hex(version, 2) && hex(trace, 32) && hex(span, 16) && hex(flags, 2)) || version == "ff" {
         return None;
     }
     if version == "00" && parts.next().is_some() {
@@ -653,6 +661,12 @@ mod tests {
         let good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         let context = parse_traceparent(good).expect("valid");
         assert_eq!(format_traceparent(&context).as_deref(), Some(good));
+        for also_good in [
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-later-fields",
+        ] {
+            assert!(valid_traceparent(also_good), "{also_good:?} refused");
+        }
         for bad in [
             "",
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
@@ -661,8 +675,14 @@ mod tests {
             "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
             "00-xyz92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "zz-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-+bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-+1",
+            " 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 ",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b-701",
         ] {
-            assert!(parse_traceparent(bad).is_none(), "{bad:?} accepted");
+            assert!(!valid_traceparent(bad), "{bad:?} accepted");
         }
     }
 
