@@ -11,7 +11,8 @@
 //!
 //! Within and across the modules, files do not import each other in a circle: the same
 //! scanner builds the file-level import graph of `src/` ([`file_imports`]) and the check fails
-//! naming each circle, its own test planting one.
+//! naming each circle, its own test planting one. And the codemap of ARCHITECTURE.md names
+//! every file of `src/`.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
@@ -1281,4 +1282,189 @@ fn the_file_graph_catches_planted_circles() {
             ]
         )]
     );
+}
+
+/// The codemap of ARCHITECTURE.md names every file of `src/` (the console's assets included),
+/// so a file cannot land without the document saying what it is for. A file is named by its
+/// path (`src/telemetry.rs`, `settings/loop_detection.rs`), or by its path from a folder in
+/// the entry of that folder (`` `reply.rs` `` in the entry of `src/bus/`, `` `turn.rs` `` in
+/// the entry of `generation/` under `src/engine/`); a folder's entry names its `mod.rs`.
+#[test]
+#[ignore = "the codemap is rewritten when the house moves land"]
+fn the_codemap_names_every_file_of_src() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let codemap = codemap(&doc).expect("ARCHITECTURE.md has a `## Codemap` section");
+    let entries = codemap_entries(codemap);
+    let files: Vec<String> = all_files(&root.join("src"))
+        .iter()
+        .map(|file| {
+            file.strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/")
+        })
+        .collect();
+    assert!(files.len() > 100, "{} files under src/", files.len());
+    let missing: Vec<&str> = files
+        .iter()
+        .filter(|file| !codemap_names(codemap, &entries, file))
+        .map(String::as_str)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the codemap of ARCHITECTURE.md does not name these {} files (name each by its path, \
+         or by its file name in the entry of its folder):\n{}",
+        missing.len(),
+        missing.join("\n")
+    );
+}
+
+/// The `## Codemap` section of ARCHITECTURE.md, without its heading.
+fn codemap(doc: &str) -> Option<&str> {
+    let start = doc.find("\n## Codemap\n")? + "\n## Codemap\n".len();
+    let length = doc[start..].find("\n## ").unwrap_or(doc.len() - start);
+    Some(&doc[start..start + length])
+}
+
+/// One bullet of the codemap, with the lines that continue it.
+#[derive(Debug, PartialEq, Eq)]
+struct Entry {
+    /// The folder it is about, from the repository: its own when the bullet opens with one
+    /// (`` - `src/bus/`: ``, or `` - `generation/`: `` under `src/engine/`), else its parent's.
+    folder: String,
+    /// Whether the bullet opens with its folder.
+    own: bool,
+    text: String,
+}
+
+fn codemap_entries(codemap: &str) -> Vec<Entry> {
+    let mut entries: Vec<Entry> = Vec::new();
+    // The open bullets: indentation and folder.
+    let mut open: Vec<(usize, String)> = Vec::new();
+    for line in codemap.lines() {
+        let indent = line.len() - line.trim_start().len();
+        let Some(bullet) = line.trim_start().strip_prefix("- ") else {
+            if let Some(entry) = entries.last_mut() {
+                entry.text.push('\n');
+                entry.text.push_str(line);
+            }
+            continue;
+        };
+        while open.last().is_some_and(|(at, _)| *at >= indent) {
+            open.pop();
+        }
+        let parent = open
+            .last()
+            .map(|(_, folder)| folder.clone())
+            .unwrap_or_default();
+        let opening = bullet
+            .strip_prefix('`')
+            .and_then(|rest| rest.split('`').next())
+            .filter(|name| name.ends_with('/'));
+        let folder = match opening {
+            Some(name) => format!("{parent}{name}"),
+            None => parent,
+        };
+        open.push((indent, folder.clone()));
+        entries.push(Entry {
+            folder,
+            own: opening.is_some(),
+            text: bullet.to_string(),
+        });
+    }
+    entries
+}
+
+/// Whether the codemap names `file` (a path from the repository, `src/bus/reply.rs`).
+fn codemap_names(codemap: &str, entries: &[Entry], file: &str) -> bool {
+    let inner = file.strip_prefix("src/").unwrap_or(file);
+    // `bus/reply.rs` counts where it is a whole path, not the tail of `x/bus/reply.rs`.
+    let by_path = codemap.contains(file)
+        || (inner.contains('/')
+            && codemap.match_indices(inner).any(|(at, _)| {
+                !codemap[..at]
+                    .chars()
+                    .next_back()
+                    .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '/')
+            }));
+    by_path
+        || entries.iter().any(|entry| {
+            let Some(rest) = file.strip_prefix(entry.folder.as_str()) else {
+                return false;
+            };
+            !entry.folder.is_empty()
+                && (entry.text.contains(&format!("`{rest}`")) || (entry.own && rest == "mod.rs"))
+        })
+}
+
+/// Every file under `dir`, sorted.
+fn all_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            files.extend(all_files(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
+#[test]
+fn the_codemap_check_reads_paths_and_folder_entries() {
+    let codemap = "\
+- `src/bus/`: the worker. `reply.rs` answers; `tools/run.rs` runs.
+  `store.rs` on a line of its own.
+- `src/engine/`: one generation.
+  - `generation/`: a file per job; `turn.rs` (the turn).
+  - `bios.rs`: the BIOS, laid out in `mod.rs`.
+- `src/settings.rs`: settings; `settings/loop_detection.rs` its loop detector.
+- `src/llm/`: the backends (`mock/`).
+";
+    let entries = codemap_entries(codemap);
+    assert_eq!(
+        entries
+            .iter()
+            .map(|e| (e.folder.as_str(), e.own))
+            .collect::<Vec<_>>(),
+        [
+            ("src/bus/", true),
+            ("src/engine/", true),
+            ("src/engine/generation/", true),
+            ("src/engine/", false),
+            ("", false),
+            ("src/llm/", true),
+        ]
+    );
+    for (file, named) in [
+        ("src/bus/reply.rs", true),
+        ("src/bus/store.rs", true),
+        ("src/bus/tools/run.rs", true),
+        ("src/bus/mod.rs", true),
+        ("src/bus/queue.rs", false),
+        ("src/engine/generation/turn.rs", true),
+        ("src/engine/generation/mod.rs", true),
+        ("src/engine/turn.rs", false),
+        ("src/engine/mod.rs", true),
+        ("src/engine/bios.rs", true),
+        ("src/settings.rs", true),
+        ("src/settings/loop_detection.rs", true),
+        ("src/loop_detection.rs", false),
+        ("src/llm/mock/mod.rs", false),
+        ("src/llm/mock/script.rs", false),
+        ("src/lib.rs", false),
+    ] {
+        assert_eq!(
+            codemap_names(codemap, &entries, file),
+            named,
+            "{file} named: {}",
+            !named
+        );
+    }
 }
