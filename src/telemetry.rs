@@ -12,8 +12,10 @@
 //!
 //! Trace context crosses process boundaries as a W3C `traceparent` string: a worker adopts the
 //! caller's, and hands its own spans' to tool services and the backend. The helpers take and
-//! give that string, so no other layer needs to know the OpenTelemetry types.
+//! give that string, and span attributes are genfleet's own [`KeyValue`], so no other layer
+//! needs to know the OpenTelemetry types.
 
+use std::borrow::Cow;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
@@ -31,8 +33,6 @@ use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{Layer, Registry};
-
-pub use opentelemetry::KeyValue;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
 pub enum LogFormat {
@@ -275,18 +275,26 @@ fn provider(export: &Export) -> Result<SdkTracerProvider, TelemetryError> {
         .build())
 }
 
-/// The span context a W3C `traceparent` names, when it is well formed and valid.
+/// Whether `traceparent` is a well-formed, valid W3C `traceparent`: the one reading of the
+/// header in genfleet, used both where a span is parented and where the bus takes a caller's
+/// header to hand on.
+pub fn valid_traceparent(traceparent: &str) -> bool {
+    parse_traceparent(traceparent).is_some()
+}
+
+/// The span context a W3C `traceparent` names, when it is well formed and valid: `-`-separated
+/// fields of exactly 2, 32, 16 and 2 hex digits, as written (no space around them); version
+/// `ff` refused, and `00` with nothing after its flags (a later version may add fields); trace
+/// and span ids not all zeros.
 fn parse_traceparent(traceparent: &str) -> Option<SpanContext> {
     use opentelemetry::trace::{SpanId, TraceFlags, TraceId, TraceState};
-    let mut parts = traceparent.trim().split('-');
+    let mut parts = traceparent.split('-');
     let (version, trace, span, flags) =
         (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    if version.len() != 2
-        || version == "ff"
-        || trace.len() != 32
-        || span.len() != 16
-        || flags.len() != 2
-    {
+    let hex = |field: &str, len: usize| {
+        field.len() == len && field.bytes().all(|byte| byte.is_ascii_hexdigit())
+    };
+    if !(hex(version, 2) && hex(trace, 32) && hex(span, 16) && hex(flags, 2)) || version == "ff" {
         return None;
     }
     if version == "00" && parts.next().is_some() {
@@ -345,27 +353,102 @@ pub fn set_parent(span: &tracing::Span, traceparent: Option<&str>) {
     }
 }
 
+/// An attribute of a span: a dotted name (genfleet's own, or one of OpenTelemetry's semantic
+/// conventions) and its value. It is turned into the exporter's type only here, so callers
+/// build attributes without naming an OpenTelemetry crate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyValue {
+    key: &'static str,
+    value: AttributeValue,
+}
+
+/// What an attribute holds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttributeValue {
+    Bool(bool),
+    I64(i64),
+    F64(f64),
+    String(Cow<'static, str>),
+    /// A list of strings (`gen_ai.response.finish_reasons`).
+    Strings(Vec<String>),
+}
+
+impl KeyValue {
+    pub fn new(key: &'static str, value: impl Into<AttributeValue>) -> KeyValue {
+        KeyValue {
+            key,
+            value: value.into(),
+        }
+    }
+
+    /// The attribute as the exporter takes it.
+    fn exported(self) -> opentelemetry::KeyValue {
+        use opentelemetry::{Array, StringValue, Value};
+        let string = |text: Cow<'static, str>| match text {
+            Cow::Borrowed(text) => StringValue::from(text),
+            Cow::Owned(text) => StringValue::from(text),
+        };
+        let value = match self.value {
+            AttributeValue::Bool(value) => Value::Bool(value),
+            AttributeValue::I64(value) => Value::I64(value),
+            AttributeValue::F64(value) => Value::F64(value),
+            AttributeValue::String(text) => Value::String(string(text)),
+            AttributeValue::Strings(texts) => Value::Array(Array::String(
+                texts.into_iter().map(StringValue::from).collect(),
+            )),
+        };
+        opentelemetry::KeyValue::new(self.key, value)
+    }
+}
+
+impl From<bool> for AttributeValue {
+    fn from(value: bool) -> Self {
+        AttributeValue::Bool(value)
+    }
+}
+
+impl From<i64> for AttributeValue {
+    fn from(value: i64) -> Self {
+        AttributeValue::I64(value)
+    }
+}
+
+impl From<f64> for AttributeValue {
+    fn from(value: f64) -> Self {
+        AttributeValue::F64(value)
+    }
+}
+
+impl From<&'static str> for AttributeValue {
+    fn from(text: &'static str) -> Self {
+        AttributeValue::String(Cow::Borrowed(text))
+    }
+}
+
+impl From<String> for AttributeValue {
+    fn from(text: String) -> Self {
+        AttributeValue::String(Cow::Owned(text))
+    }
+}
+
+fn exported(attributes: Vec<KeyValue>) -> Vec<opentelemetry::KeyValue> {
+    attributes.into_iter().map(KeyValue::exported).collect()
+}
+
 /// Adds attributes to `span` (genfleet's and OpenTelemetry's dotted names, which `tracing`
 /// fields would print in every log line).
 pub fn annotate(span: &tracing::Span, attributes: Vec<KeyValue>) {
     if !exporting() {
         return;
     }
-    for attribute in attributes {
+    for attribute in exported(attributes) {
         span.set_attribute(attribute.key, attribute.value);
     }
 }
 
 /// An attribute holding a list of strings (`gen_ai.response.finish_reasons`).
 pub fn string_list(key: &'static str, values: Vec<String>) -> KeyValue {
-    let values = values
-        .into_iter()
-        .map(opentelemetry::StringValue::from)
-        .collect();
-    KeyValue::new(
-        key,
-        opentelemetry::Value::Array(opentelemetry::Array::String(values)),
-    )
+    KeyValue::new(key, AttributeValue::Strings(values))
 }
 
 /// A span whose times are known only once it is over (a wait measured from a timestamp on
@@ -385,7 +468,7 @@ pub fn record_interval(
         .span_builder(name)
         .with_kind(SpanKind::Internal)
         .with_start_time(started)
-        .with_attributes(attributes)
+        .with_attributes(exported(attributes))
         .start_with_context(&tracer, &remote(parent));
     let traceparent = format_traceparent(span.span_context());
     span.end_with_timestamp(ended.max(started));
@@ -435,7 +518,7 @@ impl RequestTrace {
             .span_builder("genfleet.request")
             .with_kind(SpanKind::Server)
             .with_start_time(started)
-            .with_attributes(attributes)
+            .with_attributes(exported(attributes))
             .with_links(links)
             .start_with_context(&tracer, &remote(caller));
         RequestTrace {
@@ -454,7 +537,7 @@ impl RequestTrace {
         let Some(mut span) = self.span.lock().unwrap_or_else(|e| e.into_inner()).take() else {
             return;
         };
-        span.set_attributes(attributes);
+        span.set_attributes(exported(attributes));
         if let Some(error) = error {
             span.set_status(opentelemetry::trace::Status::error(error));
         }
@@ -578,6 +661,12 @@ mod tests {
         let good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         let context = parse_traceparent(good).expect("valid");
         assert_eq!(format_traceparent(&context).as_deref(), Some(good));
+        for also_good in [
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-later-fields",
+        ] {
+            assert!(valid_traceparent(also_good), "{also_good:?} refused");
+        }
         for bad in [
             "",
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
@@ -586,8 +675,52 @@ mod tests {
             "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
             "00-xyz92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "zz-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-+bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-+1",
+            " 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 ",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b-701",
         ] {
-            assert!(parse_traceparent(bad).is_none(), "{bad:?} accepted");
+            assert!(!valid_traceparent(bad), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn attributes_reach_the_exporter_as_opentelemetry_builds_them() {
+        use opentelemetry::{Array, StringValue, Value};
+        let owned = String::from("req-1");
+        let cases = [
+            (
+                KeyValue::new("genfleet.state", "completed"),
+                opentelemetry::KeyValue::new("genfleet.state", "completed"),
+            ),
+            (
+                KeyValue::new("genfleet.request_id", owned.clone()),
+                opentelemetry::KeyValue::new("genfleet.request_id", owned),
+            ),
+            (
+                KeyValue::new("genfleet.attempt", 2i64),
+                opentelemetry::KeyValue::new("genfleet.attempt", 2i64),
+            ),
+            (
+                KeyValue::new("genfleet.time_to_first_token_ms", 1.5),
+                opentelemetry::KeyValue::new("genfleet.time_to_first_token_ms", 1.5),
+            ),
+            (
+                KeyValue::new("genfleet.durable", true),
+                opentelemetry::KeyValue::new("genfleet.durable", true),
+            ),
+            (
+                string_list("gen_ai.response.finish_reasons", vec!["stop".into()]),
+                opentelemetry::KeyValue::new(
+                    "gen_ai.response.finish_reasons",
+                    Value::Array(Array::String(vec![StringValue::from("stop")])),
+                ),
+            ),
+        ];
+        for (ours, theirs) in cases {
+            assert_eq!(ours.exported(), theirs);
         }
     }
 }

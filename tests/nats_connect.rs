@@ -1,4 +1,4 @@
-//! `bus::connect` against real nats-servers: every authentication method, TLS and mutual TLS,
+//! `client::connect` against real nats-servers: every authentication method, TLS and mutual TLS,
 //! settings errors, reconnection after a server restart, and a worker that starts before its
 //! server.
 

@@ -9,6 +9,7 @@ use futures_util::future::BoxFuture;
 
 use crate::client::subjects::Subjects;
 use crate::observe::Metrics;
+use crate::telemetry;
 use crate::tools::{ToolInvocation, ToolReply, ToolRunError, ToolRunner};
 
 pub const REQUEST_ID_HEADER: &str = "Genfleet-Request-Id";
@@ -18,16 +19,10 @@ pub const JOB_NAME_HEADER: &str = "Genfleet-Job-Name";
 pub const TRACEPARENT_HEADER: &str = "traceparent";
 
 /// The `traceparent` header of a message, when it is well formed
-/// (`<2 hex>-<32 hex>-<16 hex>-<2 hex>`); anything else is ignored.
+/// ([`telemetry::valid_traceparent`]); anything else is ignored.
 pub fn traceparent_of(message: &async_nats::Message) -> Option<String> {
     let value = message.headers.as_ref()?.get(TRACEPARENT_HEADER)?.as_str();
-    let parts: Vec<&str> = value.split('-').collect();
-    let well_formed = parts.len() >= 4
-        && [2, 32, 16, 2]
-            .iter()
-            .zip(&parts)
-            .all(|(len, part)| part.len() == *len && part.bytes().all(|b| b.is_ascii_hexdigit()));
-    well_formed.then(|| value.to_string())
+    telemetry::valid_traceparent(value).then(|| value.to_string())
 }
 
 #[derive(Clone)]

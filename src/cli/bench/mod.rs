@@ -34,6 +34,7 @@ mod real;
 mod report;
 mod scheduling;
 mod target;
+mod target_check;
 mod workload;
 
 use std::path::PathBuf;
@@ -48,8 +49,9 @@ use local::{Build, LocalFleet, LocalOptions};
 use meter::Meter;
 use monitor::Monitor;
 use procstat::Watched;
-use report::{BaselineReport, FleetInfo, Floors, Phases, Report, TargetCheck};
+use report::{BaselineReport, FleetInfo, Floors, Phases, Report};
 use target::Target;
+use target_check::TargetCheck;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {

@@ -13,6 +13,7 @@ use super::monitor::BusOps;
 use super::procstat::ProcessUsage;
 use super::real::RealReport;
 use super::scheduling::SchedulingReport;
+use super::target_check::TargetCheck;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -116,19 +117,6 @@ pub struct Ratios {
     pub added_latency_p50_ms: Option<f64>,
     /// Streaming tokens/s relayed ÷ tokens/s of the backend called directly.
     pub streaming_tokens_vs_backend: Option<f64>,
-}
-
-/// One of the project's performance targets, as this run measured it.
-#[derive(Debug, Clone, Serialize)]
-pub struct TargetCheck {
-    pub name: &'static str,
-    pub target: &'static str,
-    pub value: Option<f64>,
-    pub unit: &'static str,
-    pub met: Option<bool>,
-    /// Whether the run had the target's conditions (concurrency, delay, workers, slots);
-    /// `None` when the bench could not tell (a fleet it did not start).
-    pub conditions_met: Option<bool>,
 }
 
 pub fn ratios(

@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use super::latency::{Samples, Summary};
 use super::local::{LocalFleet, LocalWorker};
-use super::report::TargetCheck;
+use super::target_check::TargetCheck;
 use crate::client::Client;
 use crate::llm::mock::{MockServer, PrefixCacheSettings, PrefixCacheStats, Script};
 use crate::protocol::{GenerationRequest, GenerationResult, Message, Reason};

@@ -81,6 +81,7 @@
 //! Tool-call arguments are streamed in 8-char fragments with `chunk = "word"` (JSON has no
 //! spaces to split at), else by the rule's `chunk`.
 
+mod conversation;
 mod prefix_cache;
 mod script;
 mod server;

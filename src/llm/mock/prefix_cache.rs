@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::script::Conversation;
+use super::conversation::Conversation;
 use crate::protocol::lru::BoundedLru;
 
 /// The cache's settings, a script's `prefix_cache` table (or `genfleet mock-llm` flags).

@@ -16,8 +16,9 @@ use futures_util::stream;
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::conversation::Conversation;
 use super::prefix_cache::{PrefixCache, PrefixCacheStats};
-use super::script::{Conversation, RejectSystem, Rule, Script};
+use super::script::{RejectSystem, Rule, Script};
 
 /// How many request bodies the log keeps (oldest dropped first).
 pub(super) const LOG_CAPACITY: usize = 256;
