@@ -91,7 +91,7 @@ const LAYERS: &[Layer] = &[
     // share with it: connecting, subjects, message bodies, streams and records, the caller.
     Layer {
         name: "client",
-        may_import: &["protocol", "telemetry", "settings"],
+        may_import: &["protocol", "telemetry", "settings", "tools"],
         must_not_use: &["actix"],
     },
     Layer {

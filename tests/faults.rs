@@ -498,7 +498,7 @@ tool_calls = [{ name = "ghost", arguments = {} }]
         .unwrap()
     };
     let service_settings = &f.settings;
-    let _grumpy = genfleet::bus::tool_service::ToolService::start(
+    let _grumpy = genfleet::client::tool_service::ToolService::start(
         f.nats.client().await,
         service_settings,
         definition("grumpy", 2_000),
@@ -506,7 +506,7 @@ tool_calls = [{ name = "ghost", arguments = {} }]
     )
     .await
     .unwrap();
-    let _sleepy = genfleet::bus::tool_service::ToolService::start(
+    let _sleepy = genfleet::client::tool_service::ToolService::start(
         f.nats.client().await,
         service_settings,
         definition("sleepy", 300),
@@ -521,7 +521,7 @@ tool_calls = [{ name = "ghost", arguments = {} }]
     // The ghost registers, takes a call and its process goes away without answering.
     let ghost_connection = f.nats.client().await;
     let ghost_calls = Arc::new(AtomicUsize::new(0));
-    let ghost = genfleet::bus::tool_service::ToolService::start(
+    let ghost = genfleet::client::tool_service::ToolService::start(
         ghost_connection.clone(),
         service_settings,
         definition("ghost", 1_500),

@@ -383,7 +383,7 @@ async fn a_tool_call_written_as_text_by_the_real_model_is_parsed_and_run() {
                    "required": ["a", "b", "operation"]}
     }))
     .unwrap();
-    let _tool = genfleet::bus::tool_service::ToolService::start(
+    let _tool = genfleet::client::tool_service::ToolService::start(
         f.fleet.client.nats().clone(),
         &f.fleet.settings,
         definition,

@@ -117,7 +117,7 @@ async fn a_slow_tool_times_out_and_the_slot_is_released() {
         "name": "snail", "brief": "Answer very slowly", "schema": {"type": "object"}, "timeout_ms": 200
     }))
     .unwrap();
-    let _snail = genfleet::bus::tool_service::ToolService::start(
+    let _snail = genfleet::client::tool_service::ToolService::start(
         f.nats.client().await,
         &f.settings,
         definition,

@@ -26,7 +26,6 @@ mod shared;
 pub mod store;
 mod submit;
 pub mod tenants;
-pub mod tool_service;
 pub mod tools;
 mod upkeep;
 mod wiring;

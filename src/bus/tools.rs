@@ -9,21 +9,11 @@ use futures_util::future::BoxFuture;
 
 use crate::client::subjects::Subjects;
 use crate::observe::Metrics;
-use crate::telemetry;
 use crate::tools::{ToolInvocation, ToolReply, ToolRunError, ToolRunner};
 
-pub const REQUEST_ID_HEADER: &str = "Genfleet-Request-Id";
-pub const CALL_ID_HEADER: &str = "Genfleet-Call-Id";
-pub const JOB_NAME_HEADER: &str = "Genfleet-Job-Name";
-/// W3C trace context, passed on from the request when its caller sent one.
-pub const TRACEPARENT_HEADER: &str = "traceparent";
-
-/// The `traceparent` header of a message, when it is well formed
-/// ([`telemetry::valid_traceparent`]); anything else is ignored.
-pub fn traceparent_of(message: &async_nats::Message) -> Option<String> {
-    let value = message.headers.as_ref()?.get(TRACEPARENT_HEADER)?.as_str();
-    telemetry::valid_traceparent(value).then(|| value.to_string())
-}
+pub use crate::client::reply::{
+    CALL_ID_HEADER, JOB_NAME_HEADER, REQUEST_ID_HEADER, TRACEPARENT_HEADER, traceparent_of,
+};
 
 #[derive(Clone)]
 pub struct BusToolRunner {

@@ -16,9 +16,9 @@ use futures_util::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::private_nats::{PrivateNats, TempDir};
-use crate::bus::tool_service::ToolService;
 use crate::bus::worker::WorkerHandle;
 use crate::client::Client;
+use crate::client::tool_service::ToolService;
 use crate::llm::mock::{MockServer, Script};
 use crate::manager::{LogSink, Manager, ManagerOptions, Policy};
 use crate::protocol::{Event, EventBody, GenerationRequest, GenerationResult, Reason};

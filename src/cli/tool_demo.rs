@@ -1,12 +1,12 @@
 //! `genfleet tool-demo`: two example tool services, a calculator and a clock, registered in
 //! KV and served on the bus until Ctrl-C or SIGTERM (then withdrawn). The demo and the tests use
-//! them; they also show how to write a tool service with `bus::tool_service`.
+//! them; they also show how to write a tool service with `client::tool_service`.
 
 use clap::Args;
 use serde_json::{Value, json};
 
-use crate::bus::tool_service::ToolService;
 use crate::client::connect::{self, ConnectPurpose};
+use crate::client::tool_service::ToolService;
 use crate::settings::Settings;
 use crate::tools::ToolDefinition;
 

@@ -9,7 +9,9 @@
 //!   process reads it;
 //! - `caller`: [`Client`], submitting, queueing, placing, cancelling and deciding;
 //! - `follow`: one stream of a request's events through its whole decision chain, to its last
-//!   continuation.
+//!   continuation;
+//! - `tool_service`: serving a tool to the fleet (registered in the tools bucket, answering
+//!   `tools.<name>`).
 
 pub mod caller;
 pub mod connect;
@@ -18,6 +20,7 @@ pub mod records;
 pub(crate) mod reply;
 pub mod streams;
 pub mod subjects;
+pub mod tool_service;
 
 pub use caller::{Client, ClientError, Queued};
 pub use follow::{Follow, Lost, Step};

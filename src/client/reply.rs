@@ -9,8 +9,19 @@ use crate::protocol::codec::CONTENT_TYPE_HEADER;
 use crate::protocol::text::{ELLIPSIS, clip_bytes};
 use crate::protocol::{Encoding, ErrorCode, WireError};
 
-/// The W3C trace context of a message: a request, a tool call or a reply joins its sender's trace.
+/// The headers a tool call carries so that its tool service can correlate it.
+pub const REQUEST_ID_HEADER: &str = "Genfleet-Request-Id";
+pub const CALL_ID_HEADER: &str = "Genfleet-Call-Id";
+pub const JOB_NAME_HEADER: &str = "Genfleet-Job-Name";
+/// W3C trace context: a request, a tool call or a reply joins its sender's trace.
 pub const TRACEPARENT_HEADER: &str = "traceparent";
+
+/// The `traceparent` header of a message, when it is well formed
+/// ([`crate::telemetry::valid_traceparent`]); anything else is ignored.
+pub fn traceparent_of(message: &async_nats::Message) -> Option<String> {
+    let value = message.headers.as_ref()?.get(TRACEPARENT_HEADER)?.as_str();
+    crate::telemetry::valid_traceparent(value).then(|| value.to_string())
+}
 
 /// The encoding a message was sent in.
 pub fn encoding_of(message: &Message) -> Encoding {

@@ -10,10 +10,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use genfleet::bus::tool_service::ToolService;
 use genfleet::bus::worker::WorkerHandle;
 use genfleet::cli::tool_demo::{calculate, calculate_definition};
 use genfleet::client::Client;
+use genfleet::client::tool_service::ToolService;
 use genfleet::llm::mock::{MockServer, Script};
 use genfleet::settings::Settings;
 

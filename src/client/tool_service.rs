@@ -10,9 +10,9 @@ use serde_json::Value;
 use tracing::Instrument;
 
 use super::BusError;
-use super::store::ensure_bucket;
-use super::tools::{CALL_ID_HEADER, JOB_NAME_HEADER, REQUEST_ID_HEADER, traceparent_of};
-use crate::client::subjects::Subjects;
+use super::reply::{CALL_ID_HEADER, JOB_NAME_HEADER, REQUEST_ID_HEADER, traceparent_of};
+use super::streams::ensure_bucket;
+use super::subjects::Subjects;
 use crate::settings::Settings;
 use crate::telemetry::{self, KeyValue};
 use crate::tools::{Tool, ToolDefinition};
@@ -92,9 +92,9 @@ impl ToolService {
                 let handler = handler.clone();
                 let responder = responder.clone();
                 let context = CallContext {
-                    request_id: crate::client::reply::header(&message, REQUEST_ID_HEADER),
-                    call_id: crate::client::reply::header(&message, CALL_ID_HEADER),
-                    job_name: crate::client::reply::header(&message, JOB_NAME_HEADER),
+                    request_id: super::reply::header(&message, REQUEST_ID_HEADER),
+                    call_id: super::reply::header(&message, CALL_ID_HEADER),
+                    job_name: super::reply::header(&message, JOB_NAME_HEADER),
                 };
                 let span = call_span(&tool, &context, &message);
                 tokio::spawn(async move {
