@@ -21,7 +21,7 @@ use super::finish::recorded;
 use super::schedule::{Scheduler, is_pool_consumer, queue_of_consumer};
 use super::shared::{Shared, hold_of};
 use super::store::{DurableClaim, LiveRecord, Over, StoreError, Stored};
-use crate::actors::{Capacity, Placement, TenantSlots};
+use crate::actors::{Capacity, Placement, Scheduling, TenantSlots};
 use crate::client::subjects::Subjects;
 use crate::protocol::ids::is_valid_request_id;
 use crate::protocol::{
@@ -292,15 +292,18 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
         .checked_sub(queued_for)
         .unwrap_or_else(Instant::now);
     let placement = Placement {
-        attempt: Some(attempt),
-        accepted_at: Some(accepted_at),
-        durable: true,
-        // An interactive submit may have taken the slot this message was pulled for: it
-        // waits for the next one, its delivery kept alive meanwhile.
-        wait_for_slot: true,
-        band: queued.band,
-        tenant,
-        ..chain
+        lineage: chain,
+        scheduling: Scheduling {
+            attempt: Some(attempt),
+            accepted_at: Some(accepted_at),
+            durable: true,
+            // An interactive submit may have taken the slot this message was pulled for: it
+            // waits for the next one, its delivery kept alive meanwhile.
+            wait_for_slot: true,
+            band: queued.band,
+            tenant,
+        },
+        ..Placement::default()
     };
     let kept = (message.clone(), live.clone());
     let claim = Claim { live, revision };

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use super::decisions::Decisions;
 use super::finish::FINISHING_AT_ONCE;
 use super::lookup::Lookup;
-use super::shared::{MAX_IN_FLIGHT, Shared};
+use super::shared::{Hold, MAX_IN_FLIGHT, Shared};
 use super::store::Stores;
 use super::tools::BusToolRunner;
 use super::{
@@ -59,7 +59,7 @@ impl Tasks {
 /// A worker that serves.
 pub(super) struct Started {
     pub(super) shared: Arc<Shared>,
-    pub(super) handle: SupervisorHandle,
+    pub(super) handle: SupervisorHandle<Arc<Hold>>,
     pub(super) tasks: Tasks,
     /// Where its HTTP server (metrics, health) listens, when `http.listen` is set.
     pub(super) http_addr: Option<std::net::SocketAddr>,
@@ -105,7 +105,7 @@ async fn serve(
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
     tasks: &mut Tasks,
-) -> Result<(Arc<Shared>, SupervisorHandle), BusError> {
+) -> Result<(Arc<Shared>, SupervisorHandle<Arc<Hold>>), BusError> {
     let client = connect::connect(&settings.nats, connect::ConnectPurpose::Worker)
         .await
         .map_err(|e| BusError::Setup(e.to_string()))?;
