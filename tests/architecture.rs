@@ -50,6 +50,12 @@ const LAYERS: &[Layer] = &[
         may_import: &["protocol"],
         must_not_use: NO_NATS_NO_ACTIX,
     },
+    // Which request a free slot takes: pure decisions, fed and asked by the actors and the bus.
+    Layer {
+        name: "schedule",
+        may_import: &["protocol", "settings"],
+        must_not_use: &["async_nats", "actix", "tokio"],
+    },
     Layer {
         name: "tools",
         may_import: &["protocol", "settings"],
@@ -71,6 +77,7 @@ const LAYERS: &[Layer] = &[
             "protocol",
             "telemetry",
             "settings",
+            "schedule",
             "llm",
             "tools",
             "engine",
@@ -86,7 +93,7 @@ const LAYERS: &[Layer] = &[
     // share with it: connecting, subjects, message bodies, streams and records, the caller.
     Layer {
         name: "client",
-        may_import: &["protocol", "telemetry", "settings"],
+        may_import: &["protocol", "telemetry", "settings", "schedule"],
         must_not_use: &["actix"],
     },
     Layer {
@@ -95,6 +102,7 @@ const LAYERS: &[Layer] = &[
             "protocol",
             "telemetry",
             "settings",
+            "schedule",
             "llm",
             "tools",
             "engine",
@@ -125,6 +133,7 @@ const LAYERS: &[Layer] = &[
             "protocol",
             "telemetry",
             "settings",
+            "schedule",
             "tools",
             "llm",
             "engine",

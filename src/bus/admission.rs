@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use super::affinity::Preference;
 use super::shared::{Asked, Hold, Shared};
 use super::store::LiveRecord;
 use crate::actors::{Accepted, CheckedRequest, Lineage, Placement, Submit};
@@ -21,6 +20,7 @@ use crate::protocol::decision::{
 };
 use crate::protocol::ids::is_valid_request_id;
 use crate::protocol::{ChainState, ErrorCode, GenerationRequest, RequestState, WireError};
+use crate::schedule::Preference;
 use crate::telemetry::{self, KeyValue, RequestTrace};
 
 /// Checks a request for acceptance, giving it an id when it has none.

@@ -24,7 +24,7 @@ use futures_util::StreamExt;
 use tokio::sync::watch;
 
 use super::admission::{self, Claim};
-use super::affinity::Preference;
+use super::affinity::preference_of;
 use super::shared::{Shared, spawn_handler};
 use super::store::LiveRecord;
 use crate::actors::{Accepted, Capacity, Placement, Scheduling};
@@ -276,9 +276,9 @@ async fn submit(
     let request_id = live.request_id.clone();
     let claim = Claim { live, revision };
     let preference = if pooled {
-        Preference::from_headers(message.headers.as_ref())
+        preference_of(message.headers.as_ref())
     } else {
-        Preference::direct(&shared.worker_id)
+        crate::schedule::Preference::direct(&shared.worker_id)
     };
     let admitted = admission::admit(shared, request, placement, claim, None, preference).await;
     if admitted.is_err() {

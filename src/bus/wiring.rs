@@ -14,9 +14,7 @@ use super::lookup::Lookup;
 use super::shared::{Hold, MAX_IN_FLIGHT, Shared};
 use super::store::Stores;
 use super::tools::BusToolRunner;
-use super::{
-    BusError, decide, finish, heartbeat, lookup, queue, schedule, service, submit, upkeep,
-};
+use super::{BusError, decide, finish, heartbeat, lookup, pull, queue, service, submit, upkeep};
 use crate::actors::{Supervisor, SupervisorConfig, SupervisorHandle};
 use crate::client::connect;
 use crate::client::subjects::Subjects;
@@ -209,14 +207,14 @@ async fn serve(
             submit::serve_submits(shared.clone(), handle.capacity.clone(), Some(first), route),
         );
     }
-    let heard = Arc::new(schedule::Heard::default());
-    let notices = schedule::notices(&shared).await?;
-    let scheduler = schedule::Scheduler::open(shared.clone(), heard.clone()).await?;
+    let heard = Arc::new(pull::Heard::default());
+    let notices = pull::notices(&shared).await?;
+    let scheduler = pull::Scheduler::open(shared.clone(), heard.clone()).await?;
     tasks.spawn(
         "queue notices",
-        schedule::hear_notices(shared.clone(), heard.clone(), notices),
+        pull::hear_notices(shared.clone(), heard.clone(), notices),
     );
-    tasks.spawn("queue scan", schedule::scan(shared.clone(), heard));
+    tasks.spawn("queue scan", pull::scan(shared.clone(), heard));
     tasks.spawn(
         "queue",
         queue::serve_queue(shared.clone(), scheduler, handle.capacity.clone()),

@@ -4,11 +4,12 @@
 use actix::prelude::*;
 
 use super::records::{Record, Waiting};
-use super::{Supervisor, announce_finished, lost_result, tenant_name};
+use super::{Supervisor, announce_finished, lost_result};
 use crate::actors::messages::{Release, Released, SlotDone, SlotReleased, Submit, Ticket};
 use crate::engine::EventEmitter;
 use crate::protocol::ids::new_id;
 use crate::protocol::{Accepted, ErrorCode, RequestState, WireError};
+use crate::schedule::tenant_name;
 
 impl<T: Ticket> Handler<Submit<T>> for Supervisor<T> {
     type Result = Result<Accepted, WireError>;
@@ -44,19 +45,21 @@ impl<T: Ticket> Handler<Submit<T>> for Supervisor<T> {
             state,
         };
         let free = self.config.slots.saturating_sub(self.busy);
-        let reserve = self.config.reserved.above(placement.scheduling.band);
-        let at_limit = self.at_tenant_limit(&placement.scheduling.tenant);
+        let policy = self.config.policy();
+        let tenant = placement.scheduling.tenant.as_deref();
+        let at_limit = policy.at_tenant_limit(&self.slots, tenant);
         if at_limit && !placement.scheduling.wait_for_slot {
             return Err(Self::refuse(
                 ErrorCode::TenantLimit,
                 format!(
                     "tenant {} already runs {} requests on this worker (worker.tenants.max_running)",
-                    tenant_name(&placement.scheduling.tenant),
+                    tenant_name(tenant),
                     self.config.tenant_max_running
                 ),
             ));
         }
-        if free > reserve && !at_limit && self.waiting.is_empty() {
+        if policy.band_fits(free, placement.scheduling.band) && !at_limit && self.waiting.is_empty()
+        {
             let accepted = accepted(RequestState::Running);
             // Started at once: nobody waits to hear it.
             placement.on_start = None;
@@ -128,7 +131,7 @@ impl<T: Ticket> Handler<SlotReleased> for Supervisor<T> {
             tracing::error!(message = "a slot was released twice", request_id = %msg.request_id);
             0
         });
-        self.slot_tenants.remove(&msg.request_id);
+        self.slots.free(&msg.request_id);
         // A slot that ends without a result (its actor stopped first) still ends its request.
         if let Some(Record::Running(_)) = self.records.get(&msg.request_id)
             && let Some(Record::Running(running)) = self.records.remove(&msg.request_id)

@@ -37,9 +37,10 @@ use super::slot::{SlotActor, SlotGuard};
 use crate::engine::{Engine, EventEmitter, EventSink, RequestContext};
 use crate::protocol::ids::new_id;
 use crate::protocol::{
-    Capacity, DEFAULT_TENANT, ErrorCode, EventBody, GenerationRequest, GenerationResult, Priority,
-    Reason, RequestLimits, RequestState, WireError,
+    Capacity, ErrorCode, EventBody, GenerationRequest, GenerationResult, Reason, RequestLimits,
+    RequestState, WireError,
 };
+use crate::schedule::{SlotPolicy, Slots, TenantLimit};
 use crate::settings::{ReservedSlots, Settings};
 
 /// Messages the Supervisor's mailbox holds before `send` callers wait.
@@ -74,6 +75,14 @@ impl SupervisorConfig {
             tenant_max_running: settings.worker.tenants.max_running,
         }
     }
+
+    /// What its slots may be taken by (see [`crate::schedule`]).
+    pub fn policy(&self) -> SlotPolicy {
+        SlotPolicy {
+            reserved: self.reserved,
+            tenant_limit: TenantLimit(self.tenant_max_running),
+        }
+    }
 }
 
 pub struct Supervisor<T> {
@@ -89,9 +98,8 @@ pub struct Supervisor<T> {
     waiting: VecDeque<String>,
     /// Finished records in the order they finished, for the retention bound.
     finished_order: VecDeque<String>,
-    /// The tenant and band of each taken slot, by request id, from the slot's start until
-    /// its release (so at most `slots` entries).
-    slot_tenants: HashMap<String, (String, Priority)>,
+    /// The tenant and band of each taken slot.
+    slots: Slots,
     capacity: watch::Sender<Capacity>,
 }
 
@@ -131,7 +139,7 @@ impl<T: Ticket> Supervisor<T> {
             records: HashMap::new(),
             waiting: VecDeque::new(),
             finished_order: VecDeque::new(),
-            slot_tenants: HashMap::new(),
+            slots: Slots::default(),
             capacity,
         };
         SupervisorHandle {
@@ -210,12 +218,10 @@ impl<T: Ticket> Supervisor<T> {
         let cancel = CancellationToken::new();
         let sequence = Arc::new(AtomicU64::new(0));
         self.busy += 1;
-        self.slot_tenants.insert(
-            request_id.clone(),
-            (
-                tenant_name(&placement.scheduling.tenant).to_string(),
-                placement.scheduling.band,
-            ),
+        self.slots.take(
+            &request_id,
+            placement.scheduling.tenant.as_deref(),
+            placement.scheduling.band,
         );
         self.records.insert(
             request_id.clone(),
@@ -256,18 +262,19 @@ impl<T: Ticket> Supervisor<T> {
     fn start_waiting(&mut self, ctx: &mut Context<Self>) {
         while !self.draining && !self.paused && self.busy < self.config.slots {
             let free = self.config.slots - self.busy;
-            let next = self
-                .waiting
-                .iter()
-                .enumerate()
-                .filter_map(|(i, id)| match self.records.get(id) {
-                    Some(Record::Waiting(w)) => Some((i, &w.placement.scheduling)),
+            let waiting = self.waiting.iter().enumerate().filter_map(|(place, id)| {
+                match self.records.get(id) {
+                    Some(Record::Waiting(w)) => {
+                        let scheduling = &w.placement.scheduling;
+                        Some((place, scheduling.band, scheduling.tenant.as_deref()))
+                    }
                     _ => None,
-                })
-                .filter(|(_, p)| free > self.config.reserved.above(p.band))
-                .filter(|(_, p)| !self.at_tenant_limit(&p.tenant))
-                .min_by_key(|(i, p)| (p.band, *i))
-                .map(|(i, _)| i);
+                }
+            });
+            let next = self
+                .config
+                .policy()
+                .next_waiting(free, &self.slots, waiting);
             let Some(index) = next else {
                 break;
             };
@@ -280,20 +287,6 @@ impl<T: Ticket> Supervisor<T> {
             let Waiting { request, placement } = *waiting;
             self.start_in_slot(request, placement, ctx);
         }
-    }
-
-    /// The tenant runs as many requests here as `worker.tenants.max_running` allows.
-    fn at_tenant_limit(&self, tenant: &Option<String>) -> bool {
-        let limit = self.config.tenant_max_running;
-        limit > 0 && self.tenant_slots(tenant_name(tenant)) >= limit
-    }
-
-    /// The slots a tenant holds.
-    fn tenant_slots(&self, tenant: &str) -> u32 {
-        self.slot_tenants
-            .values()
-            .filter(|(t, _)| t == tenant)
-            .count() as u32
     }
 
     /// Ends a request that waited for a slot without running: CANCELLED, by `by`.
@@ -405,11 +398,6 @@ fn fill_from_context(
         request.job_name.clone(),
         request.metadata.clone(),
     );
-}
-
-/// The name of a placement's tenant.
-fn tenant_name(tenant: &Option<String>) -> &str {
-    tenant.as_deref().unwrap_or(DEFAULT_TENANT)
 }
 
 fn place(

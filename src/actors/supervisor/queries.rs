@@ -2,8 +2,6 @@
 //! a request's status, its result, the requests held with their tickets, the slots per tenant,
 //! the counts.
 
-use std::collections::HashMap;
-
 use actix::prelude::*;
 
 use super::Supervisor;
@@ -122,14 +120,7 @@ impl<T: Ticket> Handler<TenantSlots> for Supervisor<T> {
     type Result = Vec<(String, Priority, u32)>;
 
     fn handle(&mut self, _: TenantSlots, _: &mut Context<Self>) -> Self::Result {
-        let mut counts: HashMap<(&str, Priority), u32> = HashMap::new();
-        for (tenant, band) in self.slot_tenants.values() {
-            *counts.entry((tenant.as_str(), *band)).or_default() += 1;
-        }
-        counts
-            .into_iter()
-            .map(|((tenant, band), n)| (tenant.to_string(), band, n))
-            .collect()
+        self.slots.by_tenant_and_band()
     }
 }
 
