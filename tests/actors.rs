@@ -12,8 +12,8 @@ use common::wait;
 use futures_util::StreamExt;
 use futures_util::stream;
 use genfleet::actors::{
-    Cancel, Canceller, Capacity, Drain, GetResult, Held, Placement, Release, Stats, Status, Submit,
-    Supervisor, SupervisorConfig, SupervisorHandle, Ticket,
+    Cancel, Canceller, Capacity, Drain, GetResult, Held, Placement, Release, Scheduling, Stats,
+    Status, Submit, SupervisorConfig,
 };
 use genfleet::engine::{DefaultBios, Engine, EngineConfig};
 use genfleet::llm::{
@@ -27,6 +27,10 @@ use genfleet::settings::ReservedSlots;
 use genfleet::tools::ToolCatalog;
 use proptest::prelude::*;
 use tokio::sync::{mpsc, watch};
+
+/// The Supervisor under test keeps a text with each request as its ticket.
+type Supervisor = genfleet::actors::Supervisor<String>;
+type SupervisorHandle = genfleet::actors::SupervisorHandle<String>;
 
 /// What the scripted backend does for one request (keyed by the request's user message).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -286,8 +290,11 @@ async fn submit_as(
         .send(Submit {
             request,
             placement: Placement {
-                band,
-                tenant: tenant.map(str::to_string),
+                scheduling: Scheduling {
+                    band,
+                    tenant: tenant.map(str::to_string),
+                    ..Scheduling::default()
+                },
                 ..Placement::default()
             },
         })
@@ -692,7 +699,10 @@ async fn drain_lets_running_requests_finish_then_cancels_the_rest() {
     addr.send(Submit {
         request: f.handle.checker.check(request("durable")).unwrap(),
         placement: Placement {
-            durable: true,
+            scheduling: Scheduling {
+                durable: true,
+                ..Scheduling::default()
+            },
             ..Placement::default()
         },
     })
@@ -952,9 +962,12 @@ async fn submit_waiting(
         .send(Submit {
             request: handle.checker.check(request(id)).unwrap(),
             placement: Placement {
-                durable: true,
-                wait_for_slot: true,
-                ticket: Some(Ticket(Arc::new(format!("ticket of {id}")))),
+                scheduling: Scheduling {
+                    durable: true,
+                    wait_for_slot: true,
+                    ..Scheduling::default()
+                },
+                ticket: Some(format!("ticket of {id}")),
                 on_start: Some(on_start),
                 ..Placement::default()
             },
@@ -965,12 +978,8 @@ async fn submit_waiting(
     (accepted, started)
 }
 
-fn ticket_text(ticket: &Option<Ticket>) -> String {
-    ticket
-        .as_ref()
-        .and_then(|t| t.0.clone().downcast::<String>().ok())
-        .map(|t| (*t).clone())
-        .unwrap_or_default()
+fn ticket_text(ticket: &Option<String>) -> String {
+    ticket.clone().unwrap_or_default()
 }
 
 #[actix::test]
@@ -993,7 +1002,7 @@ async fn a_request_waiting_for_a_slot_starts_when_one_frees_and_keeps_its_ticket
     );
     let (refused, _) = submit_waiting(&f.handle, "third").await;
     assert_eq!(refused.unwrap_err(), ErrorCode::NoSlotAvailable);
-    let held = f.handle.addr.send(Held).await.unwrap();
+    let held = f.handle.addr.send(Held::new()).await.unwrap();
     let next = held.iter().find(|h| h.request_id == "next").unwrap();
     assert_eq!(next.state, RequestState::Queued);
     assert_eq!(ticket_text(&next.ticket), "ticket of next");
@@ -1008,9 +1017,7 @@ async fn a_request_waiting_for_a_slot_starts_when_one_frees_and_keeps_its_ticket
     let released = f
         .handle
         .addr
-        .send(Release {
-            request_id: "next".into(),
-        })
+        .send(Release::new("next"))
         .await
         .unwrap()
         .expect("an ended request is released with its ticket");
@@ -1053,9 +1060,7 @@ async fn a_waiting_request_cancelled_never_runs_and_a_drain_hands_back_the_other
     let released = f
         .handle
         .addr
-        .send(Release {
-            request_id: "cancelled".into(),
-        })
+        .send(Release::new("cancelled"))
         .await
         .unwrap()
         .unwrap();
@@ -1080,9 +1085,7 @@ async fn a_waiting_request_cancelled_never_runs_and_a_drain_hands_back_the_other
     let released = f
         .handle
         .addr
-        .send(Release {
-            request_id: "handed-back".into(),
-        })
+        .send(Release::new("handed-back"))
         .await
         .unwrap()
         .unwrap();

@@ -12,7 +12,7 @@ use tracing::Instrument;
 use actix::prelude::*;
 use tokio_util::sync::CancellationToken;
 
-use super::supervisor::{SlotDone, SlotReleased, Supervisor};
+use super::messages::{SlotDone, SlotReleased};
 use crate::engine::{Engine, EventEmitter, EventSink, RequestContext};
 use crate::protocol::GenerationRequest;
 use crate::telemetry::{self, KeyValue};
@@ -20,24 +20,29 @@ use crate::telemetry::{self, KeyValue};
 /// Frees the slot when dropped; owned by the slot actor and nothing else.
 pub(super) struct SlotGuard {
     pub(super) request_id: String,
-    pub(super) supervisor: Addr<Supervisor>,
+    /// The Supervisor, told of the free slot.
+    pub(super) released: Recipient<SlotReleased>,
 }
 
 impl Drop for SlotGuard {
     fn drop(&mut self) {
         // do_send ignores the mailbox bound; at most one release per slot is ever in flight,
         // so what it can queue is bounded by `worker.slots`.
-        self.supervisor.do_send(SlotReleased {
+        self.released.do_send(SlotReleased {
             request_id: std::mem::take(&mut self.request_id),
         });
     }
 }
 
 pub(super) struct SlotActor {
+    /// The Supervisor, told of the generation's end.
+    pub(super) done: Recipient<SlotDone>,
     pub(super) engine: Arc<Engine>,
     pub(super) job: Option<(GenerationRequest, RequestContext)>,
     pub(super) sink: EventSink,
     pub(super) cancel: CancellationToken,
+    /// Kept for its `Drop`, which frees the slot.
+    #[expect(dead_code, reason = "held for its Drop alone")]
     pub(super) guard: SlotGuard,
     pub(super) sequence: Arc<AtomicU64>,
     pub(super) task: Option<tokio::task::AbortHandle>,
@@ -90,7 +95,7 @@ impl Actor for SlotActor {
                     Err(what)
                 }
             };
-            act.guard.supervisor.do_send(SlotDone {
+            act.done.do_send(SlotDone {
                 request_id: started.request_id.clone(),
                 context: started.clone(),
                 outcome,

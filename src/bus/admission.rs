@@ -11,16 +11,16 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use super::affinity::Preference;
 use super::shared::{Asked, Hold, Shared};
 use super::store::LiveRecord;
-use crate::actors::{Accepted, CheckedRequest, Placement, Submit};
+use crate::actors::{Accepted, CheckedRequest, Lineage, Placement, Submit};
 use crate::client::reply::header;
 use crate::protocol::decision::{
     CHAIN_HEADER, CHAIN_STATE_HEADER, PARENT_HEADER, ROOT_HEADER, TRACE_LINK_HEADER,
 };
 use crate::protocol::ids::is_valid_request_id;
 use crate::protocol::{ChainState, ErrorCode, GenerationRequest, RequestState, WireError};
+use crate::schedule::Preference;
 use crate::telemetry::{self, KeyValue, RequestTrace};
 
 /// Checks a request for acceptance, giving it an id when it has none.
@@ -43,10 +43,10 @@ pub(super) async fn vouched_chain(
     shared: &Shared,
     message: &async_nats::Message,
     request_id: &str,
-) -> Result<Placement, WireError> {
-    let plain = Placement {
+) -> Result<Lineage, WireError> {
+    let plain = Lineage {
         traceparent: super::tools::traceparent_of(message),
-        ..Placement::default()
+        ..Lineage::default()
     };
     let claims_chain = [CHAIN_HEADER, CHAIN_STATE_HEADER, PARENT_HEADER, ROOT_HEADER]
         .iter()
@@ -83,7 +83,7 @@ pub(super) async fn vouched_chain(
         );
         return Ok(plain);
     };
-    Ok(Placement {
+    Ok(Lineage {
         root_request_id: Some(record.root_request_id.clone()),
         parent_request_id: Some(record.request_id.clone()),
         chain_position: Some(record.chain_position + 1),
@@ -105,16 +105,17 @@ pub(super) struct Claim {
 pub(super) async fn admit(
     shared: &Shared,
     request: CheckedRequest,
-    mut placement: Placement,
+    mut placement: Placement<Arc<Hold>>,
     claim: Claim,
     message: Option<async_nats::jetstream::Message>,
     preference: Preference,
 ) -> Result<Accepted, WireError> {
     let root_request_id = placement
+        .lineage
         .root_request_id
         .clone()
         .unwrap_or_else(|| request.request_id().to_string());
-    let chain_position = placement.chain_position.unwrap_or(1);
+    let chain_position = placement.lineage.chain_position.unwrap_or(1);
     let affinity = preference.record(
         request.request(),
         &root_request_id,
@@ -125,17 +126,17 @@ pub(super) async fn admit(
         request: request.request().clone(),
         root_request_id,
         chain_position,
-        chain: placement.chain.clone(),
+        chain: placement.lineage.chain.clone(),
         affinity,
     };
     let trace = request_trace(shared, &request, &placement);
     if let Some(ours) = trace.traceparent() {
         // The slot, the backend and tool services hang their spans under this worker's.
-        placement.traceparent = Some(ours.to_string());
+        placement.lineage.traceparent = Some(ours.to_string());
     }
     let hold = Arc::new(Hold::new(asked, claim.live, claim.revision, message, trace));
-    placement.ticket = Some(crate::actors::Ticket(hold.clone()));
-    let started = if placement.wait_for_slot {
+    placement.ticket = Some(hold.clone());
+    let started = if placement.scheduling.wait_for_slot {
         let (tx, rx) = oneshot::channel();
         placement.on_start = Some(tx);
         Some(rx)
@@ -163,32 +164,37 @@ pub(super) async fn admit(
 
 /// The request's span on this worker, from when the fleet accepted it: a child of the caller's
 /// span, and for a continuation linked to the decision it answers.
-fn request_trace(shared: &Shared, request: &CheckedRequest, placement: &Placement) -> RequestTrace {
+fn request_trace(
+    shared: &Shared,
+    request: &CheckedRequest,
+    placement: &Placement<Arc<Hold>>,
+) -> RequestTrace {
     if !telemetry::exporting() {
         return RequestTrace::off();
     }
     let accepted = placement
+        .scheduling
         .accepted_at
         .map_or_else(std::time::SystemTime::now, |at| {
             telemetry::wall_clock_ago(at.elapsed())
         });
-    let link = placement.trace_link.clone();
+    let link = placement.lineage.trace_link.clone();
     let attributes = vec![
         KeyValue::new("genfleet.request_id", request.request_id().to_string()),
         KeyValue::new("genfleet.pool", shared.settings.worker.pool.clone()),
         KeyValue::new("genfleet.worker_id", shared.worker_id.clone()),
         KeyValue::new(
             "genfleet.chain_position",
-            i64::from(placement.chain_position.unwrap_or(1)),
+            i64::from(placement.lineage.chain_position.unwrap_or(1)),
         ),
         KeyValue::new(
             "genfleet.attempt",
-            i64::from(placement.attempt.unwrap_or(1)),
+            i64::from(placement.scheduling.attempt.unwrap_or(1)),
         ),
-        KeyValue::new("genfleet.durable", placement.durable),
+        KeyValue::new("genfleet.durable", placement.scheduling.durable),
     ];
     RequestTrace::start(
-        placement.traceparent.as_deref(),
+        placement.lineage.traceparent.as_deref(),
         link.as_deref(),
         accepted,
         attributes,

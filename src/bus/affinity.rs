@@ -1,11 +1,6 @@
-//! Affinity on the worker's side: what a request with an affinity key says about where it was
-//! sent first, turned into the `affinity` record of its result.
-//!
-//! There is no central router. The submitter knows which worker served a key last (the Rust
-//! client keeps a bounded map of it, learnt from replies and results) and tries that worker's
-//! own submit subject first, then the pool at once; it tells the worker that takes the request
-//! which worker it preferred and why it fell back ([`PREFERRED_WORKER_HEADER`],
-//! [`AFFINITY_FALLBACK_HEADER`]). The worker only records what happened.
+//! Affinity on the bus: the submitter's headers read (what they mean for the result's record is
+//! decided in [`crate::schedule::Preference`]), and a continuation offered to the worker that
+//! ran its chain before.
 
 use std::time::Duration;
 
@@ -15,69 +10,17 @@ use bytes::Bytes;
 
 use super::store::record_key;
 use crate::protocol::request::{AFFINITY_FALLBACK_HEADER, PREFERRED_WORKER_HEADER};
-use crate::protocol::{AffinityRecord, ErrorCode, ErrorReply, GenerationRequest};
+use crate::protocol::{ErrorCode, ErrorReply};
+use crate::schedule::Preference;
 
-/// The longest worker id read from a header; a longer one is ignored.
-const MAX_WORKER_ID_LEN: usize = 256;
-/// The fallback reasons a submitter may give; any other is ignored.
-const FALLBACKS: &[&str] = &["busy"];
-
-/// How a request reached this worker: as the submitter told it.
-#[derive(Debug, Clone, Default)]
-pub(super) struct Preference {
-    /// The worker the submitter preferred.
-    pub(super) worker: Option<String>,
-    /// Why the request is not on that worker's own subject.
-    pub(super) fallback: Option<String>,
-}
-
-impl Preference {
-    /// A submit on this worker's own subject: it is the preferred worker.
-    pub(super) fn direct(worker_id: &str) -> Preference {
-        Preference {
-            worker: Some(worker_id.to_string()),
-            fallback: None,
-        }
-    }
-
-    /// What the submitter's headers say (headers too long or unknown are ignored: they only
-    /// ever feed the result's record).
-    pub(super) fn from_headers(headers: Option<&HeaderMap>) -> Preference {
-        let read = |name: &str| {
-            headers
-                .and_then(|h| h.get(name))
-                .map(|v| v.as_str().trim().to_string())
-        };
-        let worker = read(PREFERRED_WORKER_HEADER).filter(|w| {
-            !w.is_empty()
-                && w.len() <= MAX_WORKER_ID_LEN
-                && !w.chars().any(|c| c.is_control() || c.is_whitespace())
-        });
-        let fallback = read(AFFINITY_FALLBACK_HEADER).filter(|f| FALLBACKS.contains(&f.as_str()));
-        Preference { worker, fallback }
-    }
-
-    /// The result's `affinity` record, when the request has a key: its own, or for a
-    /// continuation (a place past 1 in its chain) its chain's root request id.
-    pub(super) fn record(
-        &self,
-        request: &GenerationRequest,
-        root_request_id: &str,
-        chain_position: u32,
-        worker_id: &str,
-    ) -> Option<AffinityRecord> {
-        let key = request
-            .affinity_key
-            .clone()
-            .or_else(|| (chain_position > 1).then(|| root_request_id.to_string()))?;
-        let held = self.worker.as_deref() == Some(worker_id);
-        Some(AffinityRecord {
-            key,
-            preferred_worker: self.worker.clone(),
-            held,
-            fallback: if held { None } else { self.fallback.clone() },
-        })
-    }
+/// How a request reached this worker, as its submitter's headers tell it (see
+/// [`crate::schedule::Preference`]).
+pub(super) fn preference_of(headers: Option<&HeaderMap>) -> Preference {
+    let read = |name: &str| headers.and_then(|h| h.get(name)).map(|v| v.as_str());
+    Preference::told(
+        read(PREFERRED_WORKER_HEADER),
+        read(AFFINITY_FALLBACK_HEADER),
+    )
 }
 
 /// How long the chain's previous worker has to take a continuation before the queue gets it.
@@ -145,82 +88,17 @@ pub(super) async fn on_record(results: &kv::Store, request_id: &str) -> bool {
 mod tests {
     use super::*;
 
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut headers = HeaderMap::new();
-        for (name, value) in pairs {
-            headers.insert(*name, *value);
-        }
-        headers
-    }
-
     #[test]
-    fn the_record_says_where_a_keyed_request_ran() {
-        let keyed = GenerationRequest {
-            affinity_key: Some("chat-1".into()),
-            ..GenerationRequest::user("hi")
-        };
-        let plain = GenerationRequest::user("hi");
-        let cases: Vec<(Preference, &GenerationRequest, u32, Option<AffinityRecord>)> = vec![
-            // No key, not a continuation: no record.
-            (Preference::direct("w1"), &plain, 1, None),
-            // On its own subject: held.
-            (
-                Preference::direct("w1"),
-                &keyed,
-                1,
-                Some(AffinityRecord {
-                    key: "chat-1".into(),
-                    preferred_worker: Some("w1".into()),
-                    held: true,
-                    fallback: None,
-                }),
-            ),
-            // Sent to the pool after the preferred worker refused: not held, busy.
-            (
-                Preference::from_headers(Some(&headers(&[
-                    (PREFERRED_WORKER_HEADER, "w2"),
-                    (AFFINITY_FALLBACK_HEADER, "busy"),
-                ]))),
-                &keyed,
-                1,
-                Some(AffinityRecord {
-                    key: "chat-1".into(),
-                    preferred_worker: Some("w2".into()),
-                    held: false,
-                    fallback: Some("busy".into()),
-                }),
-            ),
-            // A continuation without a key follows its root; nothing known, nothing preferred.
-            (
-                Preference::from_headers(Some(&headers(&[(AFFINITY_FALLBACK_HEADER, "odd")]))),
-                &plain,
-                2,
-                Some(AffinityRecord {
-                    key: "root-1".into(),
-                    preferred_worker: None,
-                    held: false,
-                    fallback: None,
-                }),
-            ),
-            // A header that is no worker id is ignored.
-            (
-                Preference::from_headers(Some(&headers(&[(PREFERRED_WORKER_HEADER, "a b")]))),
-                &keyed,
-                1,
-                Some(AffinityRecord {
-                    key: "chat-1".into(),
-                    preferred_worker: None,
-                    held: false,
-                    fallback: None,
-                }),
-            ),
-        ];
-        for (preference, request, position, expected) in cases {
-            assert_eq!(
-                preference.record(request, "root-1", position, "w1"),
-                expected,
-                "{preference:?}"
-            );
-        }
+    fn the_submitters_headers_are_read() {
+        let mut headers = HeaderMap::new();
+        headers.insert(PREFERRED_WORKER_HEADER, " w2 ");
+        headers.insert(AFFINITY_FALLBACK_HEADER, "busy");
+        let told = preference_of(Some(&headers));
+        assert_eq!(
+            (told.worker.as_deref(), told.fallback.as_deref()),
+            (Some("w2"), Some("busy"))
+        );
+        let none = preference_of(None);
+        assert_eq!((none.worker, none.fallback), (None, None));
     }
 }

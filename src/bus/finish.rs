@@ -85,17 +85,12 @@ async fn finish(shared: &Shared, mut event: Event) {
     }
     let released = shared
         .supervisor
-        .send(Release {
-            request_id: result.request_id.clone(),
-        })
+        .send(Release::new(result.request_id.clone()))
         .await
         .ok()
         .flatten();
     let (hold, cancelled_by) = match released {
-        Some(released) => (
-            released.ticket.as_ref().and_then(Hold::of),
-            released.cancelled_by,
-        ),
+        Some(released) => (released.ticket, released.cancelled_by),
         None => (None, None),
     };
     if let Some(hold) = &hold {

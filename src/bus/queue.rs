@@ -1,5 +1,5 @@
 //! The durable queue: stream `GENFLEET_QUEUE` (work-queue retention), one durable pull
-//! consumer per pool, band and tenant (see [`super::schedule`] for which a free slot takes). A
+//! consumer per pool, band and tenant (see [`crate::schedule`] for which a free slot takes). A
 //! worker pulls only as many messages as it has free slots, keeps long generations alive with
 //! in-progress acks, stores the result and then acks. A worker that dies leaves its message to
 //! be redelivered to another (`attempt` + 1); when deliveries run out, a worker stores FAILED
@@ -8,28 +8,27 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use std::collections::{HashMap, HashSet};
-
 use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt;
 use tokio::sync::watch;
 
 use super::BusError;
 use super::admission::{self, Claim};
-use super::affinity::Preference;
+use super::affinity::preference_of;
 use super::finish::recorded;
-use super::schedule::{Scheduler, is_pool_consumer, queue_of_consumer};
+use super::pull::{Scheduler, is_pool_consumer, queue_of_consumer};
 use super::shared::{Shared, hold_of};
 use super::store::{DurableClaim, LiveRecord, Over, StoreError, Stored};
-use crate::actors::{Capacity, Placement, TenantSlots};
+use crate::actors::{Capacity, Placement, Scheduling, TenantSlots};
 use crate::client::subjects::Subjects;
 use crate::protocol::ids::is_valid_request_id;
 use crate::protocol::{
     DEFAULT_TENANT, ErrorCode, GenerationRequest, GenerationResult, Priority, Reason, RequestState,
     WireError,
 };
+use crate::schedule::TenantLoad;
 
-pub use super::schedule::consumer_name;
+pub use super::pull::consumer_name;
 
 /// Keeps `genfleet_queue_pending` and `genfleet_queue_ack_pending` current (the pool's lag,
 /// over all its bands and tenants), and the waiting and running counts of each tenant and
@@ -98,9 +97,8 @@ pub(super) async fn serve_queue(
             scheduler.try_all();
             tick = tokio::time::Instant::now() + TRY_ALL_EVERY;
         }
-        let running = running_by_tenant(&shared).await;
-        let held_back = at_limit(&shared, &running);
-        let messages = scheduler.next(free as u32, &held_back, &running).await;
+        let load = tenant_load(&shared).await;
+        let messages = scheduler.next(free as u32, &load).await;
         if messages.is_empty() {
             // Nothing to take: wait for a notice, a slot freeing, or the next tick.
             let wait = tick.saturating_duration_since(tokio::time::Instant::now());
@@ -126,28 +124,11 @@ pub(super) async fn serve_queue(
 const TRY_ALL_EVERY: Duration = Duration::from_secs(1);
 
 /// The requests each tenant runs on this worker.
-async fn running_by_tenant(shared: &Shared) -> HashMap<String, u32> {
-    let mut running: HashMap<String, u32> = HashMap::new();
-    if let Ok(slots) = shared.supervisor.send(TenantSlots).await {
-        for (tenant, _, n) in slots {
-            *running.entry(tenant).or_default() += n;
-        }
+async fn tenant_load(shared: &Shared) -> TenantLoad {
+    match shared.supervisor.send(TenantSlots).await {
+        Ok(slots) => TenantLoad::from_slots(slots),
+        Err(_) => TenantLoad::default(),
     }
-    running
-}
-
-/// The tenants this worker runs as many requests of as `worker.tenants.max_running` allows:
-/// their queues wait.
-fn at_limit(shared: &Shared, running: &HashMap<String, u32>) -> HashSet<String> {
-    let limit = shared.settings.worker.tenants.max_running;
-    if limit == 0 {
-        return HashSet::new();
-    }
-    running
-        .iter()
-        .filter(|(_, n)| **n >= limit)
-        .map(|(tenant, _)| tenant.clone())
-        .collect()
 }
 
 async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
@@ -292,19 +273,22 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
         .checked_sub(queued_for)
         .unwrap_or_else(Instant::now);
     let placement = Placement {
-        attempt: Some(attempt),
-        accepted_at: Some(accepted_at),
-        durable: true,
-        // An interactive submit may have taken the slot this message was pulled for: it
-        // waits for the next one, its delivery kept alive meanwhile.
-        wait_for_slot: true,
-        band: queued.band,
-        tenant,
-        ..chain
+        lineage: chain,
+        scheduling: Scheduling {
+            attempt: Some(attempt),
+            accepted_at: Some(accepted_at),
+            durable: true,
+            // An interactive submit may have taken the slot this message was pulled for: it
+            // waits for the next one, its delivery kept alive meanwhile.
+            wait_for_slot: true,
+            band: queued.band,
+            tenant,
+        },
+        ..Placement::default()
     };
     let kept = (message.clone(), live.clone());
     let claim = Claim { live, revision };
-    let preference = Preference::from_headers(message.headers.as_ref());
+    let preference = preference_of(message.headers.as_ref());
     match admission::admit(shared, request, placement, claim, Some(message), preference).await {
         Ok(_) => {}
         Err(error)

@@ -3,8 +3,9 @@
 //! The Supervisor is the worker's one owner of per-request state. The bus keeps no table of
 //! requests beside it: what the bus needs of a request while it is held (what it asked, its
 //! claim on the request's record, its queue message) is a [`Hold`] that travels in the
-//! Supervisor's record as its ticket, is read back with `Held` and `TicketOf`, and comes back
-//! whole with `Release` when the request ends. A request cannot be on record in one table and
+//! Supervisor's record as its ticket (the worker's Supervisor is a `Supervisor<Arc<Hold>>`), is
+//! read back with `Held` and `TicketOf`, and comes back whole with `Release` when the request
+//! ends. A request cannot be on record in one table and
 //! missing from the other.
 
 use std::collections::HashMap;
@@ -17,7 +18,7 @@ use tokio::sync::{Semaphore, broadcast, watch};
 
 use super::decisions::Decisions;
 use super::store::{LiveRecord, Stores};
-use crate::actors::{Capacity, Held, HeldRequest, RequestChecker, Supervisor, Ticket, TicketOf};
+use crate::actors::{Capacity, Held, HeldRequest, RequestChecker, Supervisor, TicketOf};
 use crate::client::subjects::Subjects;
 use crate::observe::Metrics;
 use crate::protocol::{AffinityRecord, ChainState, GenerationRequest};
@@ -31,7 +32,7 @@ pub(super) struct Shared {
     pub(super) client: async_nats::Client,
     pub(super) subjects: Subjects,
     pub(super) stores: Stores,
-    pub(super) supervisor: Addr<Supervisor>,
+    pub(super) supervisor: Addr<Supervisor<Arc<Hold>>>,
     pub(super) checker: RequestChecker,
     pub(super) capacity: watch::Receiver<Capacity>,
     /// Heartbeats (`GENFLEET_WORKERS`).
@@ -255,21 +256,16 @@ impl Hold {
     pub(super) fn wrote(&self, revision: u64) {
         self.revision.fetch_max(revision, Ordering::AcqRel);
     }
-
-    /// The hold a ticket carries (every ticket the bus hands the Supervisor is one).
-    pub(super) fn of(ticket: &Ticket) -> Option<Arc<Hold>> {
-        ticket.0.clone().downcast::<Hold>().ok()
-    }
 }
 
 /// The requests the Supervisor holds, each with the bus's hold.
-pub(super) async fn held_requests(shared: &Shared) -> Vec<(HeldRequest, Arc<Hold>)> {
-    let Ok(held) = shared.supervisor.send(Held).await else {
+pub(super) async fn held_requests(shared: &Shared) -> Vec<(HeldRequest<Arc<Hold>>, Arc<Hold>)> {
+    let Ok(held) = shared.supervisor.send(Held::new()).await else {
         return Vec::new();
     };
     held.into_iter()
         .filter_map(|request| {
-            let hold = request.ticket.as_ref().and_then(Hold::of)?;
+            let hold = request.ticket.clone()?;
             Some((request, hold))
         })
         .collect()
@@ -277,12 +273,9 @@ pub(super) async fn held_requests(shared: &Shared) -> Vec<(HeldRequest, Arc<Hold
 
 /// The hold of one request the Supervisor holds.
 pub(super) async fn hold_of(shared: &Shared, request_id: &str) -> Option<Arc<Hold>> {
-    let ticket = shared
+    shared
         .supervisor
-        .send(TicketOf {
-            request_id: request_id.to_string(),
-        })
+        .send(TicketOf::new(request_id))
         .await
-        .ok()??;
-    Hold::of(&ticket)
+        .ok()?
 }

@@ -24,10 +24,10 @@ use futures_util::StreamExt;
 use tokio::sync::watch;
 
 use super::admission::{self, Claim};
-use super::affinity::Preference;
+use super::affinity::preference_of;
 use super::shared::{Shared, spawn_handler};
 use super::store::LiveRecord;
-use crate::actors::{Accepted, Capacity, Placement};
+use crate::actors::{Accepted, Capacity, Placement, Scheduling};
 use crate::client::reply::{decode, guarded, header, respond};
 use crate::protocol::{
     DEFAULT_TENANT, ErrorCode, GenerationRequest, RequestState, WireError,
@@ -249,7 +249,7 @@ async fn submit(
     // A continuation offered by the worker that took its decision's answer carries its chain,
     // as on the queue, believed only as far as its decision's record vouches for it (see
     // `super::decisions`).
-    let placement = admission::vouched_chain(shared, message, request.request_id()).await?;
+    let lineage = admission::vouched_chain(shared, message, request.request_id()).await?;
     let live = LiveRecord {
         request_id: request.request_id().to_string(),
         state: RequestState::Running,
@@ -265,16 +265,20 @@ async fn submit(
     // A pool submit a peer forwarded here is one of the pool's still.
     let pooled = route == Route::Pool || is_forwarded(message);
     let placement = Placement {
-        band,
-        tenant,
-        ..placement
+        lineage,
+        scheduling: Scheduling {
+            band,
+            tenant,
+            ..Scheduling::default()
+        },
+        ..Placement::default()
     };
     let request_id = live.request_id.clone();
     let claim = Claim { live, revision };
     let preference = if pooled {
-        Preference::from_headers(message.headers.as_ref())
+        preference_of(message.headers.as_ref())
     } else {
-        Preference::direct(&shared.worker_id)
+        crate::schedule::Preference::direct(&shared.worker_id)
     };
     let admitted = admission::admit(shared, request, placement, claim, None, preference).await;
     if admitted.is_err() {

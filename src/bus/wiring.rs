@@ -11,12 +11,10 @@ use tokio::sync::mpsc;
 use super::decisions::Decisions;
 use super::finish::FINISHING_AT_ONCE;
 use super::lookup::Lookup;
-use super::shared::{MAX_IN_FLIGHT, Shared};
+use super::shared::{Hold, MAX_IN_FLIGHT, Shared};
 use super::store::Stores;
 use super::tools::BusToolRunner;
-use super::{
-    BusError, decide, finish, heartbeat, lookup, queue, schedule, service, submit, upkeep,
-};
+use super::{BusError, decide, finish, heartbeat, lookup, pull, queue, service, submit, upkeep};
 use crate::actors::{Supervisor, SupervisorConfig, SupervisorHandle};
 use crate::client::connect;
 use crate::client::subjects::Subjects;
@@ -59,7 +57,7 @@ impl Tasks {
 /// A worker that serves.
 pub(super) struct Started {
     pub(super) shared: Arc<Shared>,
-    pub(super) handle: SupervisorHandle,
+    pub(super) handle: SupervisorHandle<Arc<Hold>>,
     pub(super) tasks: Tasks,
     /// Where its HTTP server (metrics, health) listens, when `http.listen` is set.
     pub(super) http_addr: Option<std::net::SocketAddr>,
@@ -105,7 +103,7 @@ async fn serve(
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
     tasks: &mut Tasks,
-) -> Result<(Arc<Shared>, SupervisorHandle), BusError> {
+) -> Result<(Arc<Shared>, SupervisorHandle<Arc<Hold>>), BusError> {
     let client = connect::connect(&settings.nats, connect::ConnectPurpose::Worker)
         .await
         .map_err(|e| BusError::Setup(e.to_string()))?;
@@ -209,14 +207,14 @@ async fn serve(
             submit::serve_submits(shared.clone(), handle.capacity.clone(), Some(first), route),
         );
     }
-    let heard = Arc::new(schedule::Heard::default());
-    let notices = schedule::notices(&shared).await?;
-    let scheduler = schedule::Scheduler::open(shared.clone(), heard.clone()).await?;
+    let heard = Arc::new(pull::Heard::default());
+    let notices = pull::notices(&shared).await?;
+    let scheduler = pull::Scheduler::open(shared.clone(), heard.clone()).await?;
     tasks.spawn(
         "queue notices",
-        schedule::hear_notices(shared.clone(), heard.clone(), notices),
+        pull::hear_notices(shared.clone(), heard.clone(), notices),
     );
-    tasks.spawn("queue scan", schedule::scan(shared.clone(), heard));
+    tasks.spawn("queue scan", pull::scan(shared.clone(), heard));
     tasks.spawn(
         "queue",
         queue::serve_queue(shared.clone(), scheduler, handle.capacity.clone()),

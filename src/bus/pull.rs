@@ -1,23 +1,12 @@
-//! The durable queue's scheduler: which waiting request a free slot takes.
+//! Pulling from the durable queue: the consumers, the pulls, the notices and the scans. Which
+//! queue a free slot takes is decided in [`crate::schedule`]; this file asks it and pulls.
 //!
 //! The queue stream holds every band and tenant of a pool under its own subjects
 //! (`gen.queue.<pool>.<band>.<tenant>.<id>`, and the v1 `gen.queue.<pool>.<id>`, which is band
 //! `normal` of the default tenant). Each band and tenant has its own durable pull consumer
 //! (`genfleet-<pool>=<band>=<tenant>`; the v1 subjects keep `genfleet-<pool>`), whose filters
 //! never overlap, as a work-queue stream requires. nats-server 2.9 has no consumer with several
-//! filters, so the choice between them is made here, in each worker, for each free slot:
-//!
-//! - the highest band first: a slot only looks at `normal` when no `high` queue has a message,
-//!   and never takes a band whose reserve (`worker.reserved_slots`) the free slots do not
-//!   cover;
-//! - within a band, the tenant running the fewest requests on this worker first, and among
-//!   equals the next in turn (round robin, one message each): deficit round robin by running
-//!   slots, so a tenant with a backlog of thousands cannot keep another tenant waiting for
-//!   more than the next free slot;
-//! - within a tenant, FIFO (the consumer's order), with redelivery, max deliveries and
-//!   in-progress acks as for any message of the queue;
-//! - a tenant at its limit on this worker (`worker.tenants.max_running`) is skipped: its
-//!   messages stay on the queue, for this worker later or for another.
+//! filters, so the choice between them is made in each worker, for each free slot.
 //!
 //! A worker learns which bands and tenants have waiting requests from the queue's notices (the
 //! stream republishes the headers of each message it stores on `gen.queued.<pool>.>`, and the
@@ -28,7 +17,7 @@
 //! consumer is removed by the server after [`IDLE_CONSUMER`] and made again when its tenant
 //! comes back (the stream keeps the messages meanwhile).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,7 +26,8 @@ use futures_util::StreamExt;
 
 use super::BusError;
 use super::shared::Shared;
-use crate::protocol::{DEFAULT_TENANT, Priority};
+use crate::protocol::Priority;
+use crate::schedule::{Pull, QueueKey, SlotPolicy, TenantLoad, Turns};
 
 /// Queues a worker keeps track of at most.
 pub(super) const MAX_QUEUES: usize = 1024;
@@ -47,25 +37,6 @@ pub(super) const SCAN_EVERY: Duration = Duration::from_secs(30);
 
 /// How long a band and tenant's consumer lives unused before the server removes it.
 const IDLE_CONSUMER: Duration = Duration::from_secs(3600);
-
-/// One queue: a band of a tenant (the v1 subjects apart from the banded ones of the default
-/// tenant). Orders by band first, the order in which they are served.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(super) struct QueueKey {
-    pub(super) band: Priority,
-    pub(super) tenant: String,
-    pub(super) v1: bool,
-}
-
-impl QueueKey {
-    pub(super) fn v1() -> QueueKey {
-        QueueKey {
-            band: Priority::Normal,
-            tenant: DEFAULT_TENANT.to_string(),
-            v1: true,
-        }
-    }
-}
 
 /// The durable consumer of a pool's v1 queue.
 pub fn consumer_name(pool: &str) -> String {
@@ -115,8 +86,8 @@ struct Queue {
 pub(super) struct Scheduler {
     shared: Arc<Shared>,
     queues: BTreeMap<QueueKey, Queue>,
-    /// The queue each band served last (the round robin goes on after it).
-    served: HashMap<Priority, QueueKey>,
+    /// Whose turn it is in each band.
+    turns: Turns,
     heard: Arc<Heard>,
 }
 
@@ -130,7 +101,7 @@ impl Scheduler {
         let mut scheduler = Scheduler {
             shared,
             queues: BTreeMap::new(),
-            served: HashMap::new(),
+            turns: Turns::default(),
             heard,
         };
         let v1 = open_consumer(&scheduler.shared, &QueueKey::v1()).await?;
@@ -212,69 +183,28 @@ impl Scheduler {
         self.queues.values().any(|q| q.maybe_pending)
     }
 
-    /// The next messages for `free` free slots: from the highest band whose reserve the free
-    /// slots cover, the next tenant in turn with a message, not one of `held_back`. Empty when
-    /// no queue it may take from has a message.
-    pub(super) async fn next(
-        &mut self,
-        free: u32,
-        held_back: &HashSet<String>,
-        running: &HashMap<String, u32>,
-    ) -> Vec<jetstream::Message> {
-        let reserved = self.shared.settings.worker.reserved_slots;
-        for band in Priority::ALL {
-            let reserve = reserved.above(band);
-            if free <= reserve {
-                // Lower bands must leave even more.
-                break;
-            }
-            let in_turn = self.in_turn(band, held_back, running);
-            let alone = in_turn.len() == 1;
-            for key in in_turn {
-                // One message per turn, so tenants alternate; a queue alone in its band takes
-                // as many as the band may.
-                let take = if alone { free - reserve } else { 1 };
-                let Some(queue) = self.queues.get_mut(&key) else {
-                    continue;
-                };
-                let messages = fetch(&queue.consumer, take as usize).await;
-                if messages.is_empty() {
-                    queue.maybe_pending = false;
-                    continue;
-                }
-                self.served.insert(band, key);
-                return messages;
-            }
-        }
-        Vec::new()
-    }
-
-    /// The band's queues that may hold a message, in turn: the tenants running the fewest
-    /// requests here first, and among equals those after the one served last first.
-    fn in_turn(
-        &self,
-        band: Priority,
-        held_back: &HashSet<String>,
-        running: &HashMap<String, u32>,
-    ) -> Vec<QueueKey> {
-        let candidates: Vec<&QueueKey> = self
+    /// The next messages for `free` free slots, from the first queue in turn that has any
+    /// (see [`Turns::pulls`]). Empty when no queue it may take from has a message.
+    pub(super) async fn next(&mut self, free: u32, load: &TenantLoad) -> Vec<jetstream::Message> {
+        let policy = SlotPolicy::from_settings(&self.shared.settings);
+        let pending = self
             .queues
             .iter()
-            .filter(|(k, q)| k.band == band && q.maybe_pending && !held_back.contains(&k.tenant))
-            .map(|(k, _)| k)
-            .collect();
-        let start = match self.served.get(&band) {
-            Some(last) => candidates.iter().position(|k| *k > last).unwrap_or(0),
-            None => 0,
-        };
-        let mut in_turn: Vec<QueueKey> = candidates[start..]
-            .iter()
-            .chain(candidates[..start].iter())
-            .map(|k| (*k).clone())
-            .collect();
-        // Stable: the turn order stays among tenants running as many.
-        in_turn.sort_by_key(|k| running.get(&k.tenant).copied().unwrap_or(0));
-        in_turn
+            .filter(|(_, q)| q.maybe_pending)
+            .map(|(k, _)| k);
+        for Pull { queue: key, take } in self.turns.pulls(&policy, free, pending, load) {
+            let Some(queue) = self.queues.get_mut(&key) else {
+                continue;
+            };
+            let messages = fetch(&queue.consumer, take as usize).await;
+            if messages.is_empty() {
+                queue.maybe_pending = false;
+                continue;
+            }
+            self.turns.served(key);
+            return messages;
+        }
+        Vec::new()
     }
 }
 
@@ -463,15 +393,5 @@ mod tests {
         assert_eq!(queue_of_consumer("p", "genfleet-p=high=acme"), Some(key));
         assert_eq!(queue_of_consumer("p", "genfleet-p"), Some(QueueKey::v1()));
         assert_eq!(queue_of_consumer("p", "genfleet-q=high=acme"), None);
-    }
-
-    #[test]
-    fn bands_order_before_tenants() {
-        let high = QueueKey {
-            band: Priority::High,
-            tenant: "zz".into(),
-            v1: false,
-        };
-        assert!(high < QueueKey::v1());
     }
 }

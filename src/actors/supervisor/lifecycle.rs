@@ -1,0 +1,177 @@
+//! A request's life on the record: submitted (started in a free slot, or waiting for one),
+//! ended by its slot, its slot freed, released by its owner.
+
+use actix::prelude::*;
+
+use super::records::{Record, Waiting};
+use super::{Supervisor, announce_finished, lost_result};
+use crate::actors::messages::{Release, Released, SlotDone, SlotReleased, Submit, Ticket};
+use crate::engine::EventEmitter;
+use crate::protocol::ids::new_id;
+use crate::protocol::{Accepted, ErrorCode, RequestState, WireError};
+use crate::schedule::tenant_name;
+
+impl<T: Ticket> Handler<Submit<T>> for Supervisor<T> {
+    type Result = Result<Accepted, WireError>;
+
+    fn handle(&mut self, msg: Submit<T>, ctx: &mut Context<Self>) -> Self::Result {
+        let Submit {
+            request,
+            mut placement,
+        } = msg;
+        if self.draining {
+            return Err(Self::refuse(
+                ErrorCode::NoSlotAvailable,
+                "the worker is draining and accepts no new requests",
+            ));
+        }
+        if self.paused && !placement.scheduling.wait_for_slot {
+            return Err(Self::refuse(
+                ErrorCode::NoSlotAvailable,
+                "the worker takes no work until its backend answers",
+            ));
+        }
+        let request = request.into_request();
+        let request_id = request.request_id.clone().unwrap_or_else(new_id);
+        if self.records.contains_key(&request_id) {
+            return Err(Self::refuse(
+                ErrorCode::DuplicateRequestId,
+                format!("request {request_id} is already known to this worker"),
+            ));
+        }
+        let accepted = |state| Accepted {
+            request_id: request_id.clone(),
+            worker_id: self.config.worker_id.clone(),
+            state,
+        };
+        let free = self.config.slots.saturating_sub(self.busy);
+        let policy = self.config.policy();
+        let tenant = placement.scheduling.tenant.as_deref();
+        let at_limit = policy.at_tenant_limit(&self.slots, tenant);
+        if at_limit && !placement.scheduling.wait_for_slot {
+            return Err(Self::refuse(
+                ErrorCode::TenantLimit,
+                format!(
+                    "tenant {} already runs {} requests on this worker (worker.tenants.max_running)",
+                    tenant_name(tenant),
+                    self.config.tenant_max_running
+                ),
+            ));
+        }
+        if policy.band_fits(free, placement.scheduling.band) && !at_limit && self.waiting.is_empty()
+        {
+            let accepted = accepted(RequestState::Running);
+            // Started at once: nobody waits to hear it.
+            placement.on_start = None;
+            self.start_in_slot(request, placement, ctx);
+            self.publish_capacity();
+            return Ok(accepted);
+        }
+        if placement.scheduling.wait_for_slot && self.waiting.len() < self.config.slots as usize {
+            let accepted = accepted(RequestState::Queued);
+            self.waiting.push_back(request_id.clone());
+            self.records.insert(
+                request_id,
+                Record::Waiting(Box::new(Waiting { request, placement })),
+            );
+            self.publish_capacity();
+            return Ok(accepted);
+        }
+        if free > 0 {
+            return Err(Self::refuse(
+                ErrorCode::NoSlotAvailable,
+                format!(
+                    "the {free} free slots are reserved for bands above {} (worker.reserved_slots)",
+                    placement.scheduling.band
+                ),
+            ));
+        }
+        Err(Self::refuse(
+            ErrorCode::NoSlotAvailable,
+            format!("all {} slots are busy", self.config.slots),
+        ))
+    }
+}
+
+impl<T: Ticket> Handler<SlotDone> for Supervisor<T> {
+    type Result = ();
+
+    fn handle(&mut self, msg: SlotDone, _: &mut Context<Self>) {
+        let Some(Record::Running(running)) = self.records.remove(&msg.request_id) else {
+            // Already ended (e.g. released first): the first terminal result stands.
+            tracing::warn!(message = "a second end for one request was ignored", request_id = %msg.request_id);
+            return;
+        };
+        let running = *running;
+        let result = match msg.outcome {
+            Ok(finished) => finished.result,
+            Err(detail) => lost_result(&running, &msg.context, detail),
+        };
+        let emitter = EventEmitter::continuing(
+            msg.request_id,
+            self.sink.clone(),
+            self.engine.config().coalescing,
+            msg.sequence,
+        );
+        announce_finished(emitter, result.clone());
+        self.record_result(
+            result,
+            running.waiters,
+            running.ticket,
+            running.cancelled_by,
+        );
+    }
+}
+
+impl<T: Ticket> Handler<SlotReleased> for Supervisor<T> {
+    type Result = ();
+
+    fn handle(&mut self, msg: SlotReleased, ctx: &mut Context<Self>) {
+        self.busy = self.busy.checked_sub(1).unwrap_or_else(|| {
+            tracing::error!(message = "a slot was released twice", request_id = %msg.request_id);
+            0
+        });
+        self.slots.free(&msg.request_id);
+        // A slot that ends without a result (its actor stopped first) still ends its request.
+        if let Some(Record::Running(_)) = self.records.get(&msg.request_id)
+            && let Some(Record::Running(running)) = self.records.remove(&msg.request_id)
+        {
+            let running = *running;
+            let detail = "the slot stopped before the generation ended".to_string();
+            let result = lost_result(&running, &running.context, detail);
+            let emitter = EventEmitter::continuing(
+                msg.request_id.clone(),
+                self.sink.clone(),
+                self.engine.config().coalescing,
+                running.sequence.clone(),
+            );
+            announce_finished(emitter, result.clone());
+            self.record_result(
+                result,
+                running.waiters,
+                running.ticket,
+                running.cancelled_by,
+            );
+        }
+        self.start_waiting(ctx);
+        self.publish_capacity();
+    }
+}
+
+impl<T: Ticket> Handler<Release<T>> for Supervisor<T> {
+    type Result = Option<Released<T>>;
+
+    fn handle(&mut self, msg: Release<T>, _: &mut Context<Self>) -> Self::Result {
+        if !matches!(self.records.get(&msg.request_id), Some(Record::Finished(_))) {
+            return None;
+        }
+        let Some(Record::Finished(ended)) = self.records.remove(&msg.request_id) else {
+            return None;
+        };
+        self.finished_order.retain(|id| id != &msg.request_id);
+        Some(Released {
+            ticket: ended.ticket,
+            cancelled_by: ended.cancelled_by,
+        })
+    }
+}

@@ -1,0 +1,185 @@
+//! The durable queue's turns: which of a pool's queues (one per band and tenant) a worker's
+//! free slots pull from next.
+
+use std::collections::HashMap;
+
+use super::SlotPolicy;
+use super::tenants::TenantLoad;
+use crate::protocol::{DEFAULT_TENANT, Priority};
+
+/// One queue: a band of a tenant (the v1 subjects apart from the banded ones of the default
+/// tenant). Orders by band first, the order in which they are served.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct QueueKey {
+    pub band: Priority,
+    pub tenant: String,
+    pub v1: bool,
+}
+
+impl QueueKey {
+    /// The pool's v1 queue: band `normal` of the default tenant.
+    pub fn v1() -> QueueKey {
+        QueueKey {
+            band: Priority::Normal,
+            tenant: DEFAULT_TENANT.to_string(),
+            v1: true,
+        }
+    }
+}
+
+/// A queue to pull from, and how many messages to ask it for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pull {
+    pub queue: QueueKey,
+    pub take: u32,
+}
+
+/// Whose turn it is in each band: the round robin goes on after the queue served last.
+#[derive(Debug, Default)]
+pub struct Turns {
+    served: HashMap<Priority, QueueKey>,
+}
+
+impl Turns {
+    /// The pulls to try, in order, for `free` free slots, among the queues that may hold a
+    /// message: the caller tries each until one brings messages, and tells [`Turns::served`]
+    /// which. Bands come highest first, and only while the free slots cover a band's reserve;
+    /// within a band, the tenants holding the fewest slots first (`load`), among equals the next
+    /// in turn, those at their limit skipped. One message per turn, so tenants alternate; a
+    /// queue alone in its band takes as many as the band may.
+    pub fn pulls<'a>(
+        &self,
+        policy: &SlotPolicy,
+        free: u32,
+        pending: impl IntoIterator<Item = &'a QueueKey>,
+        load: &TenantLoad,
+    ) -> Vec<Pull> {
+        let mut pending: Vec<&QueueKey> = pending
+            .into_iter()
+            .filter(|k| !policy.tenant_limit.reached(load.of(&k.tenant)))
+            .collect();
+        pending.sort();
+        let mut pulls = Vec::new();
+        for band in Priority::ALL {
+            let reserve = policy.reserved.above(band);
+            if free <= reserve {
+                // Lower bands must leave even more.
+                break;
+            }
+            let in_turn = self.in_turn(band, &pending, load);
+            let alone = in_turn.len() == 1;
+            let take = if alone { free - reserve } else { 1 };
+            pulls.extend(in_turn.into_iter().map(|queue| Pull { queue, take }));
+        }
+        pulls
+    }
+
+    /// A pull from `queue` brought messages.
+    pub fn served(&mut self, queue: QueueKey) {
+        self.served.insert(queue.band, queue);
+    }
+
+    /// The band's queues, in turn: the tenants holding the fewest slots here first, and among
+    /// equals those after the one served last first.
+    fn in_turn(&self, band: Priority, pending: &[&QueueKey], load: &TenantLoad) -> Vec<QueueKey> {
+        let candidates: Vec<&QueueKey> =
+            pending.iter().copied().filter(|k| k.band == band).collect();
+        let start = match self.served.get(&band) {
+            Some(last) => candidates.iter().position(|k| *k > last).unwrap_or(0),
+            None => 0,
+        };
+        let mut in_turn: Vec<QueueKey> = candidates[start..]
+            .iter()
+            .chain(candidates[..start].iter())
+            .map(|k| (*k).clone())
+            .collect();
+        // Stable: the turn order stays among tenants running as many.
+        in_turn.sort_by_key(|k| load.of(&k.tenant));
+        in_turn
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::TenantLimit;
+    use crate::settings::ReservedSlots;
+
+    fn key(band: Priority, tenant: &str) -> QueueKey {
+        QueueKey {
+            band,
+            tenant: tenant.into(),
+            v1: false,
+        }
+    }
+
+    #[test]
+    fn bands_order_before_tenants() {
+        assert!(key(Priority::High, "zz") < QueueKey::v1());
+    }
+
+    #[test]
+    fn tenants_take_turns_fewest_slots_first_and_limits_skip() {
+        let policy = SlotPolicy {
+            reserved: ReservedSlots::default(),
+            tenant_limit: TenantLimit(2),
+        };
+        let queues = [
+            key(Priority::Normal, "a"),
+            key(Priority::Normal, "b"),
+            key(Priority::Normal, "c"),
+            key(Priority::Low, "a"),
+        ];
+        let load = TenantLoad::from_slots([("c".to_string(), Priority::Normal, 1)]);
+        let mut turns = Turns::default();
+        let order = |turns: &Turns, load: &TenantLoad| -> Vec<(Priority, String, u32)> {
+            turns
+                .pulls(&policy, 4, &queues, load)
+                .into_iter()
+                .map(|p| (p.queue.band, p.queue.tenant, p.take))
+                .collect()
+        };
+        let n = |t: &str| (Priority::Normal, t.to_string(), 1);
+        assert_eq!(
+            order(&turns, &load),
+            vec![n("a"), n("b"), n("c"), (Priority::Low, "a".into(), 4)]
+        );
+        // After a, b's turn; c holds a slot, so it comes after those holding none.
+        turns.served(key(Priority::Normal, "a"));
+        assert_eq!(order(&turns, &load)[..3], [n("b"), n("a"), n("c")]);
+        // A tenant at its limit is skipped in every band.
+        let load = TenantLoad::from_slots([("a".to_string(), Priority::High, 2)]);
+        assert_eq!(order(&turns, &load), vec![n("b"), n("c")]);
+    }
+
+    #[test]
+    fn a_band_is_pulled_only_while_the_free_slots_cover_its_reserve() {
+        let policy = SlotPolicy {
+            reserved: ReservedSlots { high: 1, normal: 1 },
+            tenant_limit: TenantLimit::default(),
+        };
+        let queues = [
+            key(Priority::High, "a"),
+            key(Priority::Normal, "a"),
+            key(Priority::Low, "a"),
+        ];
+        let turns = Turns::default();
+        let bands = |free| -> Vec<(Priority, u32)> {
+            turns
+                .pulls(&policy, free, &queues, &TenantLoad::default())
+                .into_iter()
+                .map(|p| (p.queue.band, p.take))
+                .collect()
+        };
+        assert_eq!(bands(1), vec![(Priority::High, 1)]);
+        assert_eq!(bands(2), vec![(Priority::High, 2), (Priority::Normal, 1)]);
+        assert_eq!(
+            bands(3),
+            vec![
+                (Priority::High, 3),
+                (Priority::Normal, 2),
+                (Priority::Low, 1)
+            ]
+        );
+    }
+}
