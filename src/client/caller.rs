@@ -1,7 +1,7 @@
 //! The Rust client of the wire contract, used by the CLI and the tests: submit, follow events,
 //! status, result, cancel.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
@@ -14,13 +14,13 @@ use crate::client::subjects::Subjects;
 use crate::protocol::StatusReply;
 use crate::protocol::codec::CONTENT_TYPE_HEADER;
 use crate::protocol::decision::DecisionReply;
-use crate::protocol::lru::BoundedLru;
 use crate::protocol::request::{AFFINITY_FALLBACK_HEADER, PREFERRED_WORKER_HEADER};
 use crate::protocol::{Accepted, CancelReply};
 use crate::protocol::{
     DecisionAnswer, Encoding, ErrorCode, ErrorReply, Event, EventBody, GenerationRequest,
     GenerationResult, WireError,
 };
+use crate::schedule::LastWorkers;
 use crate::settings::Settings;
 
 /// How often a submit refused with NO_SLOT_AVAILABLE is tried again (another worker of the pool
@@ -38,8 +38,7 @@ fn is_no_responders(error: &WireError) -> bool {
     error.code == ErrorCode::NoSlotAvailable && error.detail["no_responders"] == true
 }
 
-/// Affinity keys whose last worker a client remembers, the least recently used forgotten first.
-pub const AFFINITY_KEYS_KEPT: usize = 10_000;
+pub use crate::schedule::AFFINITY_KEYS_KEPT;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -76,7 +75,7 @@ pub struct Client {
     encoding: Encoding,
     timeout: Duration,
     /// Affinity key → the worker that served it last, shared by the client's clones.
-    affinity: Arc<Mutex<BoundedLru<String, String>>>,
+    affinity: Arc<LastWorkers>,
     /// The tenant whose subjects it uses (`None`: the default tenant's v1 subjects).
     tenant: Option<String>,
 }
@@ -126,7 +125,7 @@ impl Client {
             subjects,
             encoding: Encoding::Json,
             timeout: Duration::from_secs(15),
-            affinity: Arc::new(Mutex::new(BoundedLru::new(AFFINITY_KEYS_KEPT))),
+            affinity: Arc::default(),
             tenant: None,
         }
     }
@@ -353,16 +352,12 @@ impl Client {
 
     /// The worker that served `key` last, as far as this client knows.
     pub fn preferred_worker(&self, key: &str) -> Option<String> {
-        self.lock_affinity().get(&key.to_string()).cloned()
+        self.affinity.of(key)
     }
 
     /// Notes that `worker_id` served `key` (a submit's reply, a result).
     pub fn learn_affinity(&self, key: &str, worker_id: &str) {
-        if worker_id.is_empty() {
-            return;
-        }
-        self.lock_affinity()
-            .insert(key.to_string(), worker_id.to_string());
+        self.affinity.learn(key, worker_id);
     }
 
     fn learn_accepted(
@@ -374,11 +369,6 @@ impl Client {
             self.learn_affinity(key, &accepted.worker_id);
         }
         outcome
-    }
-
-    fn lock_affinity(&self) -> std::sync::MutexGuard<'_, BoundedLru<String, String>> {
-        // The map is only ever changed whole under the lock; a panic cannot leave it torn.
-        self.affinity.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Puts a request on the durable queue of `pool`, in its band (`priority`) and under the

@@ -9,7 +9,47 @@
 //! [`AFFINITY_FALLBACK_HEADER`](crate::protocol::request::AFFINITY_FALLBACK_HEADER), read by the
 //! bus). The worker only records what happened.
 
+use std::sync::Mutex;
+
+use crate::protocol::lru::BoundedLru;
 use crate::protocol::{AffinityRecord, GenerationRequest};
+
+/// Affinity keys whose last worker a client remembers, the least recently used forgotten first.
+pub const AFFINITY_KEYS_KEPT: usize = 10_000;
+
+/// On the submitter's side: which worker served each affinity key last, learnt from submit
+/// replies and results, bounded ([`AFFINITY_KEYS_KEPT`]). Shared by the clones of a client.
+#[derive(Debug)]
+pub struct LastWorkers {
+    keys: Mutex<BoundedLru<String, String>>,
+}
+
+impl Default for LastWorkers {
+    fn default() -> Self {
+        LastWorkers {
+            keys: Mutex::new(BoundedLru::new(AFFINITY_KEYS_KEPT)),
+        }
+    }
+}
+
+impl LastWorkers {
+    /// The worker that served `key` last, as far as this submitter knows.
+    pub fn of(&self, key: &str) -> Option<String> {
+        self.lock().get(&key.to_string()).cloned()
+    }
+
+    /// Notes that `worker_id` served `key`.
+    pub fn learn(&self, key: &str, worker_id: &str) {
+        if !worker_id.is_empty() {
+            self.lock().insert(key.to_string(), worker_id.to_string());
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BoundedLru<String, String>> {
+        // The map is only ever changed whole under the lock; a panic cannot leave it torn.
+        self.keys.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
 
 /// The longest worker id a submitter may name; a longer one is ignored.
 const MAX_WORKER_ID_LEN: usize = 256;

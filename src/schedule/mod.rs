@@ -39,7 +39,7 @@ mod tenants;
 pub use crate::protocol::schedule::{
     DEFAULT_TENANT, Priority, is_valid_tenant, qualified_id, split_qualified,
 };
-pub use affinity::Preference;
+pub use affinity::{AFFINITY_KEYS_KEPT, LastWorkers, Preference};
 pub use queues::{Pull, QueueKey, Turns};
 pub use tenants::{Slots, TenantLimit, TenantLoad, tenant_name};
 
