@@ -13,6 +13,8 @@
 //! - A request the gateway sends always carries a deadline (`gateway.max_request_ms`), so
 //!   one whose caller and gateway both vanished still ends.
 
+mod answer;
+mod error;
 mod http;
 pub mod keys;
 pub mod mapping;
@@ -20,6 +22,7 @@ mod metrics;
 pub mod openai;
 mod pools;
 mod run;
+mod stream;
 
 use std::future::Future;
 use std::net::SocketAddr;
