@@ -15,6 +15,7 @@ pub mod llm;
 pub mod manager;
 pub mod observe;
 pub mod protocol;
+pub mod serve;
 pub mod settings;
 pub mod telemetry;
 pub mod tools;
