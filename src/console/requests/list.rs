@@ -111,7 +111,7 @@ mod tests {
 
     use serde_json::json;
 
-    use super::super::fixtures::{kinds, result};
+    use super::super::fixtures::{event, kinds, result};
     use super::super::tenant_of;
     use super::*;
     use crate::protocol::RequestState;
@@ -139,6 +139,48 @@ mod tests {
         );
         let page = requests.list(&RequestFilter::default());
         assert_eq!(page.tenants, ["acme", "default", "globex"]);
+    }
+
+    #[test]
+    fn a_request_whose_metadata_claims_a_tenant_is_listed_under_its_own() {
+        let claims_victim = |id: &str, tenant: Option<&str>| {
+            let mut claimed = result(id, "COMPLETED", "stop", tenant);
+            claimed.metadata.insert("tenant".into(), json!("victim"));
+            claimed
+        };
+        let mut requests = Requests::new(10);
+        let now = SystemTime::now();
+        // Its result, stored by the worker that ran it, names its tenant as its id does.
+        requests.apply_result(&claims_victim("acme.r1", Some("acme")), Some(rfc3339(now)));
+        // Its `finished` event, for a request the default tenant sent.
+        requests.apply_event(&event(
+            "r2",
+            0,
+            1,
+            json!({"event": "finished", "result": claims_victim("r2", None)}),
+        ));
+        // Only its live record so far: its id on the bus says whose it is.
+        requests.apply_live("globex.r3", RequestState::Running, "w1", 1, now);
+        let listed: Vec<(String, String)> = requests
+            .list(&RequestFilter::default())
+            .requests
+            .into_iter()
+            .map(|r| (r.request_id, r.tenant))
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                ("globex.r3".to_string(), "globex".to_string()),
+                ("r2".into(), "default".into()),
+                ("acme.r1".into(), "acme".into()),
+            ]
+        );
+        let victim = serde_json::from_value(json!({"tenant": "victim"})).unwrap();
+        assert_eq!(requests.list(&victim).matched, 0);
+        assert_eq!(
+            requests.list(&RequestFilter::default()).tenants,
+            ["acme", "default", "globex"]
+        );
     }
 
     #[test]
