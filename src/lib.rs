@@ -16,6 +16,7 @@ pub mod manager;
 pub mod observe;
 pub mod protocol;
 pub mod schedule;
+pub mod serve;
 pub mod settings;
 pub mod telemetry;
 pub mod tools;

@@ -61,6 +61,13 @@ const LAYERS: &[Layer] = &[
         may_import: &["protocol", "settings"],
         must_not_use: &["async_nats", "actix", "tokio"],
     },
+    // How the HTTP servers (a worker's metrics and health, the console, the gateway) bind and
+    // serve: shared by layers that may not import each other.
+    Layer {
+        name: "serve",
+        may_import: &[],
+        must_not_use: NO_NATS_NO_ACTIX,
+    },
     Layer {
         name: "tools",
         may_import: &["protocol", "settings"],
@@ -91,7 +98,7 @@ const LAYERS: &[Layer] = &[
     },
     Layer {
         name: "observe",
-        may_import: &["protocol", "settings", "llm", "tools", "engine"],
+        may_import: &["protocol", "settings", "serve", "llm", "tools", "engine"],
         must_not_use: &["actix"],
     },
     // What every process that is not a worker needs of the bus, and the vocabulary workers
@@ -124,12 +131,19 @@ const LAYERS: &[Layer] = &[
     },
     Layer {
         name: "console",
-        may_import: &["protocol", "settings", "client"],
+        may_import: &["protocol", "settings", "serve", "client"],
         must_not_use: &["actix"],
     },
     Layer {
         name: "gateway",
-        may_import: &["protocol", "settings", "telemetry", "observe", "client"],
+        may_import: &[
+            "protocol",
+            "settings",
+            "telemetry",
+            "serve",
+            "observe",
+            "client",
+        ],
         must_not_use: &["actix"],
     },
     Layer {
@@ -139,6 +153,7 @@ const LAYERS: &[Layer] = &[
             "telemetry",
             "settings",
             "schedule",
+            "serve",
             "tools",
             "llm",
             "engine",

@@ -204,18 +204,13 @@ impl Console {
         let client = Client::connect(settings)
             .await
             .map_err(|e| ConsoleError::Connect(e.to_string()))?;
-        let listener = tokio::net::TcpListener::bind(options.listen)
-            .await
-            .map_err(|error| ConsoleError::Listen {
-                addr: options.listen,
-                error,
-            })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|error| ConsoleError::Listen {
-                addr: options.listen,
-                error,
-            })?;
+        let (listener, addr) =
+            crate::serve::bind(options.listen)
+                .await
+                .map_err(|error| ConsoleError::Listen {
+                    addr: options.listen,
+                    error,
+                })?;
         let token = (!options.read_only).then(|| settings.console.token.clone());
         let gate = Gate::new(token, options.listen.ip().is_loopback());
         let (updates, _) = broadcast::channel(UPDATE_BACKLOG);
@@ -264,9 +259,10 @@ impl Console {
             stop.cancel();
         });
         let stopped = shared.shutdown.clone();
-        let served = axum::serve(self.listener, http::router(shared.clone()))
-            .with_graceful_shutdown(async move { stopped.cancelled().await })
-            .await;
+        let served = crate::serve::serve(self.listener, http::router(shared.clone()), async move {
+            stopped.cancelled().await
+        })
+        .await;
         shared.shutdown.cancel();
         feed.abort();
         let _ = feed.await;

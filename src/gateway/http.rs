@@ -8,40 +8,31 @@
 //! | `GET /readyz` | 200 while connected to NATS and not stopping, else 503 |
 //! | `GET /metrics` | Prometheus text |
 //!
-//! Failures are OpenAI's error body, `{"error": {"message", "type", "param", "code"}}`.
+//! Failures are OpenAI's error body, `{"error": {"message", "type", "param", "code"}}`
+//! ([`super::error`]). A completion's answer is assembled in [`super::answer`], whole, or in
+//! [`super::stream`], streamed.
 
-use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use futures_util::stream;
 use serde_json::json;
 
 use super::Shared;
-use super::keys::Refused;
-use super::mapping::{Ending, Mapped, map_request};
-use super::openai::{
-    AssistantMessage, BadField, Chunk, ChunkChoice, Completion, CompletionChoice, Delta, ErrorBody,
-    ErrorObject, ToolCallDelta, Usage, parse_request,
-};
-use super::run::{Piece, Run, StartError};
-use crate::protocol::{ErrorCode, RequestLimits};
+use super::answer::{Answer, response_id};
+use super::error::{ApiError, REQUEST_ID_HEADER};
+use super::mapping::{Mapped, map_request};
+use super::openai::parse_request;
+use super::run::Run;
+use crate::protocol::RequestLimits;
 use crate::telemetry::{self, KeyValue};
 use tracing::Instrument;
-
-/// Comment lines on a quiet stream (a decision waiting for its answer), so that proxies and
-/// clients keep it open.
-const KEEP_ALIVE: Duration = Duration::from_secs(10);
-/// The header that names the request (the first of its chain) on every completion.
-const REQUEST_ID_HEADER: &str = "x-genfleet-request-id";
 
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
@@ -59,92 +50,6 @@ pub fn router(shared: Arc<Shared>) -> Router {
         ))
         .with_state(shared)
 }
-
-/// An error as OpenAI writes it.
-#[derive(Debug)]
-pub struct ApiError {
-    status: u16,
-    kind: &'static str,
-    code: String,
-    message: String,
-    param: Option<String>,
-    retry_after: Option<u64>,
-    request_id: Option<String>,
-}
-
-impl ApiError {
-    fn new(status: u16, kind: &'static str, code: &str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            kind,
-            code: code.into(),
-            message: message.into(),
-            param: None,
-            retry_after: None,
-            request_id: None,
-        }
-    }
-
-    fn bad(field: BadField) -> ApiError {
-        ApiError {
-            param: field.param,
-            ..ApiError::new(
-                400,
-                "invalid_request_error",
-                "invalid_request",
-                field.message,
-            )
-        }
-    }
-
-    fn body(&self) -> String {
-        serde_json::to_string(&ErrorBody {
-            error: ErrorObject {
-                message: &self.message,
-                kind: self.kind,
-                param: self.param.as_deref(),
-                code: &self.code,
-            },
-        })
-        .expect("errors serialize")
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut response = (
-            status,
-            [(header::CONTENT_TYPE, "application/json")],
-            self.body(),
-        )
-            .into_response();
-        if let Some(seconds) = self.retry_after {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-        }
-        if let Some(id) = &self.request_id
-            && let Ok(value) = HeaderValue::from_str(id)
-        {
-            response.headers_mut().insert(REQUEST_ID_HEADER, value);
-        }
-        // OpenAI's SDKs retry 408, 409, 429 and 5xx unless told: only what another try may
-        // mend is retried.
-        let retry = if super::mapping::should_retry(&self.code) {
-            "true"
-        } else {
-            "false"
-        };
-        response
-            .headers_mut()
-            .insert(SHOULD_RETRY_HEADER, HeaderValue::from_static(retry));
-        response
-    }
-}
-
-/// The header OpenAI's SDKs read to decide whether to send a failed request again.
-const SHOULD_RETRY_HEADER: &str = "x-should-retry";
 
 async fn ready(State(shared): State<Arc<Shared>>) -> Response {
     let connected =
@@ -172,23 +77,11 @@ fn authorize(shared: &Shared, headers: &HeaderMap) -> Result<String, Box<ApiErro
     let authorization = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    match shared.keys.tenant_of(authorization) {
-        Ok(tenant) => Ok(tenant.unwrap_or_default()),
-        Err(refused) => {
-            let message = match refused {
-                Refused::Missing => {
-                    "You didn't provide an API key. Provide it as 'Authorization: Bearer <key>'."
-                }
-                Refused::Wrong => "Incorrect API key provided.",
-            };
-            Err(Box::new(ApiError::new(
-                401,
-                "invalid_request_error",
-                "invalid_api_key",
-                message,
-            )))
-        }
-    }
+    shared
+        .keys
+        .tenant_of(authorization)
+        .map(Option::unwrap_or_default)
+        .map_err(|refused| Box::new(ApiError::unauthorized(refused)))
 }
 
 async fn models(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
@@ -297,19 +190,17 @@ async fn chat_completion(
         shared
             .metrics
             .answered(&tenant, "", "model_not_found", chat.stream == Some(true));
-        return ApiError {
-            param: Some("model".into()),
-            ..ApiError::new(
-                404,
-                "invalid_request_error",
-                "model_not_found",
-                format!(
-                    "The model `{}` does not exist: it is neither a pool of the fleet nor a name \
-                     of gateway.models (GET /v1/models lists them)",
-                    crate::protocol::text::one_line(&model)
-                ),
-            )
-        }
+        return ApiError::new(
+            404,
+            "invalid_request_error",
+            "model_not_found",
+            format!(
+                "The model `{}` does not exist: it is neither a pool of the fleet nor a name \
+                 of gateway.models (GET /v1/models lists them)",
+                crate::protocol::text::one_line(&model)
+            ),
+        )
+        .with_param("model")
         .into_response();
     };
     let limits = RequestLimits {
@@ -334,7 +225,9 @@ async fn chat_completion(
     let run = match start(&shared, mapped, &tenant).await {
         Ok(run) => run,
         Err(error) => {
-            shared.metrics.answered(&tenant, &pool, &error.code, stream);
+            shared
+                .metrics
+                .answered(&tenant, &pool, error.code(), stream);
             return error.into_response();
         }
     };
@@ -370,18 +263,6 @@ async fn chat_completion(
     response
 }
 
-/// The request id put in the response's extensions by [`Answer`].
-fn response_id(response: &Response) -> String {
-    response
-        .extensions()
-        .get::<RequestId>()
-        .map(|r| r.0.clone())
-        .unwrap_or_default()
-}
-
-#[derive(Clone)]
-struct RequestId(String);
-
 async fn start(
     shared: &Arc<Shared>,
     mut mapped: Mapped,
@@ -399,264 +280,8 @@ async fn start(
     Run::start(shared, mapped, tenant, chosen)
         .await
         .map_err(|error| {
-            let mut api = match error {
-                StartError::NoSlot => ApiError {
-                    retry_after: Some(1),
-                    ..ApiError::new(
-                        429,
-                        "rate_limit_error",
-                        "no_slot_available",
-                        "no worker of the pool has a free slot (genfleet.queue is false: the \
-                     request was not queued)",
-                    )
-                },
-                StartError::QueueTimeout => ApiError {
-                    retry_after: Some(1),
-                    ..ApiError::new(
-                        503,
-                        "server_error",
-                        "queue_timeout",
-                        format!(
-                            "no slot freed within gateway.queue_wait_ms ({} ms): the request was \
-                         cancelled",
-                            shared.settings.gateway.queue_wait_ms
-                        ),
-                    )
-                },
-                StartError::Refused(wire) => {
-                    let status = match wire.code {
-                        ErrorCode::NoSlotAvailable => 429,
-                        code => code.http_status(),
-                    };
-                    let kind = match status {
-                        400..=499 => "invalid_request_error",
-                        _ => "server_error",
-                    };
-                    let code = wire.code.as_str().to_ascii_lowercase();
-                    ApiError::new(status, kind, &code, wire.message)
-                }
-                StartError::Shutdown => ApiError::new(
-                    503,
-                    "server_error",
-                    "gateway_shutdown",
-                    "the gateway is shutting down: the request was cancelled",
-                ),
-                StartError::Bus(message) => ApiError::new(
-                    503,
-                    "api_connection_error",
-                    "bus_unavailable",
-                    format!("the fleet cannot be reached: {message}"),
-                ),
-            };
+            let mut api = ApiError::not_started(error, shared.settings.gateway.queue_wait_ms);
             api.request_id = request_id;
             Box::new(api)
         })
-}
-
-/// What a completion's answer needs besides its run.
-struct Answer {
-    shared: Arc<Shared>,
-    id: String,
-    request_id: String,
-    created: u64,
-    model: String,
-    tenant: String,
-    pool: String,
-    include_usage: bool,
-    _open: super::metrics::OpenGuard,
-    /// The completion's span, open until the answer (a stream's last event included) is sent.
-    _span: tracing::Span,
-}
-
-impl Answer {
-    /// The whole completion, once the chain ended. The run (and its cancel guard) lives in
-    /// this future: a caller that hangs up drops it.
-    async fn whole(self, mut run: Run) -> Response {
-        let (mut content, mut reasoning) = (String::new(), String::new());
-        let end = loop {
-            match run.next().await {
-                Some(Piece::Text(text)) => content.push_str(&text),
-                Some(Piece::Reasoning(text)) => reasoning.push_str(&text),
-                Some(Piece::End(end)) => break end,
-                None => unreachable!("a run ends with its End piece"),
-            }
-        };
-        let mut response = match end.ending {
-            Ending::Finish(finish) => {
-                self.shared
-                    .metrics
-                    .answered(&self.tenant, &self.pool, finish, false);
-                let completion = Completion {
-                    id: self.id.clone(),
-                    object: "chat.completion",
-                    created: self.created,
-                    model: self.model.clone(),
-                    choices: [CompletionChoice {
-                        index: 0,
-                        message: AssistantMessage {
-                            role: "assistant",
-                            content: (!content.is_empty() || end.tool_calls.is_empty())
-                                .then_some(content),
-                            reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
-                            tool_calls: end.tool_calls,
-                        },
-                        logprobs: None,
-                        finish_reason: finish.to_string(),
-                    }],
-                    usage: Usage::from(end.usage),
-                };
-                axum::Json(completion).into_response()
-            }
-            Ending::Error { status, kind, code } => {
-                self.shared
-                    .metrics
-                    .answered(&self.tenant, &self.pool, code, false);
-                ApiError::new(status, kind, code, end.message).into_response()
-            }
-        };
-        response
-            .extensions_mut()
-            .insert(RequestId(self.request_id.clone()));
-        response
-    }
-
-    /// Server-sent `chat.completion.chunk`s, then `data: [DONE]`; a failure after the start is
-    /// an `error` object in place of the last chunk (OpenAI's SDKs raise it). The run lives in
-    /// the stream: a caller that hangs up drops it.
-    fn stream(self, run: Run) -> Response {
-        let request_id = self.request_id.clone();
-        let state = StreamState {
-            answer: self,
-            run,
-            started: false,
-            finished: false,
-        };
-        let events = stream::unfold(state, |mut state| async move {
-            let frames = state.step().await?;
-            Some((
-                stream::iter(frames.into_iter().map(Ok::<_, Infallible>)),
-                state,
-            ))
-        });
-        let events = futures_util::StreamExt::flatten(events);
-        let mut response = Sse::new(events)
-            .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
-            .into_response();
-        response.extensions_mut().insert(RequestId(request_id));
-        response
-    }
-}
-
-struct StreamState {
-    answer: Answer,
-    run: Run,
-    started: bool,
-    finished: bool,
-}
-
-impl StreamState {
-    fn chunk(&self, delta: Delta<'_>, finish: Option<&str>) -> SseEvent {
-        let chunk = Chunk {
-            id: &self.answer.id,
-            object: "chat.completion.chunk",
-            created: self.answer.created,
-            model: &self.answer.model,
-            choices: vec![ChunkChoice {
-                index: 0,
-                delta,
-                logprobs: None,
-                finish_reason: finish,
-            }],
-            usage: self.answer.include_usage.then_some(None),
-        };
-        SseEvent::default().data(serde_json::to_string(&chunk).expect("chunks serialize"))
-    }
-
-    /// The next frames, `None` once the stream is over.
-    async fn step(&mut self) -> Option<Vec<SseEvent>> {
-        if self.finished {
-            return None;
-        }
-        let mut frames = Vec::new();
-        if !self.started {
-            self.started = true;
-            frames.push(self.chunk(
-                Delta {
-                    role: Some("assistant"),
-                    content: Some(""),
-                    ..Default::default()
-                },
-                None,
-            ));
-        }
-        let piece = self.run.next().await;
-        match piece {
-            Some(Piece::Text(text)) => frames.push(self.chunk(
-                Delta {
-                    content: Some(&text),
-                    ..Default::default()
-                },
-                None,
-            )),
-            Some(Piece::Reasoning(text)) => frames.push(self.chunk(
-                Delta {
-                    reasoning_content: Some(&text),
-                    ..Default::default()
-                },
-                None,
-            )),
-            Some(Piece::End(end)) => {
-                self.finished = true;
-                let metrics = &self.answer.shared.metrics;
-                match end.ending {
-                    Ending::Finish(finish) => {
-                        metrics.answered(&self.answer.tenant, &self.answer.pool, finish, true);
-                        if !end.tool_calls.is_empty() {
-                            let calls = end
-                                .tool_calls
-                                .iter()
-                                .enumerate()
-                                .map(|(index, call)| ToolCallDelta {
-                                    index,
-                                    id: &call.id,
-                                    kind: &call.kind,
-                                    function: &call.function,
-                                })
-                                .collect();
-                            frames.push(self.chunk(
-                                Delta {
-                                    tool_calls: Some(calls),
-                                    ..Default::default()
-                                },
-                                None,
-                            ));
-                        }
-                        frames.push(self.chunk(Delta::default(), Some(finish)));
-                        if self.answer.include_usage {
-                            let chunk = Chunk {
-                                id: &self.answer.id,
-                                object: "chat.completion.chunk",
-                                created: self.answer.created,
-                                model: &self.answer.model,
-                                choices: Vec::new(),
-                                usage: Some(Some(Usage::from(end.usage))),
-                            };
-                            frames
-                                .push(SseEvent::default().data(
-                                    serde_json::to_string(&chunk).expect("chunks serialize"),
-                                ));
-                        }
-                        frames.push(SseEvent::default().data("[DONE]"));
-                    }
-                    Ending::Error { status, kind, code } => {
-                        metrics.answered(&self.answer.tenant, &self.answer.pool, code, true);
-                        let error = ApiError::new(status, kind, code, end.message);
-                        frames.push(SseEvent::default().data(error.body()));
-                    }
-                }
-            }
-            None => self.finished = true,
-        }
-        Some(frames)
-    }
 }

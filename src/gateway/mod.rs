@@ -13,6 +13,8 @@
 //! - A request the gateway sends always carries a deadline (`gateway.max_request_ms`), so
 //!   one whose caller and gateway both vanished still ends.
 
+mod answer;
+mod error;
 mod http;
 pub mod keys;
 pub mod mapping;
@@ -20,6 +22,7 @@ mod metrics;
 pub mod openai;
 mod pools;
 mod run;
+mod stream;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -89,18 +92,13 @@ impl Gateway {
         let client = Client::connect(settings)
             .await
             .map_err(|e| GatewayError::Connect(e.to_string()))?;
-        let listener = tokio::net::TcpListener::bind(listen)
-            .await
-            .map_err(|error| GatewayError::Listen {
-                addr: listen,
-                error,
-            })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|error| GatewayError::Listen {
-                addr: listen,
-                error,
-            })?;
+        let (listener, addr) =
+            crate::serve::bind(listen)
+                .await
+                .map_err(|error| GatewayError::Listen {
+                    addr: listen,
+                    error,
+                })?;
         let shared = Shared {
             pools: Pools::new(settings),
             client: client.with_timeout(Duration::from_millis(
@@ -150,8 +148,9 @@ impl Gateway {
             abort.cancel();
         });
         let stopped = shared.stopping.clone();
-        axum::serve(self.listener, http::router(shared.clone()))
-            .with_graceful_shutdown(async move { stopped.cancelled().await })
-            .await
+        crate::serve::serve(self.listener, http::router(shared.clone()), async move {
+            stopped.cancelled().await
+        })
+        .await
     }
 }

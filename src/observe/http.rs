@@ -89,7 +89,7 @@ pub async fn serve(
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .with_state(Arc::new(Served { metrics, readiness }));
-    if let Err(error) = axum::serve(listener, app).await {
+    if let Err(error) = crate::serve::serve(listener, app, std::future::pending()).await {
         tracing::error!(message = "the HTTP server stopped", %error);
     }
 }
