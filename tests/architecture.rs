@@ -1319,7 +1319,6 @@ fn the_file_graph_catches_planted_circles() {
 /// the entry of that folder (`` `reply.rs` `` in the entry of `src/bus/`, `` `turn.rs` `` in
 /// the entry of `generation/` under `src/engine/`); a folder's entry names its `mod.rs`.
 #[test]
-#[ignore = "the codemap is rewritten when the house moves land"]
 fn the_codemap_names_every_file_of_src() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let doc = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();

@@ -1,5 +1,6 @@
-//! Placement by affinity, on the worker's side: what a request with an affinity key says about
-//! where it was sent first, turned into the `affinity` record of its result.
+//! Placement by affinity: on the submitter's side, which worker served each key last
+//! ([`LastWorkers`]); on the worker's side, what a request with an affinity key says about where
+//! it was sent first, turned into the `affinity` record of its result ([`Preference`]).
 //!
 //! There is no central router. The submitter knows which worker served a key last (the Rust
 //! client keeps a bounded map of it, learnt from replies and results) and tries that worker's
