@@ -1,7 +1,5 @@
 //! `genfleet console`: the web console (see docs/console.md).
 
-use std::net::SocketAddr;
-
 use anyhow::Context;
 use clap::Args;
 
@@ -28,12 +26,7 @@ pub async fn run(settings: Settings, args: ConsoleArgs) -> anyhow::Result<()> {
     // Installed first, so a signal during the start is not lost.
     let stop = super::shutdown_signal();
     settings.console.validate()?;
-    let listen = args
-        .listen
-        .unwrap_or_else(|| settings.console.listen.clone());
-    let listen: SocketAddr = listen
-        .parse()
-        .with_context(|| format!("--listen {listen:?} is not an address like 127.0.0.1:8080"))?;
+    let listen = super::listen_addr(args.listen, &settings.console.listen, "127.0.0.1:8080")?;
     let started = Console::start(
         &settings,
         ConsoleOptions {

@@ -1,7 +1,5 @@
 //! `genfleet gateway`: the OpenAI-compatible front door (see docs/gateway.md).
 
-use std::net::SocketAddr;
-
 use anyhow::Context;
 use clap::Args;
 
@@ -26,12 +24,7 @@ pub async fn run(settings: Settings, args: GatewayArgs) -> anyhow::Result<()> {
     // Installed first, so a signal during the start is not lost.
     let stop = super::shutdown_signal();
     settings.gateway.validate()?;
-    let listen = args
-        .listen
-        .unwrap_or_else(|| settings.gateway.listen.clone());
-    let listen: SocketAddr = listen
-        .parse()
-        .with_context(|| format!("--listen {listen:?} is not an address like 127.0.0.1:8081"))?;
+    let listen = super::listen_addr(args.listen, &settings.gateway.listen, "127.0.0.1:8081")?;
     let started = Gateway::start(&settings, listen);
     let Some(gateway) = super::unless_stopped(&stop, started).await else {
         return Ok(());

@@ -219,6 +219,20 @@ pub(crate) async fn unless_stopped<T>(
     }
 }
 
+/// The address a server command listens on: its `--listen`, else the configured one.
+/// `example` is shown when the address does not parse.
+pub(crate) fn listen_addr(
+    flag: Option<String>,
+    configured: &str,
+    example: &str,
+) -> anyhow::Result<std::net::SocketAddr> {
+    use anyhow::Context;
+    let listen = flag.unwrap_or_else(|| configured.to_string());
+    listen
+        .parse()
+        .with_context(|| format!("--listen {listen:?} is not an address like {example}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
