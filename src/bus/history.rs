@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 
 use super::BusError;
-use crate::client::streams::ensure_stream;
+use crate::client::streams::{Cap, ensure_capped_bucket};
 use crate::engine::history::{DecisionHistory, HistoryEntry, HistoryOutcome};
 use crate::protocol::ids::now_rfc3339;
 use crate::protocol::{GenerationResult, Reason, RequestState};
@@ -49,28 +49,17 @@ impl History {
         let d = &settings.decisions;
         let name = d.history_bucket.clone();
         // A bucket whose oldest entries give way (discard old), unlike the other buckets.
-        ensure_stream(
+        let bucket = ensure_capped_bucket(
             js,
-            stream::Config {
-                name: format!("KV_{name}"),
-                description: Some(format!("genfleet decision history {name}")),
-                subjects: vec![format!("$KV.{name}.>")],
-                max_messages_per_subject: 1,
-                max_messages: d.history_max_entries,
+            &name,
+            "decision history",
+            Cap {
+                max_entries: d.history_max_entries,
                 max_age: Duration::from_millis(d.history_ttl_ms),
-                allow_rollup: true,
-                deny_delete: true,
-                allow_direct: true,
-                discard: stream::DiscardPolicy::Old,
-                num_replicas: settings.jetstream.replicas,
-                ..Default::default()
+                replicas: settings.jetstream.replicas,
             },
         )
         .await?;
-        let bucket = js
-            .get_key_value(&name)
-            .await
-            .map_err(|e| BusError::Setup(format!("cannot open bucket {name}: {e}")))?;
         let stream = js
             .get_stream(format!("KV_{name}"))
             .await

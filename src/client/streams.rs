@@ -133,31 +133,17 @@ async fn ensure_finished_bucket(
     js: &jetstream::Context,
     settings: &JetStreamSettings,
 ) -> Result<kv::Store, BusError> {
-    let name = &settings.finished_bucket;
-    if let Ok(store) = js.get_key_value(name).await {
-        return Ok(store);
-    }
-    ensure_stream(
+    ensure_capped_bucket(
         js,
-        stream::Config {
-            name: format!("KV_{name}"),
-            description: Some(format!("genfleet finished requests {name}")),
-            subjects: vec![format!("$KV.{name}.>")],
-            max_messages_per_subject: 1,
-            max_messages: settings.finished_max_entries,
+        &settings.finished_bucket,
+        "finished requests",
+        Cap {
+            max_entries: settings.finished_max_entries,
             max_age: Duration::from_millis(settings.finished_ttl_ms),
-            allow_rollup: true,
-            deny_delete: true,
-            allow_direct: true,
-            discard: stream::DiscardPolicy::Old,
-            num_replicas: settings.replicas,
-            ..Default::default()
+            replicas: settings.replicas,
         },
     )
-    .await?;
-    js.get_key_value(name)
-        .await
-        .map_err(|e| BusError::Setup(format!("cannot open bucket {name}: {e}")))
+    .await
 }
 
 /// The key of a finished request's summary.
@@ -229,26 +215,64 @@ pub async fn ensure_bucket(
     max_age: Duration,
     replicas: usize,
 ) -> Result<kv::Store, BusError> {
+    let config = stream::Config {
+        max_messages_per_subject: history,
+        discard: stream::DiscardPolicy::New,
+        ..bucket_stream(bucket, "key-value bucket", max_age, replicas)
+    };
+    open_bucket(js, bucket, config).await
+}
+
+/// How far a capped bucket may grow: at most `max_entries` entries of one value each, none
+/// older than `max_age`.
+pub struct Cap {
+    pub max_entries: i64,
+    pub max_age: Duration,
+    pub replicas: usize,
+}
+
+/// A bucket whose oldest entries give way (discard old) to new ones once it is full, where
+/// [`ensure_bucket`] refuses the write. `holds` says what it keeps, in its description.
+pub async fn ensure_capped_bucket(
+    js: &jetstream::Context,
+    bucket: &str,
+    holds: &str,
+    cap: Cap,
+) -> Result<kv::Store, BusError> {
+    let config = stream::Config {
+        max_messages_per_subject: 1,
+        max_messages: cap.max_entries,
+        discard: stream::DiscardPolicy::Old,
+        ..bucket_stream(bucket, holds, cap.max_age, cap.replicas)
+    };
+    open_bucket(js, bucket, config).await
+}
+
+/// The stream behind a key-value bucket, as `create_key_value` would make it.
+fn bucket_stream(bucket: &str, holds: &str, max_age: Duration, replicas: usize) -> stream::Config {
+    stream::Config {
+        name: format!("KV_{bucket}"),
+        description: Some(format!("genfleet {holds} {bucket}")),
+        subjects: vec![format!("$KV.{bucket}.>")],
+        max_age,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        num_replicas: replicas,
+        ..Default::default()
+    }
+}
+
+/// Opens `bucket`, creating its stream from `config` when it is absent.
+async fn open_bucket(
+    js: &jetstream::Context,
+    bucket: &str,
+    config: stream::Config,
+) -> Result<kv::Store, BusError> {
     if let Ok(store) = js.get_key_value(bucket).await {
         return Ok(store);
     }
-    ensure_stream(
-        js,
-        stream::Config {
-            name: format!("KV_{bucket}"),
-            description: Some(format!("genfleet key-value bucket {bucket}")),
-            subjects: vec![format!("$KV.{bucket}.>")],
-            max_messages_per_subject: history,
-            max_age,
-            allow_rollup: true,
-            deny_delete: true,
-            allow_direct: true,
-            discard: stream::DiscardPolicy::New,
-            num_replicas: replicas,
-            ..Default::default()
-        },
-    )
-    .await?;
+    ensure_stream(js, config).await?;
     js.get_key_value(bucket)
         .await
         .map_err(|e| BusError::Setup(format!("cannot open bucket {bucket}: {e}")))
