@@ -189,6 +189,19 @@ impl Client {
             .await
     }
 
+    /// A question about one request (its status, result or cancel), sent to whichever worker
+    /// answers on its subject.
+    async fn ask<R: DeserializeOwned>(
+        &self,
+        verb: fn(&Subjects, &str) -> String,
+        request_id: &str,
+        body: serde_json::Value,
+    ) -> Result<R, ClientError> {
+        check_id("request", request_id)?;
+        self.call(verb(&self.subjects, &self.on_bus(request_id)), &body)
+            .await
+    }
+
     /// A request with `extra` headers; `is_submit`: answered only by workers with a free slot.
     async fn call_with<B: Serialize, R: DeserializeOwned>(
         &self,
@@ -459,12 +472,8 @@ impl Client {
     }
 
     pub async fn status(&self, request_id: &str) -> Result<StatusReply, ClientError> {
-        check_id("request", request_id)?;
-        self.call(
-            self.subjects.status(&self.on_bus(request_id)),
-            &serde_json::json!({}),
-        )
-        .await
+        self.ask(Subjects::status, request_id, serde_json::json!({}))
+            .await
     }
 
     /// The terminal result; `release: false` peeks and leaves it stored.
@@ -473,21 +482,17 @@ impl Client {
         request_id: &str,
         release: bool,
     ) -> Result<GenerationResult, ClientError> {
-        check_id("request", request_id)?;
-        self.call(
-            self.subjects.result(&self.on_bus(request_id)),
-            &serde_json::json!({ "release": release }),
+        self.ask(
+            Subjects::result,
+            request_id,
+            serde_json::json!({ "release": release }),
         )
         .await
     }
 
     pub async fn cancel(&self, request_id: &str) -> Result<CancelReply, ClientError> {
-        check_id("request", request_id)?;
-        self.call(
-            self.subjects.cancel(&self.on_bus(request_id)),
-            &serde_json::json!({}),
-        )
-        .await
+        self.ask(Subjects::cancel, request_id, serde_json::json!({}))
+            .await
     }
 
     /// Cancels, saying why: the reason goes into the cancelled result's detail
@@ -497,10 +502,10 @@ impl Client {
         request_id: &str,
         reason: &str,
     ) -> Result<CancelReply, ClientError> {
-        check_id("request", request_id)?;
-        self.call(
-            self.subjects.cancel(&self.on_bus(request_id)),
-            &serde_json::json!({ "reason": reason }),
+        self.ask(
+            Subjects::cancel,
+            request_id,
+            serde_json::json!({ "reason": reason }),
         )
         .await
     }
