@@ -1,14 +1,17 @@
 //! A request's life on the record: submitted (started in a free slot, or waiting for one),
 //! ended by its slot, its slot freed, released by its owner.
 
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
 use actix::prelude::*;
 
-use super::records::{Record, Waiting};
+use super::records::{Record, Running, Waiting};
 use super::{Supervisor, announce_finished, lost_result};
 use crate::actors::messages::{Release, Released, SlotDone, SlotReleased, Submit, Ticket};
 use crate::engine::EventEmitter;
 use crate::protocol::ids::new_id;
-use crate::protocol::{Accepted, ErrorCode, RequestState, WireError};
+use crate::protocol::{Accepted, ErrorCode, GenerationResult, RequestState, WireError};
 use crate::schedule::tenant_name;
 
 impl<T: Ticket> Handler<Submit<T>> for Supervisor<T> {
@@ -107,11 +110,25 @@ impl<T: Ticket> Handler<SlotDone> for Supervisor<T> {
             Ok(finished) => finished.result,
             Err(detail) => lost_result(&running, &msg.context, detail),
         };
+        self.end_running(msg.request_id, msg.sequence, running, result);
+    }
+}
+
+impl<T: Ticket> Supervisor<T> {
+    /// Ends a running request with its terminal result: announced after the request's last
+    /// event (`sequence` goes on from it), and kept for its waiters.
+    fn end_running(
+        &mut self,
+        request_id: String,
+        sequence: Arc<AtomicU64>,
+        running: Running<T>,
+        result: GenerationResult,
+    ) {
         let emitter = EventEmitter::continuing(
-            msg.request_id,
+            request_id,
             self.sink.clone(),
             self.engine.config().coalescing,
-            msg.sequence,
+            sequence,
         );
         announce_finished(emitter, result.clone());
         self.record_result(
@@ -139,19 +156,8 @@ impl<T: Ticket> Handler<SlotReleased> for Supervisor<T> {
             let running = *running;
             let detail = "the slot stopped before the generation ended".to_string();
             let result = lost_result(&running, &running.context, detail);
-            let emitter = EventEmitter::continuing(
-                msg.request_id.clone(),
-                self.sink.clone(),
-                self.engine.config().coalescing,
-                running.sequence.clone(),
-            );
-            announce_finished(emitter, result.clone());
-            self.record_result(
-                result,
-                running.waiters,
-                running.ticket,
-                running.cancelled_by,
-            );
+            let sequence = running.sequence.clone();
+            self.end_running(msg.request_id.clone(), sequence, running, result);
         }
         self.start_waiting(ctx);
         self.publish_capacity();
