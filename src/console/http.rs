@@ -372,15 +372,8 @@ async fn cancel(
         tracing::warn!(message = "a console cancel was refused", request_id = %id, reason = %refusal.error.message);
         return refused(refusal);
     }
-    if let Err(refusal) = check_id(&id) {
-        return refused(refusal);
-    }
-    let body: CancelBody = match parse(&body) {
-        Ok(body) => body,
-        Err(refusal) => return refused(refusal),
-    };
-    let by = match decided_by(&body.user) {
-        Ok(by) => by,
+    let (_, by) = match read_write(&id, &body, |body: &CancelBody| &body.user) {
+        Ok(read) => read,
         Err(refusal) => return refused(refusal),
     };
     let asked_at = crate::protocol::ids::now_rfc3339();
@@ -430,6 +423,19 @@ fn decided_by(user: &str) -> Result<String, Refusal> {
             "user {user:?} must be 1-64 characters of A-Z, a-z, 0-9, '_', '-', '.' or '@'"
         )))
     }
+}
+
+/// A write's id and body, checked: the body, and who acts (`human:<user>`, the user named in
+/// it).
+fn read_write<B: serde::de::DeserializeOwned>(
+    id: &str,
+    body: &Bytes,
+    user: fn(&B) -> &str,
+) -> Result<(B, String), Refusal> {
+    check_id(id)?;
+    let body: B = parse(body)?;
+    let by = decided_by(user(&body))?;
+    Ok((body, by))
 }
 
 fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, Refusal> {
@@ -490,15 +496,8 @@ async fn decide(
         tracing::warn!(message = "a console answer was refused", decision_id = %decision_id, reason = %refusal.error.message);
         return refused(refusal);
     }
-    if let Err(refusal) = check_id(&decision_id) {
-        return refused(refusal);
-    }
-    let body: AnswerBody = match parse(&body) {
-        Ok(body) => body,
-        Err(refusal) => return refused(refusal),
-    };
-    let by = match decided_by(&body.user) {
-        Ok(by) => by,
+    let (body, by) = match read_write(&decision_id, &body, |body: &AnswerBody| &body.user) {
+        Ok(read) => read,
         Err(refusal) => return refused(refusal),
     };
     let answer = DecisionAnswer {
