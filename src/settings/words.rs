@@ -97,6 +97,19 @@ pub(super) fn check_kinds(
     Ok(())
 }
 
+/// A JSON number that `fits`, or text that reads as a `T` (an environment variable's value is
+/// always text).
+fn number_or_text<T: std::str::FromStr>(
+    value: &Value,
+    fits: fn(&serde_json::Number) -> bool,
+) -> bool {
+    match value {
+        Value::Number(n) => fits(n),
+        Value::String(text) => text.trim().parse::<T>().is_ok(),
+        _ => false,
+    }
+}
+
 /// Checks the keys of one section (or of a table within one, `worker.reserved_slots`).
 fn check_keys(
     section: &str,
@@ -112,22 +125,12 @@ fn check_keys(
         let wrong = |what: &str| Err(format!("`{name}` must be {what}, not {}", shown(value)));
         match default {
             toml::Value::Integer(_) => {
-                let whole = match value {
-                    Value::Number(n) => n.is_i64() || n.is_u64(),
-                    Value::String(text) => text.trim().parse::<i128>().is_ok(),
-                    _ => false,
-                };
-                if !whole {
+                if !number_or_text::<i128>(value, |n| n.is_i64() || n.is_u64()) {
                     return wrong("a whole number");
                 }
             }
             toml::Value::Float(_) => {
-                let number = match value {
-                    Value::Number(_) => true,
-                    Value::String(text) => text.trim().parse::<f64>().is_ok(),
-                    _ => false,
-                };
-                if !number {
+                if !number_or_text::<f64>(value, |_| true) {
                     return wrong("a number");
                 }
             }
