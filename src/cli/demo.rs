@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
+use futures_util::{FutureExt, StreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::private_nats::{PrivateNats, TempDir};
@@ -60,25 +61,47 @@ struct Stack {
     mock: Option<MockServer>,
     worker: Option<WorkerHandle>,
     tools: Vec<ToolService>,
-    manager: Option<(
-        tokio::sync::oneshot::Sender<()>,
-        tokio::task::JoinHandle<()>,
-    )>,
-    gateway: Option<(
-        tokio::sync::oneshot::Sender<()>,
-        tokio::task::JoinHandle<()>,
-    )>,
+    manager: Option<Running>,
+    gateway: Option<Running>,
+}
+
+/// A part of the demo that runs in its own task until it is told to stop.
+struct Running {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Spawns `run`, handing it the future that resolves when [`Running::stop`] is called.
+    fn spawn<F>(run: impl FnOnce(BoxFuture<'static, ()>) -> F) -> Running
+    where
+        F: Future + Send + 'static,
+    {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = run(async {
+            let _ = stopped.await;
+        }
+        .boxed());
+        let task = tokio::spawn(async move {
+            let _ = running.await;
+        });
+        Running { stop, task }
+    }
+
+    /// Tells it to stop and waits for it, up to 5 s.
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
+    }
 }
 
 impl Stack {
     async fn tear_down(&mut self) {
-        if let Some((stop, task)) = self.gateway.take() {
-            let _ = stop.send(());
-            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        if let Some(gateway) = self.gateway.take() {
+            gateway.stop().await;
         }
-        if let Some((stop, task)) = self.manager.take() {
-            let _ = stop.send(());
-            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        if let Some(manager) = self.manager.take() {
+            manager.stop().await;
         }
         for tool in self.tools.drain(..) {
             let _ = tokio::time::timeout(Duration::from_secs(2), tool.withdraw()).await;
@@ -164,15 +187,7 @@ async fn demo(args: &DemoArgs, stack: &mut Stack) -> anyhow::Result<()> {
     let mut manager_settings = settings.clone();
     manager_settings.nats.name = "genfleet-demo-manager".into();
     let manager = Manager::start(&manager_settings, options, Arc::new(ManagerLines)).await?;
-    let (stop_manager, stopped) = tokio::sync::oneshot::channel::<()>();
-    let manager_task = tokio::spawn(async move {
-        let _ = manager
-            .run(async {
-                let _ = stopped.await;
-            })
-            .await;
-    });
-    stack.manager = Some((stop_manager, manager_task));
+    stack.manager = Some(Running::spawn(|stopped| manager.run(stopped)));
     step(
         "started manager \"demo\": it answers a model's decision request with its default after 1.5 s",
     );
@@ -187,15 +202,7 @@ async fn demo(args: &DemoArgs, stack: &mut Stack) -> anyhow::Result<()> {
     .await
     .context("the gateway did not start")?;
     let gateway_url = format!("http://{}/v1", gateway.addr());
-    let (stop_gateway, gateway_stopped) = tokio::sync::oneshot::channel::<()>();
-    let gateway_task = tokio::spawn(async move {
-        let _ = gateway
-            .run(async {
-                let _ = gateway_stopped.await;
-            })
-            .await;
-    });
-    stack.gateway = Some((stop_gateway, gateway_task));
+    stack.gateway = Some(Running::spawn(|stopped| gateway.run(stopped)));
     step(&format!(
         "started genfleet gateway: OpenAI's chat completions API at {gateway_url}"
     ));
