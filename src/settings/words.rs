@@ -18,16 +18,7 @@ pub(super) fn values_of<T: DeserializeOwned>() -> Vec<String> {
     let Err(error) = serde_json::from_str::<T>("\"\\u0000\"") else {
         return Vec::new();
     };
-    let text = error.to_string();
-    let Some(expected) = text.split("expected ").nth(1) else {
-        return Vec::new();
-    };
-    expected
-        .split('`')
-        .skip(1)
-        .step_by(2)
-        .map(str::to_string)
-        .collect()
+    values_from(&error.to_string())
 }
 
 /// `a`, `a` or `b`, `a`, `b` or `c`: the allowed values in a sentence.
