@@ -5,20 +5,19 @@
 //! update of the same key), and the backend called directly over HTTP with the request a
 //! worker sends it, read to the last byte (what the model call costs without genfleet).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use serde::Serialize;
 
 use super::budget::Budget;
+use super::closed_loop;
 use super::interactive::LoadSpec;
-use super::latency::{Samples, Summary};
+use super::latency::Summary;
 use super::meter::Meter;
 use super::monitor::BusOps;
 use super::procstat::ProcessUsage;
-use super::progress::Progress;
 use super::target::Target;
 use super::workload;
 
@@ -228,54 +227,29 @@ fn constructed_request(model: &str, reply_tokens: usize) -> Vec<u8> {
     .expect("JSON serializes")
 }
 
-/// The load's clients calling `call` in a loop until its budget is spent.
+/// The load's clients calling `call` in a loop until its budget is spent; a call that says
+/// `false` failed.
 async fn drive<F, Fut>(label: &str, load: &LoadSpec, meter: &Meter, call: F) -> FloorReport
 where
     F: Fn(usize) -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let budget = Arc::new(Budget::new(load.requests, load.duration));
-    let progress = Progress::start(label, budget.clone());
-    let start = meter.start().await;
-    let started = Instant::now();
-    let clients = (0..load.concurrency).map(|client| {
-        let budget = budget.clone();
-        let call = &call;
-        async move {
-            let mut samples = Samples::default();
-            let mut errors = 0u64;
-            while budget.take().is_some() {
-                let at = Instant::now();
-                if call(client).await {
-                    samples.push(at.elapsed());
-                } else {
-                    errors += 1;
-                }
-                budget.done();
-            }
-            (samples, errors)
-        }
-    });
-    let results = futures_util::future::join_all(clients).await;
-    let secs = started.elapsed().as_secs_f64().max(1e-9);
-    let spent = meter.stop(start).await;
-    progress.finish();
-    let mut samples = Samples::default();
-    let mut errors = 0;
-    for (s, e) in results {
-        samples.extend(s);
-        errors += e;
-    }
-    let ok = samples.len() as u64;
-    let cost = spent.per_request(ok);
+    let budget = Budget::new(load.requests, load.duration);
+    let looped = closed_loop::run(label, load.concurrency, budget, meter, |client| {
+        call(client).map(|ok| if ok { Ok(()) } else { Err(()) })
+    })
+    .await;
+    let ok = looped.samples.len() as u64;
+    let errors = looped.errors.len() as u64;
+    let cost = looped.spent.per_request(ok);
     FloorReport {
         concurrency: load.concurrency,
         payload_bytes: 0,
         requests: ok + errors,
         errors,
-        duration_secs: secs,
-        requests_per_sec: ok as f64 / secs,
-        latency_ms: samples.summary(),
+        duration_secs: looped.secs,
+        requests_per_sec: ok as f64 / looped.secs,
+        latency_ms: looped.samples.summary(),
         tokens_per_sec: None,
         body: None,
         processes: cost.processes,

@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use futures_util::StreamExt;
@@ -23,11 +23,11 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::budget::Budget;
-use super::latency::{Samples, Summary};
+use super::closed_loop;
+use super::latency::Summary;
 use super::local::{LocalFleet, LocalGateway};
 use super::meter::Meter;
 use super::procstat::{ProcessUsage, Watched};
-use super::progress::Progress;
 use super::report::{Table, yes_no};
 use super::target_check::TargetCheck;
 use super::workload;
@@ -340,46 +340,19 @@ async fn drive(
     meter: &Meter,
     label: &str,
 ) -> PathFigures {
-    let budget = Arc::new(Budget::new(requests, duration));
-    let progress = Progress::start(label, budget.clone());
-    let start = meter.start().await;
-    let started = Instant::now();
-    let clients = (0..concurrency).map(|_| {
-        let budget = budget.clone();
-        async move {
-            let mut samples = Samples::default();
-            let mut errors = Vec::new();
-            while budget.take().is_some() {
-                let at = Instant::now();
-                match callers.call(path).await {
-                    Ok(()) => samples.push(at.elapsed()),
-                    Err(error) => errors.push(error),
-                }
-                budget.done();
-            }
-            (samples, errors)
-        }
-    });
-    let results = futures_util::future::join_all(clients).await;
-    let secs = started.elapsed().as_secs_f64().max(1e-9);
-    let spent = meter.stop(start).await;
-    progress.finish();
-    let mut samples = Samples::default();
-    let mut errors = Vec::new();
-    for (s, e) in results {
-        samples.extend(s);
-        errors.extend(e);
-    }
-    let completed = samples.len() as u64;
+    let budget = Budget::new(requests, duration);
+    let looped = closed_loop::run(label, concurrency, budget, meter, |_| callers.call(path)).await;
+    let completed = looped.samples.len() as u64;
+    let errors = looped.errors.len() as u64;
     PathFigures {
-        requests: completed + errors.len() as u64,
+        requests: completed + errors,
         completed,
-        errors: errors.len() as u64,
-        first_error: errors.into_iter().next(),
-        duration_secs: secs,
-        requests_per_sec: completed as f64 / secs,
-        latency_ms: samples.summary(),
-        processes: spent.per_request(completed).processes,
+        errors,
+        first_error: looped.errors.into_iter().next(),
+        duration_secs: looped.secs,
+        requests_per_sec: completed as f64 / looped.secs,
+        latency_ms: looped.samples.summary(),
+        processes: looped.spent.per_request(completed).processes,
     }
 }
 

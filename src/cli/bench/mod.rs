@@ -18,6 +18,7 @@
 //! explains the figures and holds the project's own.
 
 mod budget;
+mod closed_loop;
 mod durable;
 mod fairness;
 mod floors;
