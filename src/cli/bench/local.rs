@@ -174,13 +174,13 @@ impl LocalFleet {
     async fn start_workers(&mut self, build: &Build) -> anyhow::Result<()> {
         for n in 1..=self.options.workers {
             let worker = self
-                .spawn_worker(
-                    &build.exe,
-                    &format!("{}{n}", build.worker_prefix),
-                    &self.options.pool,
-                    self.options.slots,
-                    &self.backend_url,
-                )
+                .spawn_worker(&WorkerProcess {
+                    exe: &build.exe,
+                    worker_id: &format!("{}{n}", build.worker_prefix),
+                    pool: &self.options.pool,
+                    slots: self.options.slots,
+                    backend_url: &self.backend_url,
+                })
                 .await
                 .with_context(|| format!("{} ({})", build.name, build.exe.display()))?;
             self.workers.push(worker);
@@ -226,29 +226,25 @@ impl LocalFleet {
         slots: u32,
         backend_url: &str,
     ) -> anyhow::Result<LocalWorker> {
-        self.spawn_worker(&current_exe()?, worker_id, pool, slots, backend_url)
-            .await
+        self.spawn_worker(&WorkerProcess {
+            exe: &current_exe()?,
+            worker_id,
+            pool,
+            slots,
+            backend_url,
+        })
+        .await
     }
 
     /// `exe worker`, with the arguments and environment every worker of the bench gets, and
     /// waits until it is ready (`/readyz`).
-    async fn spawn_worker(
-        &self,
-        exe: &Path,
-        worker_id: &str,
-        pool: &str,
-        slots: u32,
-        backend_url: &str,
-    ) -> anyhow::Result<LocalWorker> {
+    async fn spawn_worker(&self, process: &WorkerProcess<'_>) -> anyhow::Result<LocalWorker> {
         // A free port can be taken by another process between choosing it and the worker
         // binding it: a worker that exits at start for that is started again on another.
         let mut tries = 0;
         loop {
             tries += 1;
-            match self
-                .spawn_worker_once(exe, worker_id, pool, slots, backend_url)
-                .await
-            {
+            match self.spawn_worker_once(process).await {
                 Err(error)
                     if tries < PORT_TRIES
                         && error.to_string().contains("(http.listen)")
@@ -261,14 +257,14 @@ impl LocalFleet {
         }
     }
 
-    async fn spawn_worker_once(
-        &self,
-        exe: &Path,
-        worker_id: &str,
-        pool: &str,
-        slots: u32,
-        backend_url: &str,
-    ) -> anyhow::Result<LocalWorker> {
+    async fn spawn_worker_once(&self, process: &WorkerProcess<'_>) -> anyhow::Result<LocalWorker> {
+        let WorkerProcess {
+            exe,
+            worker_id,
+            pool,
+            slots,
+            backend_url,
+        } = *process;
         let http_addr = format!("127.0.0.1:{}", free_port()?);
         let log_path = self.dir.path().join(format!("{worker_id}.log"));
         let log = std::fs::File::create(&log_path).context("cannot create a worker log")?;
@@ -324,6 +320,15 @@ impl LocalFleet {
         }
         watched
     }
+}
+
+/// A worker process to start: which build, under which id, on which pool and backend.
+struct WorkerProcess<'a> {
+    exe: &'a Path,
+    worker_id: &'a str,
+    pool: &'a str,
+    slots: u32,
+    backend_url: &'a str,
 }
 
 /// A `genfleet gateway` process of the fleet (the gateway phase), killed when dropped.
