@@ -555,6 +555,12 @@ impl Shared {
     async fn send(&self, signal: &Signal, answer: DecisionAnswer, how: &str) -> Disposition {
         let decision_id = &signal.decision.as_ref().expect("a decision").decision_id;
         let decided_by = answer.decided_by.clone().unwrap_or_default();
+        // What came of this answer, in the log under its option and who gave it.
+        let answered = |kind: ActionKind, detail: String| {
+            Action::about(signal, kind, detail)
+                .option(&answer.option_id)
+                .by(&decided_by)
+        };
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -583,11 +589,8 @@ impl Shared {
                         (DecisionOutcome::Continued, Some(id)) => format!("continued as {id}"),
                         (outcome, _) => outcome.as_str().to_string(),
                     };
-                    self.log.action(
-                        Action::about(signal, ActionKind::Answered, format!("{how}; {result}"))
-                            .option(&answer.option_id)
-                            .by(&decided_by),
-                    );
+                    self.log
+                        .action(answered(ActionKind::Answered, format!("{how}; {result}")));
                     return Disposition::Ack;
                 }
                 Err(ClientError::Wire(error)) => match error.code {
@@ -595,41 +598,26 @@ impl Shared {
                         let detail = &error.detail;
                         let winner = detail["decided_by"].as_str().unwrap_or("someone");
                         let option = detail["option_id"].as_str().unwrap_or("?");
-                        self.log.action(
-                            Action::about(
-                                signal,
-                                ActionKind::AlreadyDecided,
-                                format!("ALREADY_DECIDED: {how} came second; {winner} answered {option} first"),
-                            )
-                            .option(&answer.option_id)
-                            .by(&decided_by),
-                        );
+                        self.log.action(answered(
+                            ActionKind::AlreadyDecided,
+                            format!("ALREADY_DECIDED: {how} came second; {winner} answered {option} first"),
+                        ));
                         return Disposition::Ack;
                     }
                     ErrorCode::NotFound => {
-                        self.log.action(
-                            Action::about(
-                                signal,
-                                ActionKind::Expired,
-                                format!("NOT_FOUND: {} (expired or unknown)", error.message),
-                            )
-                            .option(&answer.option_id)
-                            .by(&decided_by),
-                        );
+                        self.log.action(answered(
+                            ActionKind::Expired,
+                            format!("NOT_FOUND: {} (expired or unknown)", error.message),
+                        ));
                         return Disposition::Ack;
                     }
                     // The fleet's own trouble is worth another try.
                     ErrorCode::NoSlotAvailable | ErrorCode::Internal => error.to_string(),
                     _ => {
-                        self.log.action(
-                            Action::about(
-                                signal,
-                                ActionKind::Refused,
-                                format!("{how}: the fleet refused the answer: {error}"),
-                            )
-                            .option(&answer.option_id)
-                            .by(&decided_by),
-                        );
+                        self.log.action(answered(
+                            ActionKind::Refused,
+                            format!("{how}: the fleet refused the answer: {error}"),
+                        ));
                         return Disposition::Ack;
                     }
                 },
@@ -639,18 +627,13 @@ impl Shared {
                 tokio::time::sleep(Duration::from_millis(500) * attempt).await;
                 continue;
             }
-            self.log.action(
-                Action::about(
-                    signal,
-                    ActionKind::RetryLater,
-                    format!(
-                        "{how}: cannot deliver the answer ({failure}); the signal comes back in {} s",
-                        RETRY_DELAY.as_secs()
-                    ),
-                )
-                .option(&answer.option_id)
-                .by(&decided_by),
-            );
+            self.log.action(answered(
+                ActionKind::RetryLater,
+                format!(
+                    "{how}: cannot deliver the answer ({failure}); the signal comes back in {} s",
+                    RETRY_DELAY.as_secs()
+                ),
+            ));
             return Disposition::Retry(RETRY_DELAY);
         }
     }
