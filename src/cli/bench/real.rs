@@ -288,6 +288,22 @@ pub async fn run(
     })
 }
 
+/// Calls `one(n)` for `n` in `0..requests`, `concurrency` at a time, and tallies what they
+/// measured.
+async fn tallied_calls<F, Fut>(requests: u64, concurrency: usize, one: F) -> RealFigures
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = One>,
+{
+    let started = Instant::now();
+    let results: Vec<One> = futures_util::stream::iter(0..requests)
+        .map(one)
+        .buffer_unordered(concurrency.max(1))
+        .collect()
+        .await;
+    tally(results, started.elapsed())
+}
+
 /// What one request gave: time to first token, completion tokens, or an error.
 type One = Result<(Option<Duration>, u64), String>;
 
@@ -325,30 +341,25 @@ async fn direct(
     concurrency: usize,
     requests: u64,
 ) -> RealFigures {
-    let started = Instant::now();
-    let results: Vec<One> = futures_util::stream::iter(0..requests)
-        .map(|_| async move {
-            let sent = Instant::now();
-            let mut stream = backend.chat_stream(call.clone());
-            let mut first_token = None;
-            let (mut usage, mut pieces) = (0, 0);
-            while let Some(event) = stream.next().await {
-                match event.map_err(|e| e.to_string())? {
-                    StreamEvent::Text(_) | StreamEvent::Reasoning(_) => {
-                        first_token.get_or_insert_with(|| sent.elapsed());
-                        pieces += 1;
-                    }
-                    StreamEvent::Usage(u) => usage += u.completion_tokens,
-                    _ => {}
+    tallied_calls(requests, concurrency, |_| async move {
+        let sent = Instant::now();
+        let mut stream = backend.chat_stream(call.clone());
+        let mut first_token = None;
+        let (mut usage, mut pieces) = (0, 0);
+        while let Some(event) = stream.next().await {
+            match event.map_err(|e| e.to_string())? {
+                StreamEvent::Text(_) | StreamEvent::Reasoning(_) => {
+                    first_token.get_or_insert_with(|| sent.elapsed());
+                    pieces += 1;
                 }
+                StreamEvent::Usage(u) => usage += u.completion_tokens,
+                _ => {}
             }
-            // Servers that send no usage: one streamed piece is one token.
-            Ok((first_token, if usage > 0 { usage } else { pieces }))
-        })
-        .buffer_unordered(concurrency.max(1))
-        .collect()
-        .await;
-    tally(results, started.elapsed())
+        }
+        // Servers that send no usage: one streamed piece is one token.
+        Ok((first_token, if usage > 0 { usage } else { pieces }))
+    })
+    .await
 }
 
 /// `requests` submits to the worker on the model server, `concurrency` at a time.
@@ -359,24 +370,18 @@ async fn through_genfleet(
     concurrency: usize,
     requests: u64,
 ) -> RealFigures {
-    let started = Instant::now();
-    let results: Vec<One> = futures_util::stream::iter(0..requests)
-        .enumerate()
-        .map(|(n, _)| async move {
-            let id = target.request_id(&format!("real-{phase}"), n as u64);
-            let outcome =
-                interactive::one_request(target, n % concurrency.max(1), request(id, tokens)).await;
-            match outcome.error {
-                Some(error) => Err(error),
-                // The server's usage; words streamed where it sends none.
-                None if outcome.completion_tokens > 0 => {
-                    Ok((outcome.first_delta, outcome.completion_tokens))
-                }
-                None => Ok((outcome.first_delta, outcome.tokens)),
+    tallied_calls(requests, concurrency, |n| async move {
+        let id = target.request_id(&format!("real-{phase}"), n);
+        let client = n as usize % concurrency.max(1);
+        let outcome = interactive::one_request(target, client, request(id, tokens)).await;
+        match outcome.error {
+            Some(error) => Err(error),
+            // The server's usage; words streamed where it sends none.
+            None if outcome.completion_tokens > 0 => {
+                Ok((outcome.first_delta, outcome.completion_tokens))
             }
-        })
-        .buffer_unordered(concurrency.max(1))
-        .collect()
-        .await;
-    tally(results, started.elapsed())
+            None => Ok((outcome.first_delta, outcome.tokens)),
+        }
+    })
+    .await
 }
