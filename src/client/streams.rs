@@ -43,33 +43,29 @@ impl Stores {
             settings.replicas,
         )
         .await?;
-        ensure_stream(
-            &jetstream,
-            stream::Config {
-                name: settings.signals_stream.clone(),
-                description: Some("genfleet signals for managers".into()),
-                subjects: vec![subjects.all_signals()],
-                retention: stream::RetentionPolicy::Limits,
-                max_age: Duration::from_millis(settings.signals_max_age_ms),
-                num_replicas: settings.replicas,
-                ..Default::default()
-            },
-        )
-        .await?;
-        ensure_stream(
-            &jetstream,
-            stream::Config {
-                name: settings.queue_stream.clone(),
-                description: Some("genfleet durable requests".into()),
-                subjects: vec![subjects.all_queues()],
-                retention: stream::RetentionPolicy::WorkQueue,
-                duplicate_window: Duration::from_millis(settings.queue_duplicate_window_ms),
-                num_replicas: settings.replicas,
-                republish: Some(queue_notices(subjects)),
-                ..Default::default()
-            },
-        )
-        .await?;
+        let signals_stream = stream::Config {
+            retention: stream::RetentionPolicy::Limits,
+            max_age: Duration::from_millis(settings.signals_max_age_ms),
+            ..fleet_stream(
+                &settings.signals_stream,
+                "signals for managers",
+                subjects.all_signals(),
+                settings.replicas,
+            )
+        };
+        ensure_stream(&jetstream, signals_stream).await?;
+        let queue_stream = stream::Config {
+            retention: stream::RetentionPolicy::WorkQueue,
+            duplicate_window: Duration::from_millis(settings.queue_duplicate_window_ms),
+            republish: Some(queue_notices(subjects)),
+            ..fleet_stream(
+                &settings.queue_stream,
+                "durable requests",
+                subjects.all_queues(),
+                settings.replicas,
+            )
+        };
+        ensure_stream(&jetstream, queue_stream).await?;
         let mut queue = jetstream
             .get_stream(&settings.queue_stream)
             .await
@@ -251,13 +247,26 @@ pub async fn ensure_capped_bucket(
 /// The stream behind a key-value bucket, as `create_key_value` would make it.
 fn bucket_stream(bucket: &str, holds: &str, max_age: Duration, replicas: usize) -> stream::Config {
     stream::Config {
-        name: format!("KV_{bucket}"),
-        description: Some(format!("genfleet {holds} {bucket}")),
-        subjects: vec![format!("$KV.{bucket}.>")],
         max_age,
         allow_rollup: true,
         deny_delete: true,
         allow_direct: true,
+        ..fleet_stream(
+            &format!("KV_{bucket}"),
+            &format!("{holds} {bucket}"),
+            format!("$KV.{bucket}.>"),
+            replicas,
+        )
+    }
+}
+
+/// A stream of the fleet: its name, what it holds (described as genfleet's), the subjects it
+/// captures and its replicas; the rest as the caller sets it.
+fn fleet_stream(name: &str, holds: &str, subjects: String, replicas: usize) -> stream::Config {
+    stream::Config {
+        name: name.to_string(),
+        description: Some(format!("genfleet {holds}")),
+        subjects: vec![subjects],
         num_replicas: replicas,
         ..Default::default()
     }
