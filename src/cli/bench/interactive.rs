@@ -23,7 +23,7 @@ use super::procstat::ProcessUsage;
 use super::progress::Progress;
 use super::target::Target;
 use super::workload;
-use crate::actors::Accepted;
+use crate::protocol::Accepted;
 use crate::protocol::{ErrorCode, ErrorReply, Event, EventBody, GenerationRequest, RequestState};
 
 /// The pause before a submit refused with NO_SLOT_AVAILABLE is sent again (plus up to as much
