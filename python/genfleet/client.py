@@ -606,9 +606,13 @@ class _Follow:
 
     async def _continue_as(self, event: Dict[str, Any]) -> None:
         self.pending.append(event)
+        # Subscribed to the continuation before the finished part is let go: should the
+        # subscribe fail, the one subscription held is still the one `close` ends.
+        following = self.client.qualify(event["continuation_request_id"])
+        subscription = await self.client._subscribe(following)
         await self.subscription.unsubscribe()
-        self.current = self.client.qualify(event["continuation_request_id"])
-        self.subscription = await self.client._subscribe(self.current)
+        self.subscription = subscription
+        self.current = following
         self.next_seq = 0
         self.gapped = False
         self.streamed = ""
