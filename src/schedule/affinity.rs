@@ -55,7 +55,7 @@ impl LastWorkers {
 /// The longest worker id a submitter may name; a longer one is ignored.
 const MAX_WORKER_ID_LEN: usize = 256;
 /// The fallback reasons a submitter may give; any other is ignored.
-const FALLBACKS: &[&str] = &["busy"];
+const FALLBACKS: &[&str] = &["busy", "load"];
 
 /// How a request reached this worker: as the submitter told it.
 #[derive(Debug, Clone, Default)]

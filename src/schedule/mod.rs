@@ -33,6 +33,7 @@
 //! re-exported here.
 
 mod affinity;
+mod placement;
 mod queues;
 mod tenants;
 
@@ -40,6 +41,9 @@ pub use crate::protocol::schedule::{
     DEFAULT_TENANT, Priority, is_valid_tenant, qualified_id, split_qualified,
 };
 pub use affinity::{AFFINITY_KEYS_KEPT, LastWorkers, Preference};
+pub use placement::{
+    Choice, DEFAULT_LOAD_FACTOR, PassedOver, PoolView, WorkerLoad, choose, rank, score,
+};
 pub use queues::{Pull, QueueKey, Turns};
 pub use tenants::{Slots, TenantLimit, TenantLoad, tenant_name};
 
