@@ -31,6 +31,7 @@ pub struct Settings {
     pub decisions: DecisionSettings,
     pub escalation: EscalationSettings,
     pub worker: WorkerSettings,
+    pub placement: PlacementSettings,
     pub llm: LlmSettings,
     pub generation: GenerationSettings,
     pub tools: ToolSettings,
@@ -192,6 +193,18 @@ impl ReservedSlots {
             crate::protocol::Priority::Low => self.high + self.normal,
         }
     }
+}
+
+/// Where requests with an affinity key go (`placement`; docs/protocol.md#affinity).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlacementSettings {
+    /// The bounded-load factor: a worker whose busy slots reach this times its share of the
+    /// pool's busy slots (counting the new request) is passed over; 0 bounds nothing.
+    pub load_factor: f64,
+    /// Clients and gateways follow the workers' heartbeats and send a keyed request straight
+    /// to its key's worker.
+    pub follow_heartbeats: bool,
 }
 
 /// Limits per tenant (`worker.tenants`).
@@ -707,6 +720,12 @@ impl Settings {
             return fail(format!(
                 "worker.id {:?} must be 1-64 characters of A-Z, a-z, 0-9, '_' or '-'",
                 self.worker.id
+            ));
+        }
+        let factor = self.placement.load_factor;
+        if !(factor.is_finite() && (factor == 0.0 || factor >= 1.0)) {
+            return fail(format!(
+                "placement.load_factor is {factor}, but must be 0 (no bound) or at least 1"
             ));
         }
         match reqwest::Url::parse(&self.llm.base_url) {

@@ -1,29 +1,35 @@
-//! Affinity: the turns of a conversation go back to the worker that served the earlier ones
-//! while it has a free slot, and go to the pool at once when it has none (real nats-server,
-//! worker processes, each with a mock backend of its own that has a prefix cache).
+//! Affinity: every turn of a conversation goes to its key's worker, the first of the pool's
+//! live workers ranked by rendezvous hashing of the key with their ids, whoever sends it (a
+//! client that follows the heartbeats, a one-shot command that knows nothing, either of two
+//! gateways); a worker leaving moves only its keys; a key's worker with no free slot, or
+//! busier than the load bound allows, passes the request to the next in rank, and nobody waits
+//! for it (real nats-server, worker processes, each with a mock backend of its own that has a
+//! prefix cache).
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::fleet::{self, Fleet, Proc};
+use common::nats::free_port;
+use common::process::Running;
 use futures_util::StreamExt;
 use genfleet::client::Client;
+use genfleet::client::fleet::Following;
 use genfleet::llm::mock::{MockServer, PrefixCacheSettings, Rule, Script};
 use genfleet::protocol::{
-    ErrorCode, GenerationRequest, GenerationResult, Message, Reason, RequestState,
+    ErrorCode, EventBody, GenerationRequest, GenerationResult, Message, Reason, RequestState,
 };
+use genfleet::schedule::{WorkerLoad, choose, rank};
 
 const WORKERS: usize = 4;
 const SLOTS: u32 = 4;
-const CHAINS: usize = 200;
-const TURNS: usize = 5;
-/// Chains running at once. The chains test gives each worker this many slots, so that no
-/// worker is ever full there: a worker that fills leaves its pool's submit subject, and
-/// async-nats 0.51 drops a submit already on its way to a subscription being left (its caller
-/// waits out its timeout). A busy preferred worker is shown by the tests after it, which fill
-/// one worker on purpose with nothing else in flight.
-const AT_ONCE: usize = 12;
+const CHAINS: usize = 24;
+const TURNS: usize = 4;
+/// Chains running at once. The chains test gives each worker more slots than this, so that no
+/// worker is ever full, even in a heartbeat that shows every chain running on it.
+const AT_ONCE: usize = 8;
 const WAIT: Duration = Duration::from_secs(60);
 /// How long one call may take: the test's processes share two cores with whatever else the
 /// machine runs.
@@ -44,26 +50,75 @@ fn script() -> Script {
     })
 }
 
-/// A fleet of worker processes `w0`..`w3` with `slots` each, each on its own mock.
-async fn fleet_of_four(slots: u32) -> (Fleet, Vec<MockServer>, Vec<Proc>) {
+/// The worker processes' ids.
+fn ids(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("w{i}")).collect()
+}
+
+/// A fleet of worker processes `w0`..`w3` with `slots` each, each on its own mock, placing
+/// keyed requests with `load_factor` (the test's client too), once every worker ranks all.
+async fn fleet_of_four(
+    slots: u32,
+    load_factor: f64,
+    extra: &[(&'static str, String)],
+) -> (Fleet, Vec<MockServer>, Vec<Proc>) {
     let f = Fleet::builder()
         .worker_processes(Vec::<String>::new())
         .slots(slots)
+        .settings(move |s| s.placement.load_factor = load_factor)
         .client_timeout(CALL_WITHIN)
         .start()
         .await;
     let mut mocks = Vec::new();
     let mut workers = Vec::new();
-    for i in 0..WORKERS {
+    for id in ids(WORKERS) {
         let mock = MockServer::start(script()).await.expect("a mock starts");
-        workers.push(f.start_worker_process(
-            &format!("w{i}"),
-            &[("GENFLEET__LLM__BASE_URL", mock.base_url())],
-        ));
+        let mut env = vec![
+            ("GENFLEET__LLM__BASE_URL", mock.base_url()),
+            ("GENFLEET__PLACEMENT__LOAD_FACTOR", load_factor.to_string()),
+        ];
+        env.extend(extra.iter().cloned());
+        workers.push(f.start_worker_process(&id, &env));
         mocks.push(mock);
     }
-    fleet::wait_workers(f.client.nats(), WORKERS, WAIT, f.logs()).await;
+    let all = ids(WORKERS);
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    fleet::wait_placement(f.client.nats(), &all, WAIT).await;
     (f, mocks, workers)
+}
+
+/// Waits until the client's view of the pool holds exactly `ids`.
+async fn client_sees(client: &Client, pool: &str, ids: &[String]) {
+    let fleet = client
+        .follow_fleet()
+        .expect("the client follows the heartbeats");
+    common::wait::until("the client to see the pool's workers", WAIT, || async {
+        let seen: Vec<String> = fleet.workers_of(pool).into_iter().map(|w| w.0).collect();
+        (fleet.following() == Following::Ready && seen == ids).then_some(())
+    })
+    .await;
+}
+
+/// The key's worker among `ids`.
+fn key_worker(key: &str, ids: &[String]) -> String {
+    rank(key, ids.iter().map(String::as_str))[0].to_string()
+}
+
+/// Checks a keyed result ran on its key's worker among `ids`, with a record that says so.
+fn assert_on_its_worker(result: &GenerationResult, key: &str, ids: &[String]) {
+    let record = result
+        .affinity
+        .as_ref()
+        .expect("a keyed request has a record");
+    let expected = key_worker(key, ids);
+    assert_eq!(record.key, key);
+    assert_eq!(
+        record.preferred_worker.as_deref(),
+        Some(expected.as_str()),
+        "{record:?}"
+    );
+    assert!(record.held && record.fallback.is_none(), "{record:?}");
+    assert_eq!(result.worker_id, expected, "{key}");
 }
 
 fn keyed(key: &str, messages: Vec<Message>) -> GenerationRequest {
@@ -76,12 +131,11 @@ fn keyed(key: &str, messages: Vec<Message>) -> GenerationRequest {
 
 /// One conversation: each turn sends the previous turn's messages, its answer and a new
 /// question.
-async fn chain(client: Client, pool: String, chain: usize) -> (usize, Vec<GenerationResult>) {
-    let key = format!("chain-{chain}");
+async fn chain(client: Client, pool: String, key: String) -> (String, Vec<GenerationResult>) {
     let mut messages = Vec::new();
     let mut results = Vec::new();
     for turn in 1..=TURNS {
-        messages.push(Message::user(format!("chain {chain}, turn {turn}: go on")));
+        messages.push(Message::user(format!("{key}, turn {turn}: go on")));
         let result = client
             .run(&pool, keyed(&key, messages.clone()), WAIT)
             .await
@@ -90,128 +144,344 @@ async fn chain(client: Client, pool: String, chain: usize) -> (usize, Vec<Genera
         messages.push(Message::assistant(result.output.clone()));
         results.push(result);
     }
-    (chain, results)
+    (key, results)
+}
+
+/// One turn through `genfleet submit --affinity KEY --follow --json`: a process that knows
+/// nothing of the fleet.
+async fn one_shot(f: &Fleet, key: &str, messages: &[Message]) -> GenerationResult {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("request.json");
+    std::fs::write(
+        &file,
+        serde_json::to_vec(&serde_json::json!({ "messages": messages })).unwrap(),
+    )
+    .unwrap();
+    let output = common::process::genfleet_command()
+        .args(["submit", "--affinity", key, "--follow", "--json", "--file"])
+        .arg(&file)
+        .env("GENFLEET__NATS__URL", f.nats.url())
+        .output()
+        .expect("genfleet submit runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("a result: {e}: {}", String::from_utf8_lossy(&output.stdout)))
+}
+
+/// A `genfleet gateway` process with no keys, on loopback (the pool is the model).
+fn gateway(f: &Fleet, load_factor: f64) -> (Running, u16) {
+    let port = free_port();
+    let env = vec![
+        ("GENFLEET__NATS__URL", f.nats.url()),
+        ("GENFLEET__GATEWAY__LISTEN", format!("127.0.0.1:{port}")),
+        ("GENFLEET__PLACEMENT__LOAD_FACTOR", load_factor.to_string()),
+    ];
+    let mut process = Running::start("gateway", &["gateway"], &env);
+    process.wait_for("gateway listening on");
+    (process, port)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn later_turns_go_back_to_their_worker_and_never_wait_for_it() {
-    let (f, mocks, _workers) = fleet_of_four(AT_ONCE as u32).await;
+async fn every_sender_lands_a_key_on_its_keys_worker() {
+    let (f, mocks, _workers) = fleet_of_four(AT_ONCE as u32 + 1, 0.0, &[]).await;
     let pool = f.settings.worker.pool.clone();
-    let chains: Vec<(usize, Vec<GenerationResult>)> = futures_util::stream::iter(0..CHAINS)
-        .map(|i| chain(f.client.clone(), pool.clone(), i))
+    let all = ids(WORKERS);
+    // Every result, as its `finished` event carries it (the gateway's too).
+    let mut finished = f.client.nats().subscribe("gen.events.>").await.unwrap();
+    f.client.nats().flush().await.unwrap();
+
+    // A client that follows the heartbeats sends straight to the key's worker.
+    client_sees(&f.client, &pool, &all).await;
+    let chains: Vec<(String, Vec<GenerationResult>)> = futures_util::stream::iter(0..CHAINS)
+        .map(|i| chain(f.client.clone(), pool.clone(), format!("chain-{i}")))
         .buffer_unordered(AT_ONCE)
         .collect()
         .await;
+    let mut later = 0;
+    for (key, results) in &chains {
+        for result in results {
+            assert_on_its_worker(result, key, &all);
+        }
+        later += results.len() - 1;
+    }
 
-    let (mut later, mut held, mut busy) = (0, 0, 0);
-    for (chain, results) in &chains {
-        let key = format!("chain-{chain}");
-        let first = results[0]
-            .affinity
-            .as_ref()
-            .expect("a keyed request has a record");
-        assert_eq!(first.key, key);
-        assert_eq!(first.preferred_worker, None, "a new key has no worker yet");
-        assert!(!first.held);
-        for pair in results.windows(2) {
-            let (before, turn) = (&pair[0], &pair[1]);
-            let record = turn
-                .affinity
-                .as_ref()
-                .expect("a keyed request has a record");
-            later += 1;
-            assert_eq!(record.key, key);
-            // The submitter knew where the conversation was served last.
-            assert_eq!(
-                record.preferred_worker.as_deref(),
-                Some(before.worker_id.as_str()),
-                "{record:?}"
-            );
-            assert_eq!(
-                record.held,
-                turn.worker_id == before.worker_id,
-                "{record:?}"
-            );
-            if record.held {
-                held += 1;
-                assert_eq!(record.fallback, None, "{record:?}");
-            } else {
-                // Not held only because its worker had no free slot, and then it went to the
-                // pool at once: another worker took it, nobody waited for the busy one.
-                assert_eq!(record.fallback.as_deref(), Some("busy"), "{record:?}");
-                assert_ne!(turn.worker_id, before.worker_id);
-                busy += 1;
-            }
+    // One-shot commands know nothing: the pool's worker that receives each places it.
+    for key in ["cli-a", "cli-b", "cli-c"] {
+        let mut messages = Vec::new();
+        for turn in 1..=3 {
+            messages.push(Message::user(format!("{key}, turn {turn}: go on")));
+            let result = one_shot(&f, key, &messages).await;
+            assert_on_its_worker(&result, key, &all);
+            messages.push(Message::assistant(result.output.clone()));
+            later += usize::from(turn > 1);
         }
     }
-    assert_eq!(later, CHAINS * (TURNS - 1));
-    assert!(
-        held * 10 >= (later - busy) * 9,
-        "{held} of {later} later turns held, {busy} found their worker busy"
-    );
-    // Every held turn found its conversation in its backend's cache.
+
+    // Two gateway replicas taking turns, as a Service spreads a session's requests.
+    let gateways = [gateway(&f, 0.0), gateway(&f, 0.0)];
+    let http = reqwest::Client::new();
+    let sessions = ["gw-a", "gw-b", "gw-c"];
+    for session in sessions {
+        let mut messages = Vec::new();
+        for turn in 1..=4 {
+            messages.push(serde_json::json!({"role": "user", "content": format!("{session}, turn {turn}: go on")}));
+            let (_, port) = &gateways[turn % 2];
+            let answer: serde_json::Value = http
+                .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+                .json(&serde_json::json!({"model": pool, "messages": messages, "user": session}))
+                .send()
+                .await
+                .expect("the gateway answers")
+                .json()
+                .await
+                .expect("a completion");
+            let text = answer["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap_or_else(|| panic!("a completion: {answer}"))
+                .to_string();
+            messages.push(serde_json::json!({"role": "assistant", "content": text}));
+            later += usize::from(turn > 1);
+        }
+    }
+    // The gateways' results, from their `finished` events.
+    let mut through_gateways: BTreeMap<String, Vec<GenerationResult>> = BTreeMap::new();
+    let wanted = sessions.len() * 4;
+    let counted = tokio::time::timeout(WAIT, async {
+        while through_gateways.values().map(Vec::len).sum::<usize>() < wanted {
+            let message = finished.next().await.expect("events");
+            let Ok(event) = serde_json::from_slice::<genfleet::protocol::Event>(&message.payload)
+            else {
+                continue;
+            };
+            if let EventBody::Finished { result } = event.body
+                && let Some(record) = &result.affinity
+                && sessions.contains(&record.key.as_str())
+            {
+                through_gateways
+                    .entry(record.key.clone())
+                    .or_default()
+                    .push(*result);
+            }
+        }
+    })
+    .await;
+    assert!(counted.is_ok(), "{through_gateways:?}");
+    for (session, results) in &through_gateways {
+        for result in results {
+            assert_on_its_worker(result, session, &all);
+        }
+    }
+    // Every later turn found its conversation in its backend's cache.
     let hits: u64 = mocks
         .iter()
         .map(|m| m.prefix_cache_stats().expect("a cache").hits)
         .sum();
     assert!(
-        hits >= held as u64,
-        "{hits} prefix hits for {held} held turns"
+        hits >= later as u64,
+        "{hits} prefix hits for {later} later turns"
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_busy_preferred_worker_sends_the_request_to_the_pool_at_once() {
-    let (f, _mocks, _workers) = fleet_of_four(SLOTS).await;
-    let client = &f.client;
+async fn a_worker_leaving_moves_only_its_keys_and_one_joining_takes_only_keys_it_ranks_first() {
+    let (f, mocks, mut workers) = fleet_of_four(SLOTS, 0.0, &[]).await;
     let pool = f.settings.worker.pool.clone();
-    let warm = client
-        .run(&pool, keyed("busy", vec![Message::user("warm up")]), WAIT)
-        .await
-        .expect("the first request runs");
-    let preferred = warm.worker_id.clone();
-    assert_eq!(client.preferred_worker("busy"), Some(preferred.clone()));
-
-    // Slow requests of the same key fill the preferred worker's slots; the first that finds
-    // it full goes elsewhere.
-    let mut slow = Vec::new();
-    let elsewhere = loop {
-        let id = format!("slow-{}", slow.len());
-        let mut request = keyed("busy", vec![Message::user("slow, please")]);
-        request.request_id = Some(id.clone());
-        let accepted = client
-            .submit(&pool, &request)
-            .await
-            .expect("some worker takes it");
-        assert_eq!(accepted.state, RequestState::Running, "it never waits");
-        slow.push(id.clone());
-        if accepted.worker_id != preferred {
-            break id;
+    let keys: Vec<String> = (0..40).map(|i| format!("key-{i}")).collect();
+    let run_all = |live: Vec<String>| {
+        let client = f.client.clone();
+        let pool = pool.clone();
+        let keys = keys.clone();
+        async move {
+            let mut on = BTreeMap::new();
+            for key in &keys {
+                let result = client
+                    .run(
+                        &pool,
+                        keyed(key, vec![Message::user(format!("{key}: hello"))]),
+                        WAIT,
+                    )
+                    .await
+                    .expect("it runs");
+                assert_on_its_worker(&result, key, &live);
+                on.insert(key.clone(), result.worker_id);
+            }
+            on
         }
-        assert!(
-            slow.len() <= SLOTS as usize,
-            "the preferred worker took more requests than it has slots"
-        );
     };
-    for id in &slow {
-        stop(client, id).await;
+    let four = ids(WORKERS);
+    let before = run_all(four.clone()).await;
+
+    // w3 stops (a scale-in): its heartbeat goes with it.
+    workers[3].terminate();
+    let three = ids(3);
+    fleet::wait_placement(f.client.nats(), &["w0", "w1", "w2"], WAIT).await;
+    let after = run_all(three.clone()).await;
+    for key in &keys {
+        if before[key] != "w3" {
+            assert_eq!(
+                after[key], before[key],
+                "{key} moved though its worker stayed"
+            );
+        }
     }
-    let result = fleet::terminal(client, &elsewhere, WAIT).await;
-    let record = result.affinity.expect("a keyed request has a record");
-    assert_eq!(record.key, "busy");
-    assert_eq!(record.preferred_worker, Some(preferred.clone()));
+    assert!(
+        before.values().any(|w| w == "w3"),
+        "some keys were w3's: {before:?}"
+    );
+
+    // w4 joins: the keys that move all move to it.
+    let mock = MockServer::start(script()).await.expect("a mock starts");
+    workers.push(f.start_worker_process(
+        "w4",
+        &[
+            ("GENFLEET__LLM__BASE_URL", mock.base_url()),
+            ("GENFLEET__PLACEMENT__LOAD_FACTOR", "0".to_string()),
+        ],
+    ));
+    fleet::wait_placement(f.client.nats(), &["w0", "w1", "w2", "w4"], WAIT).await;
+    let mut joined = three.clone();
+    joined.push("w4".into());
+    let last = run_all(joined).await;
+    for key in &keys {
+        if last[key] != after[key] {
+            assert_eq!(last[key], "w4", "{key} moved between workers that stayed");
+        }
+    }
+    drop(mocks);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_key_spills_to_the_next_in_rank_not_to_a_random_worker() {
+    // Heartbeats every 100 ms, so the client soon sees each request it placed.
+    let (f, _mocks, _workers) = fleet_of_four(
+        SLOTS,
+        2.0,
+        &[("GENFLEET__WORKER__HEARTBEAT_MS", "100".to_string())],
+    )
+    .await;
+    let pool = f.settings.worker.pool.clone();
+    let all = ids(WORKERS);
+    client_sees(&f.client, &pool, &all).await;
+    let fleet = f.client.fleet().expect("following").clone();
+    let mut busy: BTreeMap<String, u32> = all.iter().map(|w| (w.clone(), 0)).collect();
+    let mut slow = Vec::new();
+    for n in 0..8 {
+        // The client places by what the heartbeats say: wait until they say what runs.
+        common::wait::until("the heartbeats to show what runs", WAIT, || async {
+            let seen: BTreeMap<String, u32> = fleet
+                .workers_of(&pool)
+                .into_iter()
+                .map(|(id, _, busy)| (id, busy))
+                .collect();
+            (seen == busy).then_some(())
+        })
+        .await;
+        let loads: Vec<WorkerLoad> = busy
+            .iter()
+            .map(|(id, busy)| WorkerLoad {
+                worker_id: id.clone(),
+                slots: SLOTS,
+                busy: *busy,
+            })
+            .collect();
+        let expected = choose("hot", &loads, 2.0).expect("a free slot");
+        let mut request = keyed("hot", vec![Message::user("slow, please")]);
+        request.request_id = Some(format!("hot-{n}"));
+        let accepted = f.client.submit(&pool, &request).await.expect("taken");
+        assert_eq!(accepted.worker_id, expected.worker, "request {n}");
+        *busy.get_mut(&accepted.worker_id).unwrap() += 1;
+        slow.push(request.request_id.unwrap());
+    }
+    // The key's worker and the next in rank share the hot key; the rest get none of it.
+    let ranked = rank("hot", all.iter().map(String::as_str));
+    assert_eq!(busy[ranked[0]], 4, "{busy:?}");
+    assert_eq!(busy[ranked[1]], 4, "{busy:?}");
+    for id in &slow {
+        stop(&f.client, id).await;
+    }
+    for id in &slow {
+        let result = fleet::terminal(&f.client, id, WAIT).await;
+        let record = result.affinity.expect("a record");
+        assert_eq!(record.preferred_worker.as_deref(), Some(ranked[0]));
+        assert_eq!(record.held, result.worker_id == ranked[0], "{record:?}");
+        if !record.held {
+            // Passed over for its load, or once it was full, for want of a slot.
+            assert!(
+                matches!(record.fallback.as_deref(), Some("load" | "busy")),
+                "{record:?}"
+            );
+        }
+    }
+}
+
+/// Fills `worker`'s slots with slow requests sent to its own subject; their ids.
+async fn fill(f: &Fleet, worker: &str, slots: u32, prefix: &str) -> Vec<String> {
+    let mut slow = Vec::new();
+    for n in 0..slots {
+        let id = format!("{prefix}-slow-{n}");
+        let mut request = GenerationRequest::user("slow, please");
+        request.request_id = Some(id.clone());
+        let reply = f
+            .client
+            .nats()
+            .request(
+                format!("gen.worker.{worker}.submit"),
+                serde_json::to_vec(&request).unwrap().into(),
+            )
+            .await
+            .expect("the worker answers");
+        let accepted: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
+        assert_eq!(accepted["worker_id"], worker, "{accepted}");
+        slow.push(id);
+    }
+    slow
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_keys_worker_passes_the_request_on_at_once() {
+    let (f, _mocks, _workers) = fleet_of_four(SLOTS, 0.0, &[]).await;
+    let pool = f.settings.worker.pool.clone();
+    let all = ids(WORKERS);
+    let preferred = key_worker("busy", &all);
+    let slow = fill(&f, &preferred, SLOTS, "busy").await;
+    // However the heartbeats stand, the request runs at once elsewhere and says why.
+    let result = f
+        .client
+        .run(&pool, keyed("busy", vec![Message::user("hello")]), WAIT)
+        .await
+        .expect("it runs");
+    let record = result
+        .affinity
+        .clone()
+        .expect("a keyed request has a record");
+    assert_eq!(record.preferred_worker.as_deref(), Some(preferred.as_str()));
     assert!(!record.held);
     assert_eq!(record.fallback.as_deref(), Some("busy"));
     assert_ne!(result.worker_id, preferred);
-    // The ones that found it free held.
-    for id in &slow[..slow.len() - 1] {
-        let result = fleet::terminal(client, id, WAIT).await;
-        let record = result.affinity.expect("a record");
-        assert!(record.held, "{record:?}");
-        assert_eq!(result.worker_id, preferred);
+    // So does a request from a client that follows nothing, through the pool's worker.
+    let plain = f
+        .client
+        .clone()
+        .with_placement(&genfleet::settings::PlacementSettings {
+            follow_heartbeats: false,
+            load_factor: 0.0,
+        });
+    let accepted = plain
+        .submit(&pool, &keyed("busy", vec![Message::user("hello again")]))
+        .await
+        .expect("taken");
+    assert_eq!(accepted.state, RequestState::Running, "it never waits");
+    assert_ne!(accepted.worker_id, preferred);
+    for id in &slow {
+        stop(&f.client, id).await;
     }
     // A request without a key has no record and is placed as before.
-    let plain = client
+    let plain = f
+        .client
         .run(&pool, GenerationRequest::user("no key"), WAIT)
         .await
         .expect("it runs");
@@ -229,23 +499,30 @@ async fn stop(client: &Client, id: &str) {
     }
 }
 
-/// A request that stops at its `prod` checkpoint for a manager's answer.
-fn guarded(id: &str) -> GenerationRequest {
+/// A request that stops at its `prod` checkpoint for a manager's answer; `key`: its affinity
+/// key.
+fn guarded(id: &str, key: Option<&str>) -> GenerationRequest {
     serde_json::from_value(serde_json::json!({
         "request_id": id,
         "messages": [{"role": "user", "content": "Deploy build 7 to production."}],
-        "checkpoints": [{"name": "prod", "prompt_contains": ["production"]}]
+        "checkpoints": [{"name": "prod", "prompt_contains": ["production"]}],
+        "affinity_key": key,
     }))
     .expect("a valid request")
 }
 
 /// Runs a guarded request to its checkpoint, fills its worker with `busy` slow requests, then
 /// answers `proceed`: the continuation, and the worker that ran the request before it.
-async fn continued(f: &Fleet, id: &str, busy: usize) -> (GenerationResult, String) {
+async fn continued(
+    f: &Fleet,
+    id: &str,
+    key: Option<&str>,
+    busy: usize,
+) -> (GenerationResult, String) {
     let pool = f.settings.worker.pool.clone();
     let first = f
         .client
-        .run(&pool, guarded(id), WAIT)
+        .run(&pool, guarded(id, key), WAIT)
         .await
         .expect("the request runs");
     assert_eq!(first.reason, Reason::DecisionRequested, "{first:?}");
@@ -254,20 +531,8 @@ async fn continued(f: &Fleet, id: &str, busy: usize) -> (GenerationResult, Strin
         .iter()
         .find_map(|s| s.decision.clone())
         .expect("a decision");
-    // Slow requests keyed to the same worker take its slots.
-    let mut slow = Vec::new();
-    while slow.len() < busy {
-        let mut request = keyed(id, vec![Message::user("slow, please")]);
-        let slow_id = format!("{id}-slow-{}", slow.len());
-        request.request_id = Some(slow_id.clone());
-        f.client.learn_affinity(id, &first.worker_id);
-        let accepted = f.client.submit(&pool, &request).await.expect("taken");
-        assert_eq!(
-            accepted.worker_id, first.worker_id,
-            "the worker had a free slot"
-        );
-        slow.push(slow_id);
-    }
+    // Slow requests take the worker's slots.
+    let slow = fill(f, &first.worker_id, busy as u32, id).await;
     let reply = f
         .client
         .nats()
@@ -299,9 +564,9 @@ async fn continued(f: &Fleet, id: &str, busy: usize) -> (GenerationResult, Strin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_continuation_goes_back_to_its_chain_worker_unless_it_is_busy() {
-    let (f, _mocks, _workers) = fleet_of_four(SLOTS).await;
+    let (f, _mocks, _workers) = fleet_of_four(SLOTS, 0.0, &[]).await;
     // Its worker is free: the continuation runs there, keyed by the chain's root.
-    let (next, before) = continued(&f, "cp-free", 0).await;
+    let (next, before) = continued(&f, "cp-free", None, 0).await;
     assert_eq!(
         (next.reason, next.chain_position),
         (Reason::Stop, 2),
@@ -315,7 +580,7 @@ async fn a_continuation_goes_back_to_its_chain_worker_unless_it_is_busy() {
     assert!(record.held && record.fallback.is_none(), "{record:?}");
 
     // Its worker is full: the continuation goes to the queue at once and another runs it.
-    let (next, before) = continued(&f, "cp-busy", SLOTS as usize).await;
+    let (next, before) = continued(&f, "cp-busy", None, SLOTS as usize).await;
     assert_eq!(
         (next.reason, next.chain_position),
         (Reason::Stop, 2),
@@ -330,4 +595,19 @@ async fn a_continuation_goes_back_to_its_chain_worker_unless_it_is_busy() {
     assert_eq!(record.preferred_worker, Some(before));
     assert!(!record.held);
     assert_eq!(record.fallback.as_deref(), Some("busy"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_continuation_goes_to_its_keys_worker() {
+    let (f, _mocks, _workers) = fleet_of_four(SLOTS, 0.0, &[]).await;
+    let all = ids(WORKERS);
+    let (next, before) = continued(&f, "kc-1", Some("kc-session"), 0).await;
+    assert_eq!(
+        (next.reason, next.chain_position),
+        (Reason::Stop, 2),
+        "{next:?}"
+    );
+    // The request and its continuation both ran on the key's worker.
+    assert_eq!(before, key_worker("kc-session", &all));
+    assert_on_its_worker(&next, "kc-session", &all);
 }

@@ -35,24 +35,23 @@ pub(super) enum Offer {
     Busy,
 }
 
-/// Offers a continuation to the worker that ran the request before it in its chain, on that
-/// worker's own submit subject, with the chain headers the queue would carry. It is taken there
-/// only while that worker has a free slot; otherwise (or when the offer goes unanswered: its
+/// Offers a continuation to `worker` (its key's worker, or the one that ran the request before
+/// it in its chain), on that worker's own submit subject, with the chain headers the queue
+/// would carry. It is taken there only while that worker has a free slot; otherwise (or when the offer goes unanswered: its
 /// record then tells) it goes to the queue as any continuation does. Never waits for a busy
 /// worker.
 pub(super) async fn offer_continuation(
     client: &async_nats::Client,
     results: &kv::Store,
-    previous_worker: &str,
+    worker: &str,
     own_subject: String,
     request_id: &str,
-    mut headers: HeaderMap,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Offer {
-    if previous_worker.is_empty() {
+    if worker.is_empty() {
         return Offer::Busy;
     }
-    headers.insert(PREFERRED_WORKER_HEADER, previous_worker);
     let offer = async_nats::Request::new()
         .headers(headers)
         .payload(body)

@@ -38,6 +38,7 @@ use crate::protocol::{
     DecisionKind, ErrorCode, Event, EventBody, GenerationRequest, Message, Severity, Signal,
     SignalSource, SignalType, WireError,
 };
+use crate::schedule::Choice;
 use crate::settings::Settings;
 use crate::telemetry::KeyValue;
 
@@ -68,7 +69,14 @@ pub struct Decisions {
     answer_default_on_expiry: bool,
     max_pending_tracked: usize,
     metrics: Arc<Metrics>,
+    /// Where a keyed continuation of this worker's pool goes by the fleet's rule (set once
+    /// the worker's view of its pool exists).
+    placer: std::sync::OnceLock<Placer>,
 }
+
+/// The fleet's placement as this worker sees its pool: `(pool, key)` → where a keyed request
+/// goes, `None` when the pool is another or no worker has a free slot.
+pub type Placer = Box<dyn Fn(&str, &str) -> Option<Choice> + Send + Sync>;
 
 /// Who answers a decision that expired with a default option.
 pub const TIMEOUT_DECIDER: &str = "timeout";
@@ -104,7 +112,13 @@ impl Decisions {
             answer_default_on_expiry: settings.decisions.answer_default_on_expiry,
             max_pending_tracked: 100_000,
             metrics,
+            placer: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Places keyed continuations with `placer` from now on.
+    pub fn place_with(&self, placer: Placer) {
+        let _ = self.placer.set(placer);
     }
 
     pub fn history(&self) -> &History {
@@ -446,18 +460,35 @@ impl Decisions {
         let body: bytes::Bytes = serde_json::to_vec(&request)
             .expect("requests serialize")
             .into();
-        // Affinity: the worker that ran the chain's previous request likely still holds its
-        // conversation in its backend's cache, so it takes the continuation while it has a
-        // free slot; otherwise the queue does, at once.
+        // Affinity: a keyed chain goes where the fleet's rule puts its key (the worker that
+        // ran it before, while that one is its key's worker and has a free slot). Any other
+        // chain goes first to the worker that ran its previous request, which likely still
+        // holds its conversation in its backend's cache. Without a free slot there, the queue
+        // takes it at once.
         let previous = record.signal.worker_id.as_str();
+        let keyed = request
+            .affinity_key
+            .as_deref()
+            .and_then(|key| self.placer.get().and_then(|place| place(&record.pool, key)));
+        let (target, preferred) = match &keyed {
+            Some(choice) => (choice.worker.as_str(), choice.key_worker.as_str()),
+            None => (previous, previous),
+        };
+        let mut offered = headers.clone();
+        if !preferred.is_empty() {
+            offered.insert(PREFERRED_WORKER_HEADER, preferred);
+        }
+        if let Some(passed_over) = keyed.as_ref().and_then(|c| c.passed_over) {
+            offered.insert(AFFINITY_FALLBACK_HEADER, passed_over.as_str());
+        }
         let offer = offer_continuation(
             client,
             &self.results,
-            previous,
+            target,
             self.subjects
-                .worker_submit(previous, record.tenant.as_deref()),
+                .worker_submit(target, record.tenant.as_deref()),
             id,
-            headers.clone(),
+            offered,
             body.clone(),
         )
         .await;
@@ -469,8 +500,8 @@ impl Decisions {
         if on_record(&self.results, id).await {
             return Ok(());
         }
-        if !previous.is_empty() {
-            headers.insert(PREFERRED_WORKER_HEADER, previous);
+        if !preferred.is_empty() {
+            headers.insert(PREFERRED_WORKER_HEADER, preferred);
             headers.insert(AFFINITY_FALLBACK_HEADER, "busy");
         }
         // The chain keeps its band and its tenant.

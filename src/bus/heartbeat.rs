@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::kv;
 use futures_util::StreamExt;
-use serde::{Deserialize, Serialize};
 
 use super::BusError;
 use super::shared::{Shared, held_requests};
@@ -54,28 +53,7 @@ impl From<HeartbeatError> for BusError {
     }
 }
 
-/// A worker's heartbeat record.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Heartbeat {
-    pub worker_id: String,
-    pub pool: String,
-    pub slots: u32,
-    pub busy: u32,
-    pub draining: bool,
-    /// It takes no work: its backend does not answer.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub paused: bool,
-    pub ts: String,
-    /// The interactive requests running on the worker when it beat.
-    #[serde(default)]
-    pub running: Vec<String>,
-    /// The durable requests the worker held (running, or waiting for a slot) when it beat: a
-    /// redelivery of one it no longer holds (its message given back while the store could not
-    /// record that) takes it over without waiting for the worker to be lost. Absent in the
-    /// heartbeats of workers older than the field.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub durable: Option<Vec<String>>,
-}
+pub use crate::client::fleet::Heartbeat;
 
 pub async fn open(
     js: &async_nats::jetstream::Context,
@@ -279,15 +257,9 @@ fn note(shared: &Shared, peers: &mut HashMap<String, Peer>, entry: kv::Entry) {
     if !peers.contains_key(&entry.key) && peers.len() >= MAX_PEERS {
         return;
     }
-    let free = if heartbeat.pool == shared.settings.worker.pool
-        && !heartbeat.draining
-        && !heartbeat.paused
-    {
-        heartbeat.slots.saturating_sub(heartbeat.busy)
-    } else {
-        0
-    };
-    shared.peer_slots.note(&entry.key, free);
+    shared
+        .peer_slots
+        .note(&entry.key, heartbeat.load_in(&shared.settings.worker.pool));
     let followed: usize = peers
         .iter()
         .filter(|(id, _)| **id != entry.key)

@@ -17,7 +17,7 @@ use super::admission::{self, Claim};
 use super::affinity::preference_of;
 use super::finish::recorded;
 use super::pull::{Scheduler, is_pool_consumer, queue_of_consumer};
-use super::shared::{Shared, hold_of};
+use super::shared::{Shared, hold_of, this_load};
 use super::store::{DurableClaim, LiveRecord, Over, StoreError, Stored};
 use crate::actors::{Capacity, Placement, Scheduling, TenantSlots};
 use crate::client::subjects::Subjects;
@@ -288,7 +288,14 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
     };
     let kept = (message.clone(), live.clone());
     let claim = Claim { live, revision };
-    let preference = preference_of(message.headers.as_ref());
+    let mut preference = preference_of(message.headers.as_ref());
+    if preference.worker.is_none()
+        && let Some(key) = request.request().affinity_key.as_deref()
+    {
+        // The queue hands a message to whichever worker pulls it: the record says whether
+        // that was the key's worker.
+        preference.worker = shared.peer_slots.key_worker(key, this_load(shared));
+    }
     match admission::admit(shared, request, placement, claim, Some(message), preference).await {
         Ok(_) => {}
         Err(error)

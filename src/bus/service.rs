@@ -45,11 +45,15 @@ pub(super) async fn register(
         .metadata(metadata)
         .stats_handler({
             let tenants = shared.tenant_stats.clone();
+            let shared = shared.clone();
             move |_endpoint, _stats| {
                 let c = *capacity.borrow();
                 serde_json::json!({
                     "slots": c.total, "busy": c.busy, "free": c.free(), "draining": c.draining,
                     "tenants": tenants.rows(),
+                    // The pool's other live workers taking work that its placement ranks.
+                    "peers": shared.peer_slots.peers(),
+                    "worker_id": shared.worker_id,
                 })
             }
         })

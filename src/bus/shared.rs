@@ -8,7 +8,6 @@
 //! ends. A request cannot be on record in one table and
 //! missing from the other.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -22,6 +21,7 @@ use crate::actors::{Capacity, Held, HeldRequest, RequestChecker, Supervisor, Tic
 use crate::client::subjects::Subjects;
 use crate::observe::Metrics;
 use crate::protocol::{AffinityRecord, ChainState, GenerationRequest};
+use crate::schedule::{Choice, PoolView, WorkerLoad};
 use crate::settings::Settings;
 use crate::telemetry::RequestTrace;
 
@@ -123,44 +123,71 @@ impl Fencing {
 /// A peer sent a submit is counted one slot fewer until its next heartbeat, so a full worker
 /// does not send a peer more than it had free.
 #[derive(Default)]
-pub(super) struct PeerSlots(std::sync::Mutex<HashMap<String, u32>>);
+pub(super) struct PeerSlots(std::sync::Mutex<PoolView>);
 
 impl PeerSlots {
-    pub(super) fn note(&self, worker: &str, free: u32) {
-        let mut peers = self.0.lock().expect("peer slots");
-        if free == 0 {
-            peers.remove(worker);
-        } else {
-            peers.insert(worker.to_string(), free);
-        }
+    fn view(&self) -> std::sync::MutexGuard<'_, PoolView> {
+        // Every change is made whole under the lock; a panic cannot leave it torn.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A peer's heartbeat: its slots and busy slots, or `None` when it takes no work of this
+    /// pool (another pool, draining, paused).
+    pub(super) fn note(&self, worker: &str, load: Option<(u32, u32)>) {
+        self.view().note(worker, load);
     }
 
     pub(super) fn forget(&self, worker: &str) {
-        self.0.lock().expect("peer slots").remove(worker);
+        self.view().forget(worker);
     }
 
     /// Whether a peer had a free slot at its last heartbeat.
     pub(super) fn any_free(&self) -> bool {
-        !self.0.lock().expect("peer slots").is_empty()
+        self.view().any_free()
     }
 
     /// The peer with the most free slots at its last heartbeat (less what was sent it since),
-    /// counted one slot fewer from now.
+    /// counted one slot busier from now.
     pub(super) fn take(&self) -> Option<String> {
-        let mut peers = self.0.lock().expect("peer slots");
-        let worker = peers
-            .iter()
-            .max_by_key(|(_, free)| **free)
-            .map(|(worker, _)| worker.clone())?;
-        let left = peers.get_mut(&worker).map(|free| {
-            *free -= 1;
-            *free
-        });
-        if left == Some(0) {
-            peers.remove(&worker);
-        }
-        Some(worker)
+        self.view().take_most_free()
     }
+
+    /// The first in `key`'s rank of the peers and this worker (`this`: `None` when it takes
+    /// no work), free slots or not.
+    pub(super) fn key_worker(&self, key: &str, this: Option<WorkerLoad>) -> Option<String> {
+        let this = this.map(|w| w.worker_id);
+        self.view().key_worker(key, this.as_deref())
+    }
+
+    /// Where a request with `key` goes, among the peers and this worker (`this`: its own
+    /// exact load, `None` when it takes no work). A peer's count is not raised for what is sent
+    /// it: keyed requests are short as often as not, and counting each until the next
+    /// heartbeat would pass a key's worker over for slots it has freed; a peer that turns out
+    /// full forwards the request once more.
+    pub(super) fn place(
+        &self,
+        key: &str,
+        this: Option<WorkerLoad>,
+        load_factor: f64,
+    ) -> Option<Choice> {
+        self.view().choose(key, this, None, load_factor)
+    }
+
+    /// The pool's live workers that take work, as the heartbeats tell (this one not counted).
+    pub(super) fn peers(&self) -> usize {
+        self.view().len()
+    }
+}
+
+/// This worker as the fleet's placement ranks it: its exact load, or `None` while it takes no
+/// work (draining, paused).
+pub(super) fn this_load(shared: &Shared) -> Option<WorkerLoad> {
+    let capacity = *shared.capacity.borrow();
+    (!capacity.draining && !capacity.paused).then(|| WorkerLoad {
+        worker_id: shared.worker_id.clone(),
+        slots: capacity.total,
+        busy: capacity.total.saturating_sub(capacity.free()),
+    })
 }
 
 /// Requests handled at once per worker; past it, messages wait in the client's bounded

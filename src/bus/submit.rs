@@ -25,14 +25,15 @@ use tokio::sync::watch;
 
 use super::admission::{self, Claim};
 use super::affinity::preference_of;
-use super::shared::{Shared, spawn_handler};
+use super::shared::{Shared, spawn_handler, this_load};
 use super::store::LiveRecord;
 use crate::actors::{Accepted, Capacity, Placement, Scheduling};
 use crate::client::reply::{decode, guarded, header, respond};
-use crate::protocol::{
-    DEFAULT_TENANT, ErrorCode, GenerationRequest, RequestState, WireError,
-    request::FORWARDED_BY_HEADER,
+use crate::protocol::request::{
+    AFFINITY_FALLBACK_HEADER, FORWARDED_BY_HEADER, PREFERRED_WORKER_HEADER,
 };
+use crate::protocol::{DEFAULT_TENANT, ErrorCode, GenerationRequest, RequestState, WireError};
+use crate::schedule::{Choice, Preference};
 
 /// Which submit subjects a worker serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,9 +155,45 @@ pub(super) async fn serve_submits(
     }
 }
 
+/// How many times one submit may be forwarded between workers: once to its key's worker, once
+/// more to a peer with a free slot.
+const MAX_FORWARDS: usize = 2;
+
 async fn handle_submit(shared: Arc<Shared>, message: async_nats::Message, route: Route) {
-    let forwarding = route == Route::Pool && !is_forwarded(&message);
-    if forwarding && shared.capacity.borrow().free() == 0 {
+    let hops = forwarders(&message);
+    // A pool submit, or one a peer forwarded here, is the pool's to place; a submit sent to
+    // this worker's own subject by its submitter is started here or refused.
+    let pooled = route == Route::Pool || hops > 0;
+    let forwarding = pooled && hops < MAX_FORWARDS;
+    // A keyed pool submit that no worker placed yet goes to its key's worker, unless its
+    // submitter already tried that worker (it says which, and why it fell back).
+    let to_place =
+        route == Route::Pool && hops == 0 && header(&message, AFFINITY_FALLBACK_HEADER).is_none();
+    let mut told = None;
+    let mut decoded = None;
+    if to_place {
+        match decode::<GenerationRequest>(&message, shared.settings.limits.max_request_bytes) {
+            Ok(request) => {
+                if let Some(key) = request.affinity_key.clone() {
+                    match place(&shared, &key) {
+                        Placed::Here(preference) => told = Some(preference),
+                        Placed::There(choice) => {
+                            if forward_to(&shared, &message, &choice).await.is_ok() {
+                                return;
+                            }
+                        }
+                        Placed::Nowhere => {}
+                    }
+                }
+                decoded = Some(request);
+            }
+            Err(error) => {
+                respond::<Accepted>(&shared.client, &message, Err(error)).await;
+                return;
+            }
+        }
+    }
+    if forwarding && decoded.is_none() && shared.capacity.borrow().free() == 0 {
         // Full (or draining): not even decoded here.
         let refused = match forward(&shared, &message).await {
             Ok(()) => return,
@@ -165,7 +202,7 @@ async fn handle_submit(shared: Arc<Shared>, message: async_nats::Message, route:
         respond::<Accepted>(&shared.client, &message, Err(refused)).await;
         return;
     }
-    let reply = guarded(submit(&shared, &message, route)).await;
+    let reply = guarded(submit(&shared, &message, route, decoded, told)).await;
     if forwarding
         && let Err(error) = &reply
         && error.code == ErrorCode::NoSlotAvailable
@@ -178,9 +215,88 @@ async fn handle_submit(shared: Arc<Shared>, message: async_nats::Message, route:
     respond(&shared.client, &message, reply).await;
 }
 
-/// Whether a peer forwarded this submit here.
-fn is_forwarded(message: &async_nats::Message) -> bool {
-    header(message, FORWARDED_BY_HEADER).is_some()
+/// Where the fleet's rule puts a keyed request, as this worker sees the pool.
+enum Placed {
+    /// This worker is the one: the record's preference.
+    Here(Preference),
+    /// A peer is.
+    There(Choice),
+    /// No worker has a free slot: capacity decides.
+    Nowhere,
+}
+
+/// Ranks the pool's live workers for `key` (this one with its own exact load, the peers as
+/// their last heartbeats tell) and says where the request goes.
+fn place(shared: &Shared, key: &str) -> Placed {
+    let this = this_load(shared);
+    match shared
+        .peer_slots
+        .place(key, this, shared.settings.placement.load_factor)
+    {
+        Some(choice) if choice.worker == shared.worker_id => Placed::Here(Preference {
+            worker: Some(choice.key_worker),
+            fallback: choice.passed_over.map(|p| p.as_str().to_string()),
+        }),
+        Some(choice) => Placed::There(choice),
+        None => Placed::Nowhere,
+    }
+}
+
+/// How many workers forwarded this submit.
+fn forwarders(message: &async_nats::Message) -> usize {
+    message
+        .headers
+        .as_ref()
+        .map_or(0, |h| h.get_all(FORWARDED_BY_HEADER).count())
+}
+
+/// The tenant's own submit subject of `peer`, for a pool submit, and the submit's headers with
+/// this worker added as a forwarder. `None` when the submit names no tenant this worker's pool
+/// serves, or has no reply subject.
+fn forwarded(
+    shared: &Shared,
+    message: &async_nats::Message,
+    peer: &str,
+) -> Option<(String, async_nats::Subject, async_nats::HeaderMap)> {
+    let reply = message.reply.clone()?;
+    let tenant = match forwarders(message) {
+        0 => Route::Pool.tenant(shared, &message.subject),
+        _ => Route::Own.tenant(shared, &message.subject),
+    }?;
+    let tenant = (tenant != DEFAULT_TENANT).then_some(tenant);
+    let mut headers = message.headers.clone().unwrap_or_default();
+    headers.append(FORWARDED_BY_HEADER, shared.worker_id.as_str());
+    Some((shared.subjects.worker_submit(peer, tenant), reply, headers))
+}
+
+/// Sends a keyed pool submit to the worker its key's rank chose, telling it the key's worker
+/// and why it is not that one. That worker answers the caller, or forwards it once more for a
+/// free slot if its own went meanwhile.
+async fn forward_to(
+    shared: &Shared,
+    message: &async_nats::Message,
+    choice: &Choice,
+) -> Result<(), ()> {
+    let (subject, reply, mut headers) = forwarded(shared, message, &choice.worker).ok_or(())?;
+    headers.insert(PREFERRED_WORKER_HEADER, choice.key_worker.as_str());
+    if let Some(passed_over) = choice.passed_over {
+        headers.insert(AFFINITY_FALLBACK_HEADER, passed_over.as_str());
+    }
+    match shared
+        .client
+        .publish_with_reply_and_headers(subject, reply, headers, message.payload.clone())
+        .await
+    {
+        Ok(()) => {
+            shared.metrics.submits_placed.inc();
+            tracing::debug!(message = "a keyed submit sent to its key's worker", worker = %choice.worker);
+            Ok(())
+        }
+        Err(error) => {
+            tracing::warn!(message = "cannot forward a keyed submit", %error);
+            Err(())
+        }
+    }
 }
 
 /// Sends a pool submit this worker cannot start to a peer whose last heartbeat showed a free
@@ -202,19 +318,16 @@ async fn forward(shared: &Shared, message: &async_nats::Message) -> Result<(), W
             ),
         )
     };
-    let (Some(reply), Some(tenant)) = (
-        message.reply.clone(),
-        Route::Pool.tenant(shared, &message.subject),
-    ) else {
-        return Err(no_slot());
-    };
     let Some(peer) = shared.peer_slots.take() else {
         return Err(no_slot());
     };
-    let tenant = (tenant != DEFAULT_TENANT).then_some(tenant);
-    let mut headers = message.headers.clone().unwrap_or_default();
-    headers.insert(FORWARDED_BY_HEADER, shared.worker_id.as_str());
-    let subject = shared.subjects.worker_submit(&peer, tenant);
+    let Some((subject, reply, mut headers)) = forwarded(shared, message, &peer) else {
+        return Err(no_slot());
+    };
+    if header(message, PREFERRED_WORKER_HEADER).is_some() {
+        // Its key's worker (this one, or the one that sent it here) had no slot after all.
+        headers.insert(AFFINITY_FALLBACK_HEADER, "busy");
+    }
     match shared
         .client
         .publish_with_reply_and_headers(subject, reply, headers, message.payload.clone())
@@ -237,8 +350,13 @@ async fn submit(
     shared: &Shared,
     message: &async_nats::Message,
     route: Route,
+    decoded: Option<GenerationRequest>,
+    told: Option<Preference>,
 ) -> Result<Accepted, WireError> {
-    let request: GenerationRequest = decode(message, shared.settings.limits.max_request_bytes)?;
+    let request: GenerationRequest = match decoded {
+        Some(request) => request,
+        None => decode(message, shared.settings.limits.max_request_bytes)?,
+    };
     let tenant = route
         .tenant(shared, &message.subject)
         .filter(|t| *t != DEFAULT_TENANT)
@@ -263,7 +381,7 @@ async fn submit(
     };
     let revision = shared.stores.claim(&live).await?;
     // A pool submit a peer forwarded here is one of the pool's still.
-    let pooled = route == Route::Pool || is_forwarded(message);
+    let pooled = route == Route::Pool || forwarders(message) > 0;
     let placement = Placement {
         lineage,
         scheduling: Scheduling {
@@ -275,10 +393,15 @@ async fn submit(
     };
     let request_id = live.request_id.clone();
     let claim = Claim { live, revision };
-    let preference = if pooled {
-        preference_of(message.headers.as_ref())
-    } else {
-        crate::schedule::Preference::direct(&shared.worker_id)
+    // Placed here by this worker's ranking; else as the submitter (or the worker that
+    // forwarded it) told; a submitter that sent it straight here without saying which worker
+    // it preferred chose this one.
+    let preference = match told {
+        Some(preference) => preference,
+        None if pooled || header(message, PREFERRED_WORKER_HEADER).is_some() => {
+            preference_of(message.headers.as_ref())
+        }
+        None => Preference::direct(&shared.worker_id),
     };
     let admitted = admission::admit(shared, request, placement, claim, None, preference).await;
     if admitted.is_err() {

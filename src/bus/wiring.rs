@@ -188,6 +188,18 @@ async fn serve(
         )),
         settings,
     });
+    // Keyed continuations of this pool go where the fleet's rule puts their key.
+    let placing = Arc::downgrade(&shared);
+    shared.decisions.place_with(Box::new(move |pool, key| {
+        let shared = placing.upgrade()?;
+        if pool != shared.settings.worker.pool {
+            return None;
+        }
+        let this = super::shared::this_load(&shared);
+        shared
+            .peer_slots
+            .place(key, this, shared.settings.placement.load_factor)
+    }));
     // On record as alive before taking any request, so no live worker takes it for lost.
     heartbeat::first_beat(&shared).await?;
     tasks.spawn("heartbeat", heartbeat::run(shared.clone()));

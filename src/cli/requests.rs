@@ -211,7 +211,15 @@ pub async fn submit(settings: Settings, args: SubmitArgs) -> anyhow::Result<()> 
         .pool
         .clone()
         .unwrap_or_else(|| settings.worker.pool.clone());
-    let mut client = Client::connect(&settings).await?;
+    // One command sends one request: a keyed one goes to the pool, whose worker places it,
+    // since reading the heartbeats first would cost more than that worker's hop.
+    let mut client =
+        Client::connect(&settings)
+            .await?
+            .with_placement(&crate::settings::PlacementSettings {
+                follow_heartbeats: false,
+                ..settings.placement
+            });
     if let Some(tenant) = &args.tenant {
         client = client.with_tenant(tenant.clone())?;
     }

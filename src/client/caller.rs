@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::client::connect::{self, ConnectPurpose};
+use crate::client::fleet::Fleet;
 use crate::client::reply::encode_reply;
 use crate::client::subjects::Subjects;
 use crate::protocol::StatusReply;
@@ -20,8 +21,8 @@ use crate::protocol::{
     DecisionAnswer, Encoding, ErrorCode, ErrorReply, Event, EventBody, GenerationRequest,
     GenerationResult, WireError,
 };
-use crate::schedule::LastWorkers;
-use crate::settings::Settings;
+use crate::schedule::{Choice, DEFAULT_LOAD_FACTOR};
+use crate::settings::{PlacementSettings, Settings};
 
 /// How often a submit refused with NO_SLOT_AVAILABLE is tried again (another worker of the pool
 /// may be free by then).
@@ -38,7 +39,23 @@ fn is_no_responders(error: &WireError) -> bool {
     error.code == ErrorCode::NoSlotAvailable && error.detail["no_responders"] == true
 }
 
-pub use crate::schedule::AFFINITY_KEYS_KEPT;
+/// How a client places keyed requests.
+#[derive(Clone)]
+struct Placement {
+    follow: bool,
+    load_factor: f64,
+    fleet: Arc<std::sync::OnceLock<Arc<Fleet>>>,
+}
+
+impl Default for Placement {
+    fn default() -> Self {
+        Placement {
+            follow: true,
+            load_factor: DEFAULT_LOAD_FACTOR,
+            fleet: Arc::default(),
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -74,8 +91,8 @@ pub struct Client {
     subjects: Subjects,
     encoding: Encoding,
     timeout: Duration,
-    /// Affinity key → the worker that served it last, shared by the client's clones.
-    affinity: Arc<LastWorkers>,
+    /// Where keyed requests go: the heartbeats followed, shared by the client's clones.
+    placement: Placement,
     /// The tenant whose subjects it uses (`None`: the default tenant's v1 subjects).
     tenant: Option<String>,
 }
@@ -116,7 +133,21 @@ impl Client {
         let nats = connect::connect(&settings.nats, ConnectPurpose::Client)
             .await
             .map_err(|e| ClientError::Transport(e.to_string()))?;
-        Ok(Client::new(nats, Subjects::new(&settings.subjects)))
+        Ok(
+            Client::new(nats, Subjects::new(&settings.subjects))
+                .with_placement(&settings.placement),
+        )
+    }
+
+    /// Places keyed requests as `settings` say: the load factor, and whether to follow the
+    /// heartbeats at all.
+    pub fn with_placement(mut self, settings: &PlacementSettings) -> Client {
+        self.placement = Placement {
+            follow: settings.follow_heartbeats,
+            load_factor: settings.load_factor,
+            fleet: Arc::default(),
+        };
+        self
     }
 
     pub fn new(nats: async_nats::Client, subjects: Subjects) -> Client {
@@ -125,7 +156,7 @@ impl Client {
             subjects,
             encoding: Encoding::Json,
             timeout: Duration::from_secs(15),
-            affinity: Arc::default(),
+            placement: Placement::default(),
             tenant: None,
         }
     }
@@ -285,18 +316,26 @@ impl Client {
         request: &GenerationRequest,
         retries: u32,
     ) -> Result<Accepted, ClientError> {
-        let key = request.affinity_key.as_deref();
         let mut headers = async_nats::HeaderMap::new();
-        if let Some(preferred) = key.and_then(|key| self.preferred_worker(key)) {
-            headers.insert(PREFERRED_WORKER_HEADER, preferred.as_str());
+        if let Some(choice) = request
+            .affinity_key
+            .as_deref()
+            .and_then(|key| self.place(pool, key))
+        {
+            // Straight to the worker the fleet's rule chose; the pool if it has no slot after
+            // all (or is gone), telling the pool's worker not to place it again.
+            headers.insert(PREFERRED_WORKER_HEADER, choice.key_worker.as_str());
+            if let Some(passed_over) = choice.passed_over {
+                headers.insert(AFFINITY_FALLBACK_HEADER, passed_over.as_str());
+            }
             let direct = self
                 .subjects
-                .worker_submit(&preferred, self.tenant.as_deref());
+                .worker_submit(&choice.worker, self.tenant.as_deref());
             match self.call_with(direct, request, headers.clone(), true).await {
                 Err(ClientError::Wire(error)) if error.code == ErrorCode::NoSlotAvailable => {
                     headers.insert(AFFINITY_FALLBACK_HEADER, "busy");
                 }
-                done => return self.learn_accepted(key, done),
+                done => return done,
             }
         }
         let subject = self.subjects.submit_as(pool, self.tenant.as_deref());
@@ -317,9 +356,41 @@ impl Client {
                 Err(ClientError::Wire(error)) if is_no_responders(&error) => {
                     return Err(ClientError::Wire(self.no_worker_of(pool).await));
                 }
-                other => return self.learn_accepted(key, other),
+                other => return other,
             }
         }
+    }
+
+    /// Where a request with `key` goes in `pool` by the fleet's rule, as the heartbeats this
+    /// client follows tell (following starts at its first keyed request); `None` (the pool's
+    /// worker places it) until they are read, when they cannot be, or when no worker has a
+    /// free slot.
+    pub fn place(&self, pool: &str, key: &str) -> Option<Choice> {
+        if !self.placement.follow {
+            return None;
+        }
+        let fleet = self
+            .placement
+            .fleet
+            .get_or_init(|| Fleet::follow(self.nats.clone()));
+        fleet.choose(pool, key, self.placement.load_factor)
+    }
+
+    /// The heartbeats this client follows, once a keyed request started following them.
+    pub fn fleet(&self) -> Option<&Arc<Fleet>> {
+        self.placement.fleet.get()
+    }
+
+    /// Follows the heartbeats now rather than at the first keyed request.
+    pub fn follow_fleet(&self) -> Option<&Arc<Fleet>> {
+        if !self.placement.follow {
+            return None;
+        }
+        Some(
+            self.placement
+                .fleet
+                .get_or_init(|| Fleet::follow(self.nats.clone())),
+        )
     }
 
     /// The refusal of a submit no worker of `pool` answered: it names the pool, and the pools
@@ -363,27 +434,6 @@ impl Client {
         pools
     }
 
-    /// The worker that served `key` last, as far as this client knows.
-    pub fn preferred_worker(&self, key: &str) -> Option<String> {
-        self.affinity.of(key)
-    }
-
-    /// Notes that `worker_id` served `key` (a submit's reply, a result).
-    pub fn learn_affinity(&self, key: &str, worker_id: &str) {
-        self.affinity.learn(key, worker_id);
-    }
-
-    fn learn_accepted(
-        &self,
-        key: Option<&str>,
-        outcome: Result<Accepted, ClientError>,
-    ) -> Result<Accepted, ClientError> {
-        if let (Some(key), Ok(accepted)) = (key, &outcome) {
-            self.learn_affinity(key, &accepted.worker_id);
-        }
-        outcome
-    }
-
     /// Puts a request on the durable queue of `pool`, in its band (`priority`) and under the
     /// client's tenant; it runs when a worker of the pool has a free slot, survives worker
     /// failures, and is kept once however often it is published within the stream's duplicate
@@ -403,15 +453,6 @@ impl Client {
         let on_bus = self.on_bus(&request_id);
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", on_bus.as_str());
-        // The queue goes to any worker of the pool; the worker records whether it was the
-        // key's last one.
-        if let Some(preferred) = request
-            .affinity_key
-            .as_deref()
-            .and_then(|key| self.preferred_worker(key))
-        {
-            headers.insert(PREFERRED_WORKER_HEADER, preferred.as_str());
-        }
         if self.encoding == Encoding::MsgPack {
             headers.insert(CONTENT_TYPE_HEADER, self.encoding.content_type());
         }
@@ -552,9 +593,6 @@ impl Client {
             }
             _ => self.result(&request_id, true).await,
         };
-        if let (Ok(result), Some(key)) = (&result, &request.affinity_key) {
-            self.learn_affinity(key, &result.worker_id);
-        }
         result
     }
 }

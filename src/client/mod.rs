@@ -15,6 +15,7 @@
 
 pub mod caller;
 pub mod connect;
+pub mod fleet;
 pub mod follow;
 pub mod records;
 pub(crate) mod reply;

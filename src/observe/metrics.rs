@@ -75,6 +75,7 @@ pub struct Metrics {
     pub tenant_completed: Family<TenantLabels, Counter>,
     pub tenant_queue_wait: Family<TenantLabels, Histogram>,
     pub submits_forwarded: Counter,
+    pub submits_placed: Counter,
     pub queue_duplicates: Counter,
     pub fenced: Counter,
     pub chain_headers_dropped: Counter,
@@ -204,6 +205,12 @@ impl Metrics {
             "Pool submits this worker could not start and sent to a peer with a free slot",
             submits_forwarded.clone(),
         );
+        let submits_placed = Counter::default();
+        registry.register(
+            "submits_placed",
+            "Keyed pool submits this worker sent to their key's worker (docs/protocol.md#affinity)",
+            submits_placed.clone(),
+        );
         let queue_duplicates = Counter::default();
         registry.register(
             "queue_duplicates",
@@ -226,6 +233,7 @@ impl Metrics {
             registry,
             chain_headers_dropped,
             submits_forwarded,
+            submits_placed,
             queue_duplicates,
             fenced,
             tenant_waiting,

@@ -1,7 +1,6 @@
 //! A small map that keeps at most a given number of entries, forgetting the least recently
-//! used first. Both the mock server's prefix cache and the client's affinity map (which key
-//! went to which worker) must stay bounded whatever their callers send, and neither needs more
-//! than this.
+//! used first. The mock server's prefix cache must stay bounded whatever its callers send, and
+//! needs no more than this.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;

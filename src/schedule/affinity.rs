@@ -1,56 +1,14 @@
-//! Placement by affinity: on the submitter's side, which worker served each key last
-//! ([`LastWorkers`]); on the worker's side, what a request with an affinity key says about where
-//! it was sent first, turned into the `affinity` record of its result ([`Preference`]).
+//! What a request with an affinity key says about where it was meant to run, turned into the
+//! `affinity` record of its result ([`Preference`]).
 //!
-//! There is no central router. The submitter knows which worker served a key last (the Rust
-//! client keeps a bounded map of it, learnt from replies and results) and tries that worker's
-//! own submit subject first, then the pool at once; it tells the worker that takes the request
-//! which worker it preferred and why it fell back
+//! Where it goes is the fleet's rule ([`super::placement`]): whoever places it (its submitter,
+//! or the worker that received it on the pool's subject) tells the worker that takes it which
+//! worker was the key's and why it is not that one
 //! ([`PREFERRED_WORKER_HEADER`](crate::protocol::request::PREFERRED_WORKER_HEADER),
 //! [`AFFINITY_FALLBACK_HEADER`](crate::protocol::request::AFFINITY_FALLBACK_HEADER), read by the
 //! bus). The worker only records what happened.
 
-use std::sync::Mutex;
-
-use crate::protocol::lru::BoundedLru;
 use crate::protocol::{AffinityRecord, GenerationRequest};
-
-/// Affinity keys whose last worker a client remembers, the least recently used forgotten first.
-pub const AFFINITY_KEYS_KEPT: usize = 10_000;
-
-/// On the submitter's side: which worker served each affinity key last, learnt from submit
-/// replies and results, bounded ([`AFFINITY_KEYS_KEPT`]). Shared by the clones of a client.
-#[derive(Debug)]
-pub struct LastWorkers {
-    keys: Mutex<BoundedLru<String, String>>,
-}
-
-impl Default for LastWorkers {
-    fn default() -> Self {
-        LastWorkers {
-            keys: Mutex::new(BoundedLru::new(AFFINITY_KEYS_KEPT)),
-        }
-    }
-}
-
-impl LastWorkers {
-    /// The worker that served `key` last, as far as this submitter knows.
-    pub fn of(&self, key: &str) -> Option<String> {
-        self.lock().get(&key.to_string()).cloned()
-    }
-
-    /// Notes that `worker_id` served `key`.
-    pub fn learn(&self, key: &str, worker_id: &str) {
-        if !worker_id.is_empty() {
-            self.lock().insert(key.to_string(), worker_id.to_string());
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BoundedLru<String, String>> {
-        // The map is only ever changed whole under the lock; a panic cannot leave it torn.
-        self.keys.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
 
 /// The longest worker id a submitter may name; a longer one is ignored.
 const MAX_WORKER_ID_LEN: usize = 256;

@@ -25,8 +25,11 @@
 //!      skipped: its messages stay on the queue, for this worker later or for another.
 //! 3. What runs is counted per tenant and band from a slot's start to its release
 //!    ([`Slots`], kept by the Supervisor); the queue's choice reads it as a [`TenantLoad`].
-//! 4. A request with an affinity key goes first to the worker that served its key last; the
-//!    worker records whether it held it ([`Preference`]).
+//! 4. A request with an affinity key goes to its key's worker: the first of the pool's live
+//!    workers ranked by rendezvous hashing of the key with their ids, passed over when it has no
+//!    free slot or is busier than the bounded load allows ([`choose`]). Every party ranks
+//!    alike; the worker that takes the request records whether it was the key's
+//!    ([`Preference`]).
 //!
 //! The wire vocabulary of scheduling (the [`Priority`] band, tenant names, a request's id
 //! qualified by its tenant) lives in `protocol::schedule`, since it crosses the bus; it is
@@ -40,7 +43,7 @@ mod tenants;
 pub use crate::protocol::schedule::{
     DEFAULT_TENANT, Priority, is_valid_tenant, qualified_id, split_qualified,
 };
-pub use affinity::{AFFINITY_KEYS_KEPT, LastWorkers, Preference};
+pub use affinity::Preference;
 pub use placement::{
     Choice, DEFAULT_LOAD_FACTOR, PassedOver, PoolView, WorkerLoad, choose, rank, score,
 };

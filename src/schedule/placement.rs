@@ -92,13 +92,19 @@ pub struct Choice {
     pub passed_over: Option<PassedOver>,
 }
 
-/// Whether `worker` is passed over for the bounded load: its busy slots, weighed against its
-/// share of the pool's slots, reach `load_factor` times the pool's busy slots counting this
-/// request. In the order docs/protocol.md gives, in IEEE 754 doubles:
-/// `busy × S ≥ load_factor × (B + 1) × slots`, where B and S are the busy and all slots of the
-/// workers ranked. A factor of 0 (or below 1, or not finite) bounds nothing.
+/// Whether `worker` is passed over for the bounded load: at least half its slots are busy, and
+/// its busy slots, weighed against its share of the pool's slots, reach `load_factor` times the
+/// pool's busy slots counting this request. In the order docs/protocol.md gives, in IEEE 754
+/// doubles: `2 × busy ≥ slots` and `busy × S ≥ load_factor × (B + 1) × slots`, where B and S
+/// are the busy and all slots of the workers ranked. A factor of 0 (or below 1, or not finite)
+/// bounds nothing. The half-busy floor keeps a quiet pool's conversations on their workers: a
+/// key's worker that a heartbeat shows running one request (maybe the turn before, finished
+/// since) is not passed over for it.
 fn over_load(worker: &WorkerLoad, busy_total: u64, slots_total: u64, load_factor: f64) -> bool {
     if !(load_factor.is_finite() && load_factor >= 1.0) {
+        return false;
+    }
+    if 2 * u64::from(worker.busy) < u64::from(worker.slots) {
         return false;
     }
     let left = f64::from(worker.busy) * slots_total as f64;
@@ -194,6 +200,12 @@ impl PoolView {
             .clone();
         self.sent(&worker);
         Some(worker)
+    }
+
+    /// The first in `key`'s rank of the workers followed and `this`, free slots or not.
+    pub fn key_worker(&self, key: &str, this: Option<&str>) -> Option<String> {
+        let ids = self.workers.keys().map(String::as_str).chain(this);
+        rank(key, ids).first().map(|w| w.to_string())
     }
 
     /// A submit went to `worker_id`: one more busy slot there until its next heartbeat.
@@ -343,10 +355,10 @@ mod tests {
                 .unwrap()
                 .busy += 1;
         }
-        // The key's worker takes the first; from then on it takes one whenever it is not
-        // twice as busy as the pool's average share, and the next in rank takes the rest. The
-        // workers further down the rank get none.
-        let expected: Vec<&str> = (0..8).map(|n| ranked[n % 2]).collect();
+        // The key's worker takes requests until half its slots are busy; from then on it takes
+        // one whenever it is not twice as busy as the pool's average share, and the next in
+        // rank takes the rest. The workers further down the rank get none.
+        let expected: Vec<&str> = [0, 0, 1, 1, 0, 1, 0, 1].iter().map(|n| ranked[*n]).collect();
         assert_eq!(placed, expected);
         // Without a bound, the hot key fills its worker before moving on.
         let mut loads = pool(&ranked.iter().map(|w| (*w, 4, 0)).collect::<Vec<_>>());

@@ -43,6 +43,15 @@ impl Proc {
         let _ = self.child.wait();
     }
 
+    /// SIGTERM, and waits for the process to end (a worker drains and takes its heartbeat
+    /// away).
+    pub fn terminate(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+
     /// Resident memory (VmRSS) in KiB, from /proc.
     pub fn rss_kib(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
@@ -376,6 +385,38 @@ pub async fn wait_workers(nats: &async_nats::Client, count: usize, within: Durat
             }
         },
         logs_text,
+    )
+    .await;
+}
+
+/// Waits (bounded) until exactly the workers `ids` answer the service API, each placing keyed
+/// requests among all the others (its `peers` count): from then on every worker ranks a key's
+/// workers alike.
+pub async fn wait_placement(nats: &async_nats::Client, ids: &[&str], within: Duration) {
+    let mut want: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
+    want.sort();
+    wait::until(
+        &format!("workers {want:?} to see each other"),
+        within,
+        || async {
+            let stats: BTreeMap<String, serde_json::Value> =
+                worker_stats(nats, Duration::from_millis(300))
+                    .await
+                    .into_values()
+                    .map(|s| (s["worker_id"].as_str().unwrap_or_default().to_string(), s))
+                    .collect();
+            let up: Vec<String> = stats.keys().cloned().collect();
+            if up != want {
+                return Err(format!("{up:?} answered"));
+            }
+            match stats
+                .iter()
+                .find(|(_, s)| s["peers"].as_u64() != Some(ids.len() as u64 - 1))
+            {
+                Some((id, s)) => Err(format!("{id} sees {} peers", s["peers"])),
+                None => Ok(()),
+            }
+        },
     )
     .await;
 }
