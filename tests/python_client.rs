@@ -241,3 +241,28 @@ async fn the_python_package_acts_as_a_tenant_with_its_own_inbox() {
         "{stdout}"
     );
 }
+
+/// The package's placement rule (python/tests/check_placement.py) against the vectors every
+/// implementation shares.
+#[tokio::test]
+async fn the_python_package_places_keyed_submits_by_the_fleets_rule() {
+    let python = python();
+    let vectors = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/placement.json");
+    let output = package_python(&python, "")
+        .arg("tests/check_placement.py")
+        .arg(vectors)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    println!("{stdout}");
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("python placement: all checks passed"),
+        "{stdout}"
+    );
+}
