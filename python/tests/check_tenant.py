@@ -14,6 +14,7 @@ Exits non-zero with a message on the first failed check.
 """
 
 import asyncio
+import logging
 import sys
 
 import genfleet
@@ -93,6 +94,42 @@ async def check_cancel(acme):
     print("ok: a tenant's streamed request cancelled by its bare id")
 
 
+class Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+async def check_keyed_without_heartbeats(url):
+    """A tenant's user may not read the workers' heartbeats: its keyed submits go to the pool
+    (whose worker places them), and the client says so once, at debug level."""
+    records = Records()
+    logger = logging.getLogger("genfleet")
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(records)
+    try:
+        async with await genfleet.Client.connect(url, timeout=10.0, **ACME) as acme:
+            for turn in (1, 2):
+                result = await acme.run(genfleet.request(f"Keyed by acme, turn {turn}", affinity_key="acme-chat"))
+                check(result["state"] == "COMPLETED", f"{result}")
+                check(result["affinity"] == {"key": "acme-chat", "held": False}, f"{result['affinity']}")
+            check(not await acme.placement_ready(wait=30.0), "a tenant's user followed the heartbeats")
+            check(acme._heartbeats.state == "unavailable", f"{acme._heartbeats.state}")
+    finally:
+        logger.removeHandler(records)
+        logger.setLevel(level)
+    said = [(r.levelname, r.getMessage()) for r in records.records]
+    check(
+        len(said) == 1 and said[0][0] == "DEBUG" and "not following the workers' heartbeats" in said[0][1],
+        f"logged: {said}",
+    )
+    print("ok: a tenant's keyed submits go to the pool; the heartbeats it may not read cost one debug line")
+
+
 async def check_refusals(acme, url):
     try:
         await acme.status("bob.same-id")
@@ -128,6 +165,7 @@ async def main(url):
         await check_durable(acme)
         await check_cancel(acme)
         await check_refusals(acme, url)
+    await check_keyed_without_heartbeats(url)
     print("python tenant client: all checks passed")
 
 
