@@ -17,6 +17,8 @@ import asyncio
 import logging
 import sys
 
+import nats
+
 import genfleet
 from genfleet import GenfleetError
 
@@ -127,7 +129,25 @@ async def check_keyed_without_heartbeats(url):
         len(said) == 1 and said[0][0] == "DEBUG" and "not following the workers' heartbeats" in said[0][1],
         f"logged: {said}",
     )
-    print("ok: a tenant's keyed submits go to the pool; the heartbeats it may not read cost one debug line")
+    # A connection opened by the caller and wrapped: the refusal reaches the caller's own
+    # error_cb, and the client gives up after its timeout.
+    heard = []
+
+    async def error_cb(error):
+        heard.append(str(error))
+
+    nc = await nats.connect(url, user=ACME["user"], password=ACME["password"], inbox_prefix=ACME["inbox_prefix"], error_cb=error_cb)
+    try:
+        acme = genfleet.Client(nc, tenant="acme", timeout=2.0)
+        result = await acme.run(genfleet.request("Keyed by acme, wrapped", affinity_key="acme-chat"))
+        check(result["affinity"] == {"key": "acme-chat", "held": False}, f"{result['affinity']}")
+        check(not await acme.placement_ready(wait=30.0), "a tenant's user followed the heartbeats")
+        check(acme._heartbeats.state == "unavailable", f"{acme._heartbeats.state}")
+        await acme.close()
+    finally:
+        await nc.drain()
+    check(any("permissions violation" in h.lower() and "genfleet_workers" in h.lower() for h in heard), f"heard: {heard}")
+    print("ok: a tenant's keyed submits go to the pool; the heartbeats it may not read cost one debug line (a wrapped connection hears the refusal itself)")
 
 
 async def check_refusals(acme, url):
