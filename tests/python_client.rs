@@ -241,3 +241,38 @@ async fn the_python_package_acts_as_a_tenant_with_its_own_inbox() {
         "{stdout}"
     );
 }
+
+/// The package's placement of keyed submits (python/tests/check_placement.py): the rule
+/// against the vectors every implementation shares, then against a fleet of three workers,
+/// each turn of a conversation from a new client landing on the key's worker, the fallbacks
+/// shown by fake heartbeats the check answers itself.
+#[tokio::test]
+async fn the_python_package_places_keyed_submits_by_the_fleets_rule() {
+    let python = python();
+    // Three workers: a turn that follows another at once may still see the worker it ran on
+    // busy in that worker's last heartbeat, and of three workers with even slots one busy slot
+    // stays under the default load bound.
+    let f = Fleet::builder().workers(3).slots(2).start().await;
+    let url = f.nats.url();
+    let vectors = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/placement.json");
+    let output = package_python(&python, &url)
+        .arg("tests/check_placement.py")
+        .arg(vectors)
+        .arg(&url)
+        .arg(f.settings.worker.lost_after_ms.to_string())
+        .args(f.workers.iter().map(|w| w.worker_id.clone()))
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    println!("{stdout}");
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("python placement: all checks passed"),
+        "{stdout}"
+    );
+}

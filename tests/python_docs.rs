@@ -1,9 +1,10 @@
 //! docs/python.md's Python programs run as written: each ```python block of the page, in order,
 //! against a real fleet (nats-server, a worker, the scripted model, the demo calculator), with
 //! only the page's server address, nats://127.0.0.1:4222, moved to the test's server. Each is
-//! checked for what it shows: what the callers print, a tenant's qualified id, a request that
-//! uses the tool a tool service serves, a decision a manager answers, and the long-running
-//! ones' clean exit (0) on SIGTERM and on SIGINT (Ctrl-C).
+//! checked for what it shows: what the callers print, a conversation held on its key's worker,
+//! a tenant's qualified id, a request that uses the tool a tool service serves, a decision a
+//! manager answers, and the long-running ones' clean exit (0) on SIGTERM and on SIGINT
+//! (Ctrl-C).
 
 mod common;
 
@@ -282,12 +283,19 @@ async fn the_python_docs_programs_run_as_written() {
     let headings: Vec<&str> = snippets.iter().map(|(h, _)| h.as_str()).collect();
     assert_eq!(
         headings,
-        ["Callers", "Tenants", "Tool services", "Managers"],
+        [
+            "Callers",
+            "Affinity",
+            "Tenants",
+            "Tool services",
+            "Managers"
+        ],
         "docs/python.md's Python programs changed: give each its check here"
     );
     for (heading, code) in &snippets {
         match heading.as_str() {
             "Callers" => callers(&python, code, &url).await,
+            "Affinity" => affinity(&python, code, &url).await,
             "Tenants" => tenants(&python, code, &url).await,
             "Tool services" => tool_service(&python, code, &url, &f).await,
             "Managers" => manager(&python, code, &url, &f).await,
@@ -309,6 +317,21 @@ async fn callers(python: &str, code: &str, url: &str) {
     assert_eq!(
         lines.collect::<Vec<_>>().join("\n"),
         "Requests wait in line, a free slot takes the oldest, the queue empties out.",
+        "{printed}"
+    );
+}
+
+/// A conversation's two turns, each held on the key's worker (the fleet's only one here):
+/// the program waits for the client to follow the workers, so the first is placed too.
+async fn affinity(python: &str, code: &str, url: &str) {
+    let printed = run_to_end(python, "Affinity", code, url).await;
+    let lines: Vec<&str> = printed.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "True Hello from the mock, Plan a weekend in Lisbon!",
+            "True Hello from the mock, Now make it rain-proof!"
+        ],
         "{printed}"
     );
 }

@@ -7,6 +7,10 @@ A client acts for one tenant: the default one (the v1 subjects, bare request ids
 :meth:`Client.connect` is given `tenant`, in which case its submits and queued requests carry
 the tenant token in their subjects and its requests are known on the bus by their qualified
 ids, `<tenant>.<id>`.
+
+A submit with an `affinity_key` is placed as every party of the fleet places it
+(:mod:`genfleet.placement`): once the client follows the workers' heartbeats, it goes to the
+key's worker's own subject, else to the pool, whose worker places it.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import json
 import logging
 import re
 import uuid
-from typing import Any, AsyncIterator, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, AsyncIterator, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import nats.aio.client as _nats_client
 from nats.aio.client import Client as NATS
@@ -25,6 +29,13 @@ from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
 
 from .errors import GenfleetError, NoWorker
+from .placement import (
+    AFFINITY_FALLBACK_HEADER,
+    DEFAULT_LOAD_FACTOR,
+    PREFERRED_WORKER_HEADER,
+    Choice,
+    Heartbeats,
+)
 
 Request = Dict[str, Any]
 
@@ -166,12 +177,17 @@ def _describe(error: BaseException) -> str:
     return text if text else type(error).__name__
 
 
-async def _open(servers: Union[str, List[str]], options: Dict[str, Any]) -> NATS:
+async def _open(
+    servers: Union[str, List[str]],
+    options: Dict[str, Any],
+    listeners: Optional[List[Callable[[BaseException], bool]]] = None,
+) -> NATS:
     """A nats-py connection that fails at once, with one GenfleetError, when no server takes
     it: each server is tried CONNECT_TRIES times, CONNECT_TRY_WAIT apart, and what goes wrong
     meanwhile is not logged (nats-py logs a traceback for each try). Once connected, nats-py's
     reconnect settings (the caller's, or its defaults) apply, and its asynchronous errors go to
-    the caller's `error_cb` or, without one, to the `genfleet` logger as one line each."""
+    the caller's `error_cb` or, without one, to the `genfleet` logger as one line each, but
+    for those one of `listeners` (added to as the client runs) says it handled."""
     options = dict(options)
     caller_error_cb = options.pop("error_cb", None)
     reconnect = {
@@ -188,6 +204,8 @@ async def _open(servers: Union[str, List[str]], options: Dict[str, Any]) -> NATS
     async def on_error(error: Exception) -> None:
         if not connected:
             errors.append(error)
+        if connected and listeners and any([heard(error) for heard in listeners]):
+            return  # expected, and handled where it was heard
         if caller_error_cb is not None:
             await caller_error_cb(error)
         elif connected:
@@ -224,15 +242,34 @@ class Client:
 
     Use :meth:`connect`, or wrap a connection you have (`Client(nc)`). `pool` is where
     :meth:`submit`, :meth:`enqueue`, :meth:`stream` and :meth:`run` send by default. `tenant`
-    is the tenant it acts as (`None`: the default tenant, the v1 subjects).
+    is the tenant it acts as (`None`: the default tenant, the v1 subjects). `placement`
+    (on by default) follows the workers' heartbeats from the first submit with an
+    `affinity_key` on, to send keyed submits to their key's worker; `load_factor` is the
+    placement's bounded-load factor (below 1: no bound).
     """
 
-    def __init__(self, nc: NATS, *, pool: str = "default", timeout: float = 15.0, tenant: Optional[str] = None):
+    def __init__(
+        self,
+        nc: NATS,
+        *,
+        pool: str = "default",
+        timeout: float = 15.0,
+        tenant: Optional[str] = None,
+        placement: bool = True,
+        load_factor: float = DEFAULT_LOAD_FACTOR,
+    ):
         self.tenant = check_tenant(tenant)
         self.nc = nc
         self.pool = pool
         self.timeout = timeout
+        self.placement = placement
+        self.load_factor = float(load_factor)
         self._owned = False
+        # The connection's asynchronous errors, offered to the client first (a connection it
+        # opened; one it was given reports to whoever opened it).
+        self._listeners: Optional[List[Callable[[BaseException], bool]]] = None
+        # The workers' heartbeats, followed from the first keyed submit on.
+        self._heartbeats: Optional[Heartbeats] = None
 
     @classmethod
     async def connect(
@@ -243,6 +280,8 @@ class Client:
         timeout: float = 15.0,
         tenant: Optional[str] = None,
         inbox_prefix: Union[str, bytes, None] = None,
+        placement: bool = True,
+        load_factor: float = DEFAULT_LOAD_FACTOR,
         **nats_options: Any,
     ) -> "Client":
         """Connects to NATS (`nats_options` go to nats-py's `connect`: credentials, TLS, ...).
@@ -252,7 +291,7 @@ class Client:
         prefix of the connection's reply subjects (nats-py's `_INBOX` otherwise), for a NATS
         user allowed only its own replies (`_INBOX_acme`, say). A server that cannot be
         reached, or refuses the connection, raises GenfleetError `CONNECT_FAILED` within a few
-        seconds.
+        seconds. `placement` and `load_factor`: see :class:`Client`.
         """
         tenant = check_tenant(tenant)
         if inbox_prefix is not None:
@@ -263,9 +302,11 @@ class Client:
                     "tokens, none empty, without '*', '>' or whitespace"
                 )
             nats_options["inbox_prefix"] = text
-        nc = await _open(servers, nats_options)
-        client = cls(nc, pool=pool, timeout=timeout, tenant=tenant)
+        listeners: List[Callable[[BaseException], bool]] = []
+        nc = await _open(servers, nats_options, listeners)
+        client = cls(nc, pool=pool, timeout=timeout, tenant=tenant, placement=placement, load_factor=load_factor)
         client._owned = True
+        client._listeners = listeners
         return client
 
     def qualify(self, request_id: str) -> str:
@@ -283,7 +324,10 @@ class Client:
         return request_id
 
     async def close(self) -> None:
-        """Closes the connection if this client opened it."""
+        """Stops following the heartbeats, and closes the connection if this client opened
+        it."""
+        if self._heartbeats is not None:
+            await self._heartbeats.stop()
         if self._owned:
             await self.nc.drain()
 
@@ -293,10 +337,10 @@ class Client:
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
-    async def _call(self, subject: str, body: Any = None) -> Any:
+    async def _call(self, subject: str, body: Any = None, headers: Optional[Dict[str, str]] = None) -> Any:
         payload = b"" if body is None else json.dumps(body).encode()
         try:
-            message = await self.nc.request(subject, payload, timeout=self.timeout)
+            message = await self.nc.request(subject, payload, timeout=self.timeout, headers=headers)
         except NoRespondersError:
             raise NoWorker(subject) from None
         except NatsTimeout:
@@ -311,20 +355,69 @@ class Client:
         """Starts a request on a free slot of the pool: `{"request_id", "state", "worker_id"}`.
 
         Refused with NO_SLOT_AVAILABLE when every slot is busy (after a few tries); use
-        :meth:`enqueue` to wait for one instead.
+        :meth:`enqueue` to wait for one instead. A request with an `affinity_key` goes first to
+        the worker the placement rule chooses, once the client follows the heartbeats
+        (:meth:`placement_ready`); when that worker has no slot or is gone, to the pool at
+        once.
         """
         body = _as_request(given)
-        subject = f"gen.submit.{pool or self.pool}"
-        if self.tenant:
-            subject += f".{self.tenant}"
+        pool = pool or self.pool
+        tenant = f".{self.tenant}" if self.tenant else ""
+        headers: Optional[Dict[str, str]] = None
+        choice = self._place(body, pool)
+        if choice is not None and self._heartbeats is not None:
+            headers = {PREFERRED_WORKER_HEADER: choice.key_worker}
+            if choice.fallback:
+                headers[AFFINITY_FALLBACK_HEADER] = choice.fallback
+            self._heartbeats.sent(pool, choice.worker)
+            try:
+                return await self._call(f"gen.worker.{choice.worker}.submit{tenant}", body, headers)
+            except NoWorker:
+                pass  # gone meanwhile
+            except GenfleetError as error:
+                if error.code != "NO_SLOT_AVAILABLE":
+                    raise
+            headers = {PREFERRED_WORKER_HEADER: choice.key_worker, AFFINITY_FALLBACK_HEADER: "busy"}
+        subject = f"gen.submit.{pool}{tenant}"
         for attempt in range(SUBMIT_RETRIES + 1):
             try:
-                return await self._call(subject, body)
+                return await self._call(subject, body, headers)
             except GenfleetError as error:
                 if error.code != "NO_SLOT_AVAILABLE" or attempt == SUBMIT_RETRIES:
                     raise
             await asyncio.sleep(0.05 * (attempt + 1))
         raise AssertionError("unreachable")
+
+    def _following(self) -> Optional[Heartbeats]:
+        """The heartbeats, followed from now on (unless placement is off)."""
+        if not self.placement:
+            return None
+        if self._heartbeats is None:
+            self._heartbeats = Heartbeats(self.nc, timeout=self.timeout)
+            listen = self._listeners.append if self._listeners is not None else None
+            self._heartbeats.start(listen)
+        return self._heartbeats
+
+    def _place(self, body: Request, pool: str) -> Optional[Choice]:
+        """Where a keyed request goes, when the heartbeats tell (`None`: to the pool)."""
+        key = body.get("affinity_key")
+        if not isinstance(key, str) or not key:
+            return None
+        heartbeats = self._following()
+        if heartbeats is None:
+            return None
+        return heartbeats.choose(pool, key, self.load_factor)
+
+    async def placement_ready(self, wait: float = 0.0) -> bool:
+        """Whether keyed submits are placed here: the client follows the workers' heartbeats
+        and has read each one's last. Starts following if it has not yet (as the first keyed
+        submit does), then waits up to `wait` seconds for the heartbeats to load (or for
+        following to stop: placement off, or a NATS user that may not read the bucket).
+        Until it is ready, keyed submits go to the pool."""
+        heartbeats = self._following()
+        if heartbeats is None:
+            return False
+        return await heartbeats.ready(wait)
 
     def queue_subject(self, body: Request, *, pool: Optional[str] = None) -> str:
         """Where a request is queued: its band (`priority`) and this client's tenant;

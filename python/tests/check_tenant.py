@@ -14,7 +14,10 @@ Exits non-zero with a message on the first failed check.
 """
 
 import asyncio
+import logging
 import sys
+
+import nats
 
 import genfleet
 from genfleet import GenfleetError
@@ -93,6 +96,60 @@ async def check_cancel(acme):
     print("ok: a tenant's streamed request cancelled by its bare id")
 
 
+class Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+async def check_keyed_without_heartbeats(url):
+    """A tenant's user may not read the workers' heartbeats: its keyed submits go to the pool
+    (whose worker places them), and the client says so once, at debug level."""
+    records = Records()
+    logger = logging.getLogger("genfleet")
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(records)
+    try:
+        async with await genfleet.Client.connect(url, timeout=10.0, **ACME) as acme:
+            for turn in (1, 2):
+                result = await acme.run(genfleet.request(f"Keyed by acme, turn {turn}", affinity_key="acme-chat"))
+                check(result["state"] == "COMPLETED", f"{result}")
+                check(result["affinity"] == {"key": "acme-chat", "held": False}, f"{result['affinity']}")
+            check(not await acme.placement_ready(wait=30.0), "a tenant's user followed the heartbeats")
+            check(acme._heartbeats.state == "unavailable", f"{acme._heartbeats.state}")
+    finally:
+        logger.removeHandler(records)
+        logger.setLevel(level)
+    said = [(r.levelname, r.getMessage()) for r in records.records]
+    check(
+        len(said) == 1 and said[0][0] == "DEBUG" and "not following the workers' heartbeats" in said[0][1],
+        f"logged: {said}",
+    )
+    # A connection opened by the caller and wrapped: the refusal reaches the caller's own
+    # error_cb, and the client gives up after its timeout.
+    heard = []
+
+    async def error_cb(error):
+        heard.append(str(error))
+
+    nc = await nats.connect(url, user=ACME["user"], password=ACME["password"], inbox_prefix=ACME["inbox_prefix"], error_cb=error_cb)
+    try:
+        acme = genfleet.Client(nc, tenant="acme", timeout=2.0)
+        result = await acme.run(genfleet.request("Keyed by acme, wrapped", affinity_key="acme-chat"))
+        check(result["affinity"] == {"key": "acme-chat", "held": False}, f"{result['affinity']}")
+        check(not await acme.placement_ready(wait=30.0), "a tenant's user followed the heartbeats")
+        check(acme._heartbeats.state == "unavailable", f"{acme._heartbeats.state}")
+        await acme.close()
+    finally:
+        await nc.drain()
+    check(any("permissions violation" in h.lower() and "genfleet_workers" in h.lower() for h in heard), f"heard: {heard}")
+    print("ok: a tenant's keyed submits go to the pool; the heartbeats it may not read cost one debug line (a wrapped connection hears the refusal itself)")
+
+
 async def check_refusals(acme, url):
     try:
         await acme.status("bob.same-id")
@@ -128,6 +185,7 @@ async def main(url):
         await check_durable(acme)
         await check_cancel(acme)
         await check_refusals(acme, url)
+    await check_keyed_without_heartbeats(url)
     print("python tenant client: all checks passed")
 
 
