@@ -369,7 +369,6 @@ class Client:
             headers = {PREFERRED_WORKER_HEADER: choice.key_worker}
             if choice.fallback:
                 headers[AFFINITY_FALLBACK_HEADER] = choice.fallback
-            self._heartbeats.sent(pool, choice.worker)
             try:
                 return await self._call(f"gen.worker.{choice.worker}.submit{tenant}", body, headers)
             except NoWorker:

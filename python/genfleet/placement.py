@@ -89,10 +89,13 @@ Loads = Iterable[Union[WorkerLoad, Tuple[str, int, int]]]
 
 
 def _over_load(worker: WorkerLoad, busy_total: int, slots_total: int, load_factor: float) -> bool:
-    """Whether `worker` is passed over for the bounded load, in IEEE 754 doubles and in the
-    order docs/protocol.md gives: busy × S ≥ load_factor × (B + 1) × slots. A factor below 1
-    (0 among them) or not finite bounds nothing."""
+    """Whether `worker` is passed over for the bounded load, in the order docs/protocol.md
+    gives: at least half its slots busy (2 × busy ≥ slots) and, in IEEE 754 doubles,
+    busy × S ≥ load_factor × (B + 1) × slots. A factor below 1 (0 among them) or not finite
+    bounds nothing."""
     if not (math.isfinite(load_factor) and load_factor >= 1.0):
+        return False
+    if 2 * worker.busy < worker.slots:
         return False
     left = float(worker.busy) * float(slots_total)
     right = load_factor * float(busy_total + 1) * float(worker.slots)
@@ -134,8 +137,8 @@ def choose(key: str, workers: Loads, load_factor: float = DEFAULT_LOAD_FACTOR) -
 
 class PoolView:
     """A pool's live workers that take work, as heartbeats tell them: what :func:`choose`
-    ranks. A submit sent to a worker counts one more busy slot there until its next heartbeat
-    says otherwise."""
+    ranks. :meth:`sent` counts a submit sent to a worker as one more busy slot there until its
+    next heartbeat (the client does not: its keyed submits are as often short as not)."""
 
     def __init__(self) -> None:
         self._workers: Dict[str, WorkerLoad] = {}

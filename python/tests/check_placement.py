@@ -155,17 +155,21 @@ def check_heartbeats_followed() -> None:
     print("ok: the heartbeats followed: pools, draining and paused workers, deletes and the max age")
 
 
-async def check_lazy_and_off(url: str) -> None:
+async def check_lazy_and_off(url: str, workers: List[str]) -> None:
     async with await genfleet.Client.connect(url, timeout=10.0) as fleet:
         result = await fleet.run(genfleet.request("Nothing keyed"))
         check(result["state"] == "COMPLETED" and "affinity" not in result, f"{result}")
         check(fleet._heartbeats is None, "a client that sends no key follows no heartbeats")
     async with await genfleet.Client.connect(url, timeout=10.0, placement=False) as fleet:
         result = await fleet.run(genfleet.request("Keyed, placement off", affinity_key="py-off"))
-        check(result["affinity"] == {"key": "py-off", "held": False}, f"placement off: {result['affinity']}")
+        # The pool's worker that received it placed it on the key's worker.
+        key_worker = rank("py-off", workers)[0]
+        expected = {"key": "py-off", "preferred_worker": key_worker, "held": True}
+        check(result["worker_id"] == key_worker, f"placement off: ran on {result['worker_id']}")
+        check(result["affinity"] == expected, f"placement off: {result['affinity']}")
         check(not await fleet.placement_ready(wait=1.0), "placement off is never ready")
         check(fleet._heartbeats is None, "placement off follows no heartbeats")
-    print("ok: heartbeats followed only from the first keyed submit, and not at all with placement off")
+    print("ok: heartbeats followed only from the first keyed submit, and not at all with placement off (the pool's worker places its keyed submits)")
 
 
 def load_of(fleet: genfleet.Client, worker_id: str) -> Optional[WorkerLoad]:
@@ -289,18 +293,18 @@ async def check_fallbacks(url: str, workers: List[str]) -> None:
         finally:
             await fleet.close()
 
-        # Every submit sent counts a busy slot on its worker until its next heartbeat; with no
-        # load bound, the key's worker takes them until it is full, then the next in rank.
+        # A key's worker whose heartbeat shows it full is passed over for the next in rank (a
+        # submit sent is not counted against it: requests are as often short as not); its next
+        # heartbeat with a free slot takes the key back.
         fake.got.clear()
         fake.answer = None
-        await kv.put(ghost, heartbeat(ghost, slots=2))
+        await kv.put(ghost, heartbeat(ghost, slots=2, busy=2))
         fleet = await ready_client(url, workers + [ghost], load_factor=0.0)
         try:
-            sent = [await fleet.submit(genfleet.request(f"Counted {i}", affinity_key=key)) for i in range(2)]
-            check([s["worker_id"] for s in sent] == [ghost, ghost], f"{sent}")
-            third = await fleet.run(genfleet.request("The key's worker is full", affinity_key=key))
-            check(third["worker_id"] == rank(key, workers)[0], f"the next in rank: {third['worker_id']}")
-            check(len(fake.got) == 2, f"{len(fake.got)} submits reached the full worker")
+            full = await fleet.run(genfleet.request("The key's worker is full", affinity_key=key))
+            check(full["worker_id"] == rank(key, workers)[0], f"the next in rank: {full['worker_id']}")
+            check(full["affinity"]["fallback"] == "busy", f"{full['affinity']}")
+            check(not fake.got, f"{len(fake.got)} submits reached the full worker")
             await kv.put(ghost, heartbeat(ghost, slots=2))
             await eventually("the ghost's next heartbeat", lambda: load_of(fleet, ghost) == WorkerLoad(ghost, 2, 0))
             again = await fleet.submit(genfleet.request("Free again", affinity_key=key))
@@ -338,7 +342,7 @@ async def check_fallbacks(url: str, workers: List[str]) -> None:
         await fake.stop()
         await fake_other.stop()
         await kv.purge(ghost)
-    print("ok: a refusal or a gone worker sends the keyed submit to the pool at once, saying busy; other answers are final; the load bound and the counts of submits sent hold")
+    print("ok: a refusal or a gone worker sends the keyed submit to the pool at once, saying busy; other answers are final; the load bound holds and a full key's worker is passed over")
 
 
 async def main(vectors: str, url: str, lost_after_ms: str, *workers: str) -> None:
@@ -346,7 +350,7 @@ async def main(vectors: str, url: str, lost_after_ms: str, *workers: str) -> Non
     check_vectors(vectors)
     check_pool_view()
     check_heartbeats_followed()
-    await check_lazy_and_off(url)
+    await check_lazy_and_off(url, list(workers))
     await check_chains(url, list(workers), int(lost_after_ms))
     await check_fallbacks(url, list(workers))
     print("python placement: all checks passed")
