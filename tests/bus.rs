@@ -1197,10 +1197,11 @@ async fn submit_sets_the_common_request_fields_from_flags() {
     assert!(ok, "{stderr}");
     let result: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(result["request_id"], "flagged");
-    // A single command knows no worker for the key: it went to the pool, and says so.
+    // A single command follows no heartbeats: it went to the pool, whose worker placed it on
+    // the key's worker (the only one here).
     assert_eq!(
         result["affinity"],
-        json!({"key": "chat-7", "held": false}),
+        json!({"key": "chat-7", "preferred_worker": result["worker_id"], "held": true}),
         "{result}"
     );
     assert_eq!(result["job_name"], "nightly");

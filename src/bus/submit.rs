@@ -193,8 +193,8 @@ async fn handle_submit(shared: Arc<Shared>, message: async_nats::Message, route:
             }
         }
     }
-    if forwarding && decoded.is_none() && shared.capacity.borrow().free() == 0 {
-        // Full (or draining): not even decoded here.
+    if forwarding && shared.capacity.borrow().free() == 0 {
+        // Full (or draining): not decoded here, but to read its key.
         let refused = match forward(&shared, &message).await {
             Ok(()) => return,
             Err(refused) => refused,

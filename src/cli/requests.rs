@@ -62,8 +62,8 @@ pub struct SubmitArgs {
     /// The request's id [default: a fresh ULID].
     #[arg(long, value_name = "ID")]
     pub request_id: Option<String>,
-    /// An affinity key: requests that share it go first to the worker that served it last
-    /// (a continuation's default is its chain's first request id).
+    /// An affinity key: requests that share it go to the key's worker, placed by the pool's
+    /// worker that receives them (a continuation's default is its chain's first request id).
     #[arg(long = "affinity", value_name = "KEY")]
     pub affinity_key: Option<String>,
     /// The priority band: a free slot takes the highest band's requests first.

@@ -297,9 +297,10 @@ impl Client {
     /// Starts a request on a worker of `pool`, retrying a few times with jitter when every
     /// worker that answered was full.
     ///
-    /// A request with an `affinity_key` whose last worker this client knows goes first to that
-    /// worker's own subject; when that worker has no free slot (or is gone) it goes to the pool
-    /// at once, never waiting for it. The worker that takes it is remembered for the key.
+    /// A request with an `affinity_key` goes to its key's worker ([`Client::place`]): straight
+    /// to that worker's own subject once this client follows the heartbeats, and when that
+    /// worker has no free slot (or is gone) to the pool at once, never waiting for it; to the
+    /// pool, whose worker places it, before.
     pub async fn submit(
         &self,
         pool: &str,

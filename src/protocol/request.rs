@@ -60,7 +60,7 @@ pub struct GenerationRequest {
     pub escalation_threshold: Option<f64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub checkpoints: Vec<Checkpoint>,
-    /// Requests that share a key go first to the worker that served the key last (see
+    /// Requests that share a key go to the key's worker, the same for every sender (see
     /// docs/protocol.md, Affinity); a continuation's default is its chain's root request id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity_key: Option<String>,

@@ -160,14 +160,13 @@ pub struct GenerationResult {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AffinityRecord {
     pub key: String,
-    /// The worker that served the key last, as the submitter knew it; absent when it knew
-    /// none (the key's first request, or one it forgot).
+    /// The key's worker, as whoever placed the request saw it; absent when nobody placed it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_worker: Option<String>,
     /// It ran on `preferred_worker`.
     pub held: bool,
-    /// Why it went elsewhere, when the preferred worker was tried and refused it: `busy` (no
-    /// free slot there, or the worker is gone). It went to the pool at once.
+    /// Why it went elsewhere: `busy` (no free slot on the key's worker, or it is gone) or
+    /// `load` (the key's worker was over the load bound).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback: Option<String>,
 }
