@@ -611,3 +611,42 @@ async fn a_keyed_continuation_goes_to_its_keys_worker() {
     assert_eq!(before, key_worker("kc-session", &all));
     assert_on_its_worker(&next, "kc-session", &all);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_worker_that_crashed_costs_its_keys_nothing_but_their_cache() {
+    let (f, _mocks, mut workers) = fleet_of_four(SLOTS, 0.0, &[]).await;
+    let pool = f.settings.worker.pool.clone();
+    let all = ids(WORKERS);
+    // Keys whose worker is w3.
+    let keys: Vec<String> = (0..200)
+        .map(|i| format!("crash-{i}"))
+        .filter(|key| key_worker(key, &all) == "w3")
+        .take(4)
+        .collect();
+    assert_eq!(keys.len(), 4);
+    // Killed: its heartbeat stays in the bucket until `worker.lost_after_ms`, so for a while
+    // the others still rank it.
+    workers[3].kill();
+    let following = f.client.clone();
+    let plain = f
+        .client
+        .clone()
+        .with_placement(&genfleet::settings::PlacementSettings {
+            follow_heartbeats: false,
+            load_factor: 0.0,
+        });
+    for (n, key) in keys.iter().enumerate() {
+        for (client, how) in [(&following, "following"), (&plain, "plain")] {
+            let result = client
+                .run(
+                    &pool,
+                    keyed(key, vec![Message::user(format!("{key} {n}"))]),
+                    WAIT,
+                )
+                .await
+                .unwrap_or_else(|e| panic!("{how} {key}: {e}"));
+            assert_eq!(result.reason, Reason::Stop, "{result:?}");
+            assert_ne!(result.worker_id, "w3");
+        }
+    }
+}

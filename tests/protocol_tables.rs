@@ -411,9 +411,9 @@ fn result_rules() -> Vec<(&'static str, Rule)> {
             Completed => {
                 let affinity = object(v)?;
                 equal(affinity.get("key"), Some(&json!("tbl-key")))?;
-                // The first request of its key: no worker was preferred.
-                equal(affinity.get("preferred_worker"), None)?;
-                boolean(affinity.get("held")).map(|_| ())
+                // Placed on its key's worker, the one worker here.
+                equal(affinity.get("preferred_worker"), Some(&json!(w.worker_id)))?;
+                equal(affinity.get("held"), Some(&json!(true)))
             }
             // Keyed by its chain's root, and placed on the worker that ran the root.
             Continuation => {

@@ -32,6 +32,8 @@ pub use crate::client::streams::WORKERS_BUCKET;
 /// Request ids followed across all peers' heartbeats; past it, a list is cut (its requests are
 /// still found lost by whoever asks about them).
 const MAX_FOLLOWED_REQUESTS: usize = 65_536;
+/// How many heartbeat intervals late a peer may be and still be placed on.
+const PLACED_WHILE_LATE_BY: u32 = 3;
 /// Peers followed at most (a fleet larger than this is followed in part).
 const MAX_PEERS: usize = 10_000;
 
@@ -232,6 +234,13 @@ async fn follow_peers(shared: &Shared, every: Duration) {
                     None => break,
                 },
                 _ = look.tick() => {
+                    // A peer three heartbeats late takes no keyed request until it beats again
+                    // (a worker that crashed keeps its entry until `lost_after`).
+                    for (id, peer) in &peers {
+                        if peer.seen.elapsed() >= every * PLACED_WHILE_LATE_BY {
+                            shared.peer_slots.forget(id);
+                        }
+                    }
                     if let Err(error) = reap(shared, &mut peers, lost_after).await {
                         tracing::debug!(message = "looking for lost workers failed", %error);
                     }

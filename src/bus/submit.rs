@@ -6,16 +6,19 @@
 //! A worker is subscribed to its pool's submit subjects (in the pool's queue group) and to its
 //! own for as long as it runs, full or not: leaving and joining a subject with every change of
 //! capacity would lose a submit already on its way (async-nats 0.51 forgets a subscription's
-//! sid as soon as its UNSUB is written and drops what arrives for it afterwards). A pool submit
-//! that reaches a worker with no free slot (or whose slots turn out taken or reserved) is
-//! forwarded, with the caller's reply subject, to the own subject of a peer whose last
-//! heartbeat showed a free slot; that peer answers the caller. With no such peer the caller is
-//! answered NO_SLOT_AVAILABLE, without the request being decoded.
+//! sid as soon as its UNSUB is written and drops what arrives for it afterwards).
 //!
-//! Its own subject is where a submitter sends a request whose affinity key this worker served
-//! last (see [`super::affinity`]), and where peers forward. A submit there is started or
-//! refused NO_SLOT_AVAILABLE at once, never forwarded again: a submitter then goes to the pool
-//! straight away.
+//! A keyed pool submit that nobody placed goes to its key's worker by the fleet's rule
+//! ([`crate::schedule::choose`]); a pool submit that reaches a worker with no free slot (or
+//! whose slots turn out taken or reserved) goes to the own subject of a peer whose last
+//! heartbeat showed a free slot. Either is sent on as this worker's own request, and the
+//! peer's answer relayed to the caller, so a peer gone since its last heartbeat is found out
+//! here and the caller still gets an answer. A submit is sent on at most twice. With no peer
+//! to take it the caller is answered NO_SLOT_AVAILABLE.
+//!
+//! Its own subject is where a submitter that placed a keyed request itself sends it, and where
+//! peers send submits on. A submitter's submit there is started or refused NO_SLOT_AVAILABLE
+//! at once, never sent on: a submitter then goes to the pool straight away.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,7 +36,7 @@ use crate::protocol::request::{
     AFFINITY_FALLBACK_HEADER, FORWARDED_BY_HEADER, PREFERRED_WORKER_HEADER,
 };
 use crate::protocol::{DEFAULT_TENANT, ErrorCode, GenerationRequest, RequestState, WireError};
-use crate::schedule::{Choice, Preference};
+use crate::schedule::{Choice, PassedOver, Preference};
 
 /// Which submit subjects a worker serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,6 +184,12 @@ async fn handle_submit(shared: Arc<Shared>, message: async_nats::Message, route:
                             if forward_to(&shared, &message, &choice).await.is_ok() {
                                 return;
                             }
+                            // Gone since its last heartbeat: started here, or sent on for a
+                            // free slot, as its key's worker had none.
+                            told = Some(Preference {
+                                worker: Some(choice.key_worker),
+                                fallback: Some(PassedOver::Busy.as_str().to_string()),
+                            });
                         }
                         Placed::Nowhere => {}
                     }
@@ -252,13 +261,12 @@ fn forwarders(message: &async_nats::Message) -> usize {
 
 /// The tenant's own submit subject of `peer`, for a pool submit, and the submit's headers with
 /// this worker added as a forwarder. `None` when the submit names no tenant this worker's pool
-/// serves, or has no reply subject.
+/// serves.
 fn forwarded(
     shared: &Shared,
     message: &async_nats::Message,
     peer: &str,
-) -> Option<(String, async_nats::Subject, async_nats::HeaderMap)> {
-    let reply = message.reply.clone()?;
+) -> Option<(String, async_nats::HeaderMap)> {
     let tenant = match forwarders(message) {
         0 => Route::Pool.tenant(shared, &message.subject),
         _ => Route::Own.tenant(shared, &message.subject),
@@ -266,43 +274,84 @@ fn forwarded(
     let tenant = (tenant != DEFAULT_TENANT).then_some(tenant);
     let mut headers = message.headers.clone().unwrap_or_default();
     headers.append(FORWARDED_BY_HEADER, shared.worker_id.as_str());
-    Some((shared.subjects.worker_submit(peer, tenant), reply, headers))
+    Some((shared.subjects.worker_submit(peer, tenant), headers))
 }
 
 /// Sends a keyed pool submit to the worker its key's rank chose, telling it the key's worker
-/// and why it is not that one. That worker answers the caller, or forwards it once more for a
-/// free slot if its own went meanwhile.
+/// and why it is not that one. That worker answers, or forwards it once more for a free slot
+/// if its own went meanwhile; the answer is relayed to the caller. `Err` when that worker is
+/// gone (nothing was sent on, the submit is this worker's to answer).
 async fn forward_to(
     shared: &Shared,
     message: &async_nats::Message,
     choice: &Choice,
 ) -> Result<(), ()> {
-    let (subject, reply, mut headers) = forwarded(shared, message, &choice.worker).ok_or(())?;
+    let (subject, mut headers) = forwarded(shared, message, &choice.worker).ok_or(())?;
     headers.insert(PREFERRED_WORKER_HEADER, choice.key_worker.as_str());
     if let Some(passed_over) = choice.passed_over {
         headers.insert(AFFINITY_FALLBACK_HEADER, passed_over.as_str());
     }
-    match shared
-        .client
-        .publish_with_reply_and_headers(subject, reply, headers, message.payload.clone())
-        .await
-    {
-        Ok(()) => {
-            shared.metrics.submits_placed.inc();
-            tracing::debug!(message = "a keyed submit sent to its key's worker", worker = %choice.worker);
+    relay(shared, message, &choice.worker, subject, headers).await?;
+    shared.metrics.submits_placed.inc();
+    Ok(())
+}
+
+/// How long a worker waits for the answer of the peer it forwarded a submit to.
+const FORWARD_WAIT: Duration = Duration::from_secs(10);
+
+/// Sends a submit on to `peer` as a request of this worker's and relays the peer's answer to
+/// the caller: so a peer that is gone since its last heartbeat ("no responders", which the
+/// caller would never hear of a message forwarded with its reply subject) costs the caller
+/// nothing but this worker's own answer. `Err` when the peer is gone or the submit cannot be
+/// sent; a peer that does not answer in time is answered for with an error (it may have
+/// started the request: the caller's retry finds its id in use).
+async fn relay(
+    shared: &Shared,
+    message: &async_nats::Message,
+    peer: &str,
+    subject: String,
+    headers: async_nats::HeaderMap,
+) -> Result<(), ()> {
+    let Some(reply_to) = message.reply.clone() else {
+        return Err(());
+    };
+    let request = async_nats::Request::new()
+        .headers(headers)
+        .payload(message.payload.clone())
+        .timeout(Some(FORWARD_WAIT));
+    match shared.client.send_request(subject, request).await {
+        Ok(answer) => {
+            let headers = answer.headers.unwrap_or_default();
+            let _ = shared
+                .client
+                .publish_with_headers(reply_to, headers, answer.payload)
+                .await;
             Ok(())
         }
-        Err(error) => {
-            tracing::warn!(message = "cannot forward a keyed submit", %error);
+        Err(error) if error.kind() == async_nats::RequestErrorKind::NoResponders => {
+            tracing::debug!(message = "the worker a submit was sent on to is gone", peer = %peer);
+            shared.peer_slots.forget(peer);
             Err(())
+        }
+        Err(error) => {
+            tracing::warn!(message = "a worker a submit was sent on to did not answer", peer = %peer, %error);
+            let unanswered = WireError::new(
+                ErrorCode::Internal,
+                format!(
+                    "worker {peer}, to which worker {} sent the submit on, did not answer: ask the request's status before sending it again",
+                    shared.worker_id
+                ),
+            );
+            respond::<Accepted>(&shared.client, message, Err(unanswered)).await;
+            Ok(())
         }
     }
 }
 
 /// Sends a pool submit this worker cannot start to a peer whose last heartbeat showed a free
-/// slot, on that peer's own subject for the submit's tenant, with the caller's reply subject:
-/// the peer answers the caller (an acceptance, or NO_SLOT_AVAILABLE if its slots went
-/// meanwhile; "no responders" if it is gone). The refusal to send when no peer had one.
+/// slot, on that peer's own subject for the submit's tenant, and relays its answer (an
+/// acceptance, or NO_SLOT_AVAILABLE if its slots went meanwhile). The refusal to send when no
+/// peer had one, or the one chosen is gone.
 async fn forward(shared: &Shared, message: &async_nats::Message) -> Result<(), WireError> {
     let no_slot = || {
         let this = if shared.capacity.borrow().paused {
@@ -321,28 +370,19 @@ async fn forward(shared: &Shared, message: &async_nats::Message) -> Result<(), W
     let Some(peer) = shared.peer_slots.take() else {
         return Err(no_slot());
     };
-    let Some((subject, reply, mut headers)) = forwarded(shared, message, &peer) else {
+    let Some((subject, mut headers)) = forwarded(shared, message, &peer) else {
         return Err(no_slot());
     };
     if header(message, PREFERRED_WORKER_HEADER).is_some() {
         // Its key's worker (this one, or the one that sent it here) had no slot after all.
         headers.insert(AFFINITY_FALLBACK_HEADER, "busy");
     }
-    match shared
-        .client
-        .publish_with_reply_and_headers(subject, reply, headers, message.payload.clone())
+    relay(shared, message, &peer, subject, headers)
         .await
-    {
-        Ok(()) => {
-            shared.metrics.submits_forwarded.inc();
-            tracing::debug!(message = "a submit forwarded to a peer with a free slot", peer = %peer);
-            Ok(())
-        }
-        Err(error) => {
-            tracing::warn!(message = "cannot forward a submit", %error);
-            Err(no_slot())
-        }
-    }
+        .map_err(|()| no_slot())?;
+    shared.metrics.submits_forwarded.inc();
+    tracing::debug!(message = "a submit forwarded to a peer with a free slot", peer = %peer);
+    Ok(())
 }
 
 /// Checks, claims the id fleet-wide (the request's one write before it runs), and starts it.
