@@ -381,13 +381,6 @@ class Client:
         for attempt in range(SUBMIT_RETRIES + 1):
             try:
                 return await self._call(subject, body, headers)
-            except NoWorker:
-                # A keyed submit the pool's worker sent on to its key's worker, which has just
-                # gone (its heartbeat not yet expired): once more, to be started where it lands.
-                if not body.get("affinity_key") or (headers or {}).get(AFFINITY_FALLBACK_HEADER):
-                    raise
-                headers = dict(headers or {}, **{AFFINITY_FALLBACK_HEADER: "busy"})
-                continue
             except GenfleetError as error:
                 if error.code != "NO_SLOT_AVAILABLE" or attempt == SUBMIT_RETRIES:
                     raise

@@ -347,15 +347,6 @@ impl Client {
                 .await
             {
                 Err(ClientError::Wire(error))
-                    if is_no_responders(&error)
-                        && request.affinity_key.is_some()
-                        && headers.get(AFFINITY_FALLBACK_HEADER).is_none() =>
-                {
-                    // The pool's worker sent it on to its key's worker, which has just gone
-                    // (its heartbeat not yet expired): once more, to be started where it lands.
-                    headers.insert(AFFINITY_FALLBACK_HEADER, "busy");
-                }
-                Err(ClientError::Wire(error))
                     if error.code == ErrorCode::NoSlotAvailable && attempt < retries =>
                 {
                     attempt += 1;
