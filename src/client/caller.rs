@@ -585,15 +585,14 @@ impl Client {
             None
         })
         .await;
-        let result = match finished {
+        match finished {
             Ok(Some(result)) => {
                 // Release the stored copy too; the event carried all of it.
                 let _ = self.result(&request_id, true).await;
                 Ok(result)
             }
             _ => self.result(&request_id, true).await,
-        };
-        result
+        }
     }
 }
 

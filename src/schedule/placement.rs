@@ -358,7 +358,10 @@ mod tests {
         // The key's worker takes requests until half its slots are busy; from then on it takes
         // one whenever it is not twice as busy as the pool's average share, and the next in
         // rank takes the rest. The workers further down the rank get none.
-        let expected: Vec<&str> = [0, 0, 1, 1, 0, 1, 0, 1].iter().map(|n| ranked[*n]).collect();
+        let expected: Vec<&str> = [0, 0, 1, 1, 0, 1, 0, 1]
+            .iter()
+            .map(|n| ranked[*n])
+            .collect();
         assert_eq!(placed, expected);
         // Without a bound, the hot key fills its worker before moving on.
         let mut loads = pool(&ranked.iter().map(|w| (*w, 4, 0)).collect::<Vec<_>>());
