@@ -502,6 +502,13 @@ async fn bench(
     if fleet.is_none() && args.mode.runs(Mode::Scheduling) {
         notes.push("scheduling is measured only with --local".into());
     }
+    if args.baseline.is_some() && scheduling_report.is_some() {
+        notes.push(
+            "the scheduling phase ran on this build's workers and gateways only, not on the \
+             baseline's"
+                .into(),
+        );
+    }
     if args.mode == Mode::All && real_paths.is_none() {
         notes.push(
             "no real-backend phase: eval \"$(scripts/real-backend.sh)\" installs a model server \

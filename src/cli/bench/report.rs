@@ -703,34 +703,48 @@ fn scheduling_table(r: &SchedulingReport) -> String {
         "requests",
         "errors",
         "TTFT p50 ms",
-        "TTFT p90 ms",
+        "TTFT p99 ms",
         "later TTFT p50",
+        "off ÷ this p50",
         "hit rate",
         "later-turn hits",
         "held",
-        "busy→pool",
+        "same worker",
+        "busy",
+        "load",
     ]);
-    for run in [&r.with_affinity, &r.without_affinity] {
+    let later = (s.chains * s.turns.saturating_sub(1)) as u64;
+    let passes = [
+        ("affinity on, one client", Some(&r.with_affinity)),
+        ("affinity off", Some(&r.without_affinity)),
+        ("forgetful clients", r.forgetful_clients.as_ref()),
+        ("two gateways", r.two_gateways.as_ref()),
+    ];
+    let mut absent = Vec::new();
+    for (name, run) in passes {
+        let Some(run) = run else {
+            absent.push(name);
+            continue;
+        };
         table.row(vec![
-            if run.affinity {
-                "affinity on".into()
-            } else {
-                "affinity off".into()
-            },
+            name.into(),
             run.requests.to_string(),
             run.errors.to_string(),
             opt(run.first_token_ms.map(|t| t.p50), 1),
-            opt(run.first_token_ms.map(|t| t.p90), 1),
+            opt(run.first_token_ms.map(|t| t.p99), 1),
             opt(run.later_first_token_ms.map(|t| t.p50), 1),
+            opt(run.first_token_p50_vs_no_affinity, 1),
             pct(Some(run.hit_rate)),
             pct(Some(run.later_turn_hit_rate)),
-            run.held.to_string(),
+            format!("{}/{later}", run.held),
+            format!("{}/{later}", run.same_worker),
             run.fell_back_busy.to_string(),
+            run.fell_back_load.to_string(),
         ]);
     }
-    format!(
+    let mut out = format!(
         "scheduling: {} workers × {} slots, each on its own prefix-cache mock (hit {} ms, miss {} ms/KiB); \
-         {} conversations × {} turns of {} B questions, {} at once; TTFT p50 off ÷ on: {}\n{}\n",
+         {} conversations × {} turns of {} B questions, {} at once; TTFT p50 off ÷ on: {}\n{}",
         s.workers,
         s.slots,
         s.prefix_hit_ms,
@@ -741,7 +755,17 @@ fn scheduling_table(r: &SchedulingReport) -> String {
         s.concurrency,
         opt(r.first_token_p50_ratio, 1),
         table.render()
-    )
+    );
+    for name in absent {
+        let _ = writeln!(out, "{name}: not run");
+    }
+    for (name, run) in passes {
+        if let Some(error) = run.and_then(|run| run.first_error.as_ref()) {
+            let _ = writeln!(out, "{name}: the first error: {error}");
+        }
+    }
+    out.push('\n');
+    out
 }
 
 fn opt(value: Option<f64>, decimals: usize) -> String {
