@@ -260,6 +260,23 @@ async fn a_local_run_reports_every_phase_as_json() {
         assert_eq!(held + busy + load, 16.0, "{pass}: {report:#}");
         number(&report, &at("first_token_p50_vs_no_affinity"));
     }
+    // The forwarding hop: --requests 20 bounds its submits too. Every pool submit either
+    // reached its key's worker first or was forwarded there; the observer and the workers'
+    // counters saw the same forwards, and no direct submit was forwarded.
+    let hop = |key: &str| number(&report, &format!("/scheduling/forwarding_hop/{key}"));
+    assert_eq!(hop("direct_errors") + hop("pool_errors"), 0.0, "{report:#}");
+    assert_eq!(hop("direct/samples"), 20.0);
+    assert_eq!(
+        hop("pool_forwarded/samples") + hop("pool_at_key_worker/samples"),
+        20.0
+    );
+    assert_eq!(hop("forwards_seen"), hop("pool_forwarded/samples"));
+    assert_eq!(hop("forwards_counted_by_workers"), hop("forwards_seen"));
+    assert_eq!(hop("direct_forwarded"), 0.0);
+    assert_eq!(hop("off_key_worker"), 0.0, "{report:#}");
+    hop("direct/submit_to_accepted_ms/p50");
+    hop("added_accepted_p50_ms");
+    hop("added_result_p50_ms");
     for ratio in [
         "throughput_vs_nats",
         "p50_vs_nats",
@@ -270,9 +287,9 @@ async fn a_local_run_reports_every_phase_as_json() {
         number(&report, &format!("/ratios/{ratio}"));
     }
     let targets = field(&report, "/targets").as_array().unwrap();
-    // The five of the load phases and memory, and the four of scheduling: three hit rates and
-    // the time to first token with affinity against without.
-    assert_eq!(targets.len(), 9);
+    // The five of the load phases and memory, and the five of scheduling: three hit rates,
+    // the time to first token with affinity against without, the forwarding hop.
+    assert_eq!(targets.len(), 10);
     assert!(
         targets.iter().all(|t| t["value"].is_number()),
         "{targets:?}"

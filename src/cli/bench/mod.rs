@@ -23,6 +23,7 @@ mod durable;
 mod fairness;
 mod floors;
 mod gateway;
+mod hop;
 mod interactive;
 mod latency;
 mod local;
@@ -170,6 +171,11 @@ pub struct BenchArgs {
     /// Scheduling phase: the mocks' time to first token on a miss, per KiB of conversation.
     #[arg(long, default_value_t = 20, value_name = "MS")]
     pub prefill_ms_per_kb: u64,
+    /// Scheduling phase: keyed submits of each path (straight to the key's worker, to the
+    /// pool) in the measurement of the forwarding hop, one at a time on the fleet's mock; 0
+    /// leaves it out. --requests, when given, bounds it.
+    #[arg(long, default_value_t = 2000, value_name = "N")]
+    pub hop_samples: u64,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -455,6 +461,18 @@ async fn bench(
             turn_bytes: args.scheduling_turn_bytes,
             prefix_hit_ms: args.prefix_hit_ms,
             prefill_ms_per_kb: args.prefill_ms_per_kb,
+            hop: {
+                let samples = args
+                    .requests
+                    .map_or(args.hop_samples, |n| n.min(args.hop_samples));
+                (samples > 0).then(|| hop::HopSpec {
+                    workers: args.scheduling_workers.max(1),
+                    slots: args.scheduling_slots.max(1),
+                    samples,
+                    reply_tokens: args.reply_tokens,
+                    token_delay_ms: args.token_delay_ms,
+                })
+            },
         };
         scheduling_report = Some(
             scheduling::run(

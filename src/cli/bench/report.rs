@@ -695,7 +695,8 @@ fn latency_row(
     ]
 }
 
-/// The scheduling phase: each pass's time to first token and prefix hits.
+/// The scheduling phase: each pass's time to first token and prefix hits, and the forwarding
+/// hop.
 fn scheduling_table(r: &SchedulingReport) -> String {
     let s = &r.spec;
     let mut table = Table::new(&[
@@ -762,6 +763,71 @@ fn scheduling_table(r: &SchedulingReport) -> String {
     for (name, run) in passes {
         if let Some(error) = run.and_then(|run| run.first_error.as_ref()) {
             let _ = writeln!(out, "{name}: the first error: {error}");
+        }
+    }
+    if let (Some(spec), Some(hop)) = (&s.hop, &r.forwarding_hop) {
+        let mut rows = Table::new(&[
+            "forwarding hop",
+            "submits",
+            "accepted p50",
+            "p90",
+            "p99",
+            "result p50",
+            "p90",
+            "p99",
+        ]);
+        for (name, path) in [
+            ("direct to the key's worker", &hop.direct),
+            ("pool, forwarded", &hop.pool_forwarded),
+            ("pool, at the key's worker", &hop.pool_at_key_worker),
+        ] {
+            let at =
+                |summary: Option<Summary>, p: fn(&Summary) -> f64| opt(summary.as_ref().map(p), 3);
+            rows.row(vec![
+                name.into(),
+                path.samples.to_string(),
+                at(path.submit_to_accepted_ms, |s| s.p50),
+                at(path.submit_to_accepted_ms, |s| s.p90),
+                at(path.submit_to_accepted_ms, |s| s.p99),
+                at(path.submit_to_result_ms, |s| s.p50),
+                at(path.submit_to_result_ms, |s| s.p90),
+                at(path.submit_to_result_ms, |s| s.p99),
+            ]);
+        }
+        let _ = write!(
+            out,
+            "\nforwarding hop: {} workers × {} slots on the fleet's mock (token delay {} ms), \
+             {}-token replies, concurrency 1, {} submits a path (ms)\n{}",
+            spec.workers,
+            spec.slots,
+            spec.token_delay_ms,
+            spec.reply_tokens,
+            spec.samples,
+            rows.render()
+        );
+        let _ = writeln!(
+            out,
+            "the hop adds, p50: {} ms to submit→accepted, {} ms to submit→result (against direct); \
+             {} ms to submit→accepted against pool submits at the key's worker",
+            opt(hop.added_accepted_p50_ms, 3),
+            opt(hop.added_result_p50_ms, 3),
+            opt(hop.added_accepted_p50_vs_pool_ms, 3),
+        );
+        let _ = writeln!(
+            out,
+            "forwards: {} seen on the workers' own subjects, {} counted by the workers \
+             (submits_placed); direct submits forwarded: {}; accepted off their key's worker: {}; \
+             errors: {} direct, {} pool",
+            hop.forwards_seen,
+            hop.forwards_counted_by_workers
+                .map_or("-".into(), |n| n.to_string()),
+            hop.direct_forwarded,
+            hop.off_key_worker,
+            hop.direct_errors,
+            hop.pool_errors,
+        );
+        if let Some(error) = &hop.first_error {
+            let _ = writeln!(out, "forwarding hop: the first error: {error}");
         }
     }
     out.push('\n');

@@ -18,7 +18,8 @@
 //! Each turn resends the conversation so far with one more question, as a chat client or an
 //! agent's tool loop does. Reported for each pass: time to first token (as the worker measured
 //! it, from the start of the generation), the backends' prefix hit rate, and the later turns
-//! that ran on their key's worker.
+//! that ran on their key's worker. Beside the passes, [`super::hop`] measures what the hop of a
+//! pool submit to its key's worker costs.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -30,6 +31,7 @@ use serde::Serialize;
 use serde_json::json;
 use tokio::sync::Notify;
 
+use super::hop::{self, HopReport, HopSpec};
 use super::latency::{Samples, Summary};
 use super::local::{LocalFleet, LocalGateway, LocalWorker};
 use super::target_check::TargetCheck;
@@ -54,6 +56,8 @@ pub struct SchedulingSpec {
     pub turn_bytes: usize,
     pub prefix_hit_ms: u64,
     pub prefill_ms_per_kb: u64,
+    /// The forwarding hop's measurement (`None`: not measured).
+    pub hop: Option<HopSpec>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -70,6 +74,9 @@ pub struct SchedulingReport {
     /// Keyed through two gateway processes, turn n to gateway n % 2. `None`: the pass did not
     /// run.
     pub two_gateways: Option<SchedulingRun>,
+    /// What a keyed pool submit forwarded to its key's worker costs against one sent there
+    /// directly. `None`: not measured.
+    pub forwarding_hop: Option<HopReport>,
 }
 
 /// One pass over the conversations.
@@ -211,6 +218,10 @@ pub async fn run(
     else {
         anyhow::bail!("the scheduling passes ran");
     };
+    let forwarding_hop = match &spec.hop {
+        Some(hop_spec) => Some(hop::run(fleet, settings, hop_spec, timeout).await?),
+        None => None,
+    };
     let p50 = |run: &SchedulingRun| run.first_token_ms.map(|s| s.p50);
     let against_off = |run: &SchedulingRun| match (p50(&without_affinity), p50(run)) {
         (Some(without), Some(with)) if with > 0.0 => Some(without / with),
@@ -231,6 +242,7 @@ pub async fn run(
         with_affinity,
         without_affinity,
         first_token_p50_ratio,
+        forwarding_hop,
     })
 }
 
@@ -480,7 +492,7 @@ pub fn targets(report: &SchedulingReport) -> Vec<TargetCheck> {
         }
     };
     let ratio = report.first_token_p50_ratio;
-    vec![
+    let mut checks = vec![
         hit_rate(
             "prefix hit rate with affinity",
             ">= 90% of later turns (prefix-cache mock, 4 workers)",
@@ -504,7 +516,11 @@ pub fn targets(report: &SchedulingReport) -> Vec<TargetCheck> {
             met: ratio.map(|r| r >= 2.0),
             conditions_met: four_workers,
         },
-    ]
+    ];
+    if let (Some(spec), Some(hop)) = (&report.spec.hop, &report.forwarding_hop) {
+        checks.push(hop::target(spec, hop));
+    }
+    checks
 }
 
 /// One conversation: each turn sends the turns before it, their answers and a new question.
