@@ -174,7 +174,7 @@ pub struct BenchArgs {
     /// Scheduling phase: keyed submits of each path (straight to the key's worker, to the
     /// pool) in the measurement of the forwarding hop, one at a time on the fleet's mock; 0
     /// leaves it out. --requests, when given, bounds it.
-    #[arg(long, default_value_t = 2000, value_name = "N")]
+    #[arg(long, default_value_t = 3000, value_name = "N")]
     pub hop_samples: u64,
     /// Print one JSON object instead of tables.
     #[arg(long)]
