@@ -5,8 +5,9 @@
 //! queue, a streaming relay of long replies, and (`--local` only) the memory of a worker with
 //! many slots, a real model server behind a worker against the same client calling it
 //! directly (`real-backend`, when `scripts/real-backend.sh` has installed one), and multi-turn
-//! conversations on workers whose backends have a prefix cache, with affinity and without
-//! (`scheduling`), and `genfleet gateway` beside the bus path and the mock called directly
+//! conversations on workers whose backends have a prefix cache, with affinity (sent by one
+//! client, by a new client per turn, through two gateways) and without, beside the cost of
+//! the hop a keyed pool submit takes to its key's worker (`scheduling`), and `genfleet gateway` beside the bus path and the mock called directly
 //! (`gateway`, run on its own). In the same
 //! run it measures the floors genfleet is compared with: plain NATS request-reply against an
 //! echo responder, JetStream writes as a lean request would make them, and the backend called
@@ -152,8 +153,9 @@ pub struct BenchArgs {
     /// Scheduling phase: slots per worker.
     #[arg(long, default_value_t = 4)]
     pub scheduling_slots: u32,
-    /// Scheduling phase: conversations (each run with affinity, then without); --requests,
-    /// when given, bounds the turns of each pass.
+    /// Scheduling phase: conversations (run once in each pass: one client with affinity,
+    /// without, forgetful clients, two gateways); --requests, when given, bounds the turns of
+    /// each pass.
     #[arg(long, default_value_t = 64)]
     pub scheduling_chains: usize,
     /// Scheduling phase: turns per conversation.

@@ -34,7 +34,8 @@ pub struct Report {
     pub memory: Option<MemoryReport>,
     /// The real model server, direct and through one worker.
     pub real_backend: Option<RealReport>,
-    /// Conversations on prefix-cache backends, with affinity and without.
+    /// Conversations on prefix-cache backends, with affinity and without, and the forwarding
+    /// hop.
     pub scheduling: Option<SchedulingReport>,
     pub ratios: Ratios,
     pub targets: Vec<TargetCheck>,
