@@ -232,22 +232,51 @@ async fn a_local_run_reports_every_phase_as_json() {
     number(&report, "/memory/idle_rss_mib");
     number(&report, "/memory/per_request_kib");
     // --requests 20 bounds the scheduling phase too: 4 conversations of 5 turns per pass.
-    for pass in ["with_affinity", "without_affinity"] {
+    for pass in [
+        "with_affinity",
+        "without_affinity",
+        "forgetful_clients",
+        "two_gateways",
+    ] {
+        let at = |key: &str| format!("/scheduling/{pass}/{key}");
+        assert_eq!(number(&report, &at("requests")), 20.0, "{pass}");
         assert_eq!(
-            number(&report, &format!("/scheduling/{pass}/requests")),
-            20.0
+            number(&report, &at("completed")),
+            20.0,
+            "{pass}: {report:#}"
         );
-        assert_eq!(
-            number(&report, &format!("/scheduling/{pass}/completed")),
-            20.0
-        );
-        number(&report, &format!("/scheduling/{pass}/first_token_ms/p50"));
+        assert_eq!(number(&report, &at("errors")), 0.0, "{pass}");
+        number(&report, &at("first_token_ms/p50"));
+        for key in ["later_turn_hit_rate", "held_rate", "same_worker"] {
+            number(&report, &at(key));
+        }
+        if pass == "without_affinity" {
+            continue;
+        }
+        // Every later turn of a keyed pass ran on its key's worker, or says why not.
+        let held = number(&report, &at("held"));
+        let busy = number(&report, &at("fell_back_busy"));
+        let load = number(&report, &at("fell_back_load"));
+        assert_eq!(held + busy + load, 16.0, "{pass}: {report:#}");
+        number(&report, &at("first_token_p50_vs_no_affinity"));
     }
-    // With affinity every later turn found its conversation in its backend's cache or its
-    // worker busy.
-    let held = number(&report, "/scheduling/with_affinity/held");
-    let busy = number(&report, "/scheduling/with_affinity/fell_back_busy");
-    assert_eq!(held + busy, 16.0, "{report:#}");
+    // The forwarding hop: --requests 20 bounds its submits too. Every pool submit either
+    // reached its key's worker first or was forwarded there; the observer and the workers'
+    // counters saw the same forwards, and no direct submit was forwarded.
+    let hop = |key: &str| number(&report, &format!("/scheduling/forwarding_hop/{key}"));
+    assert_eq!(hop("direct_errors") + hop("pool_errors"), 0.0, "{report:#}");
+    assert_eq!(hop("direct/samples"), 20.0);
+    assert_eq!(
+        hop("pool_forwarded/samples") + hop("pool_at_key_worker/samples"),
+        20.0
+    );
+    assert_eq!(hop("forwards_seen"), hop("pool_forwarded/samples"));
+    assert_eq!(hop("forwards_counted_by_workers"), hop("forwards_seen"));
+    assert_eq!(hop("direct_forwarded"), 0.0);
+    assert_eq!(hop("off_key_worker"), 0.0, "{report:#}");
+    hop("direct/submit_to_accepted_ms/p50");
+    hop("added_accepted_p50_ms");
+    hop("added_result_p50_ms");
     for ratio in [
         "throughput_vs_nats",
         "p50_vs_nats",
@@ -258,8 +287,9 @@ async fn a_local_run_reports_every_phase_as_json() {
         number(&report, &format!("/ratios/{ratio}"));
     }
     let targets = field(&report, "/targets").as_array().unwrap();
-    // The five of the load phases and memory, and the two of scheduling.
-    assert_eq!(targets.len(), 7);
+    // The five of the load phases and memory, and the five of scheduling: three hit rates,
+    // the time to first token with affinity against without, the forwarding hop.
+    assert_eq!(targets.len(), 10);
     assert!(
         targets.iter().all(|t| t["value"].is_number()),
         "{targets:?}"

@@ -12,7 +12,7 @@ use crate::protocol::ErrorCode;
 
 /// The header that names the request (the first of its chain) on every completion and on
 /// every error answered once the request was sent.
-pub(super) const REQUEST_ID_HEADER: &str = "x-genfleet-request-id";
+pub const REQUEST_ID_HEADER: &str = "x-genfleet-request-id";
 
 /// The header OpenAI's SDKs read to decide whether to send a failed request again.
 const SHOULD_RETRY_HEADER: &str = "x-should-retry";

@@ -24,6 +24,8 @@ mod pools;
 mod run;
 mod stream;
 
+pub use self::error::REQUEST_ID_HEADER;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;

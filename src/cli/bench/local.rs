@@ -348,7 +348,17 @@ impl LocalFleet {
     /// Starts `genfleet gateway` on a free port, on the fleet's NATS with `pool` as its
     /// `worker.pool`, and returns once it listens (it prints its address then).
     pub async fn start_gateway(&self, pool: &str) -> anyhow::Result<LocalGateway> {
-        let log_path = self.dir.path().join("gateway.log");
+        self.start_gateway_named(pool, "gateway").await
+    }
+
+    /// [`LocalFleet::start_gateway`], its log in `<name>.log`: replicas side by side each
+    /// keep a log of their own.
+    pub async fn start_gateway_named(
+        &self,
+        pool: &str,
+        name: &str,
+    ) -> anyhow::Result<LocalGateway> {
+        let log_path = self.dir.path().join(format!("{name}.log"));
         let log = std::fs::File::create(&log_path).context("cannot create the gateway's log")?;
         let mut command = Command::new(current_exe()?);
         if let Some(config) = &self.options.config {

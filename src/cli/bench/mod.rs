@@ -5,8 +5,9 @@
 //! queue, a streaming relay of long replies, and (`--local` only) the memory of a worker with
 //! many slots, a real model server behind a worker against the same client calling it
 //! directly (`real-backend`, when `scripts/real-backend.sh` has installed one), and multi-turn
-//! conversations on workers whose backends have a prefix cache, with affinity and without
-//! (`scheduling`), and `genfleet gateway` beside the bus path and the mock called directly
+//! conversations on workers whose backends have a prefix cache, with affinity (sent by one
+//! client, by a new client per turn, through two gateways) and without, beside the cost of
+//! the hop a keyed pool submit takes to its key's worker (`scheduling`), and `genfleet gateway` beside the bus path and the mock called directly
 //! (`gateway`, run on its own). In the same
 //! run it measures the floors genfleet is compared with: plain NATS request-reply against an
 //! echo responder, JetStream writes as a lean request would make them, and the backend called
@@ -23,6 +24,7 @@ mod durable;
 mod fairness;
 mod floors;
 mod gateway;
+mod hop;
 mod interactive;
 mod latency;
 mod local;
@@ -151,8 +153,9 @@ pub struct BenchArgs {
     /// Scheduling phase: slots per worker.
     #[arg(long, default_value_t = 4)]
     pub scheduling_slots: u32,
-    /// Scheduling phase: conversations (each run with affinity, then without); --requests,
-    /// when given, bounds the turns of each pass.
+    /// Scheduling phase: conversations (run once in each pass: one client with affinity,
+    /// without, forgetful clients, two gateways); --requests, when given, bounds the turns of
+    /// each pass.
     #[arg(long, default_value_t = 64)]
     pub scheduling_chains: usize,
     /// Scheduling phase: turns per conversation.
@@ -170,6 +173,11 @@ pub struct BenchArgs {
     /// Scheduling phase: the mocks' time to first token on a miss, per KiB of conversation.
     #[arg(long, default_value_t = 20, value_name = "MS")]
     pub prefill_ms_per_kb: u64,
+    /// Scheduling phase: keyed submits of each path (straight to the key's worker, to the
+    /// pool) in the measurement of the forwarding hop, one at a time on the fleet's mock; 0
+    /// leaves it out. --requests, when given, bounds it.
+    #[arg(long, default_value_t = 3000, value_name = "N")]
+    pub hop_samples: u64,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -455,6 +463,18 @@ async fn bench(
             turn_bytes: args.scheduling_turn_bytes,
             prefix_hit_ms: args.prefix_hit_ms,
             prefill_ms_per_kb: args.prefill_ms_per_kb,
+            hop: {
+                let samples = args
+                    .requests
+                    .map_or(args.hop_samples, |n| n.min(args.hop_samples));
+                (samples > 0).then(|| hop::HopSpec {
+                    workers: args.scheduling_workers.max(1),
+                    slots: args.scheduling_slots.max(1),
+                    samples,
+                    reply_tokens: args.reply_tokens,
+                    token_delay_ms: args.token_delay_ms,
+                })
+            },
         };
         scheduling_report = Some(
             scheduling::run(
@@ -501,6 +521,13 @@ async fn bench(
     }
     if fleet.is_none() && args.mode.runs(Mode::Scheduling) {
         notes.push("scheduling is measured only with --local".into());
+    }
+    if args.baseline.is_some() && scheduling_report.is_some() {
+        notes.push(
+            "the scheduling phase ran on this build's workers and gateways only, not on the \
+             baseline's"
+                .into(),
+        );
     }
     if args.mode == Mode::All && real_paths.is_none() {
         notes.push(

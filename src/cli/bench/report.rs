@@ -34,7 +34,8 @@ pub struct Report {
     pub memory: Option<MemoryReport>,
     /// The real model server, direct and through one worker.
     pub real_backend: Option<RealReport>,
-    /// Conversations on prefix-cache backends, with affinity and without.
+    /// Conversations on prefix-cache backends, with affinity and without, and the forwarding
+    /// hop.
     pub scheduling: Option<SchedulingReport>,
     pub ratios: Ratios,
     pub targets: Vec<TargetCheck>,
@@ -695,7 +696,8 @@ fn latency_row(
     ]
 }
 
-/// The scheduling phase: each pass's time to first token and prefix hits.
+/// The scheduling phase: each pass's time to first token and prefix hits, and the forwarding
+/// hop.
 fn scheduling_table(r: &SchedulingReport) -> String {
     let s = &r.spec;
     let mut table = Table::new(&[
@@ -703,34 +705,48 @@ fn scheduling_table(r: &SchedulingReport) -> String {
         "requests",
         "errors",
         "TTFT p50 ms",
-        "TTFT p90 ms",
+        "TTFT p99 ms",
         "later TTFT p50",
+        "off ÷ this p50",
         "hit rate",
         "later-turn hits",
         "held",
-        "busy→pool",
+        "same worker",
+        "busy",
+        "load",
     ]);
-    for run in [&r.with_affinity, &r.without_affinity] {
+    let later = (s.chains * s.turns.saturating_sub(1)) as u64;
+    let passes = [
+        ("affinity on, one client", Some(&r.with_affinity)),
+        ("affinity off", Some(&r.without_affinity)),
+        ("forgetful clients", r.forgetful_clients.as_ref()),
+        ("two gateways", r.two_gateways.as_ref()),
+    ];
+    let mut absent = Vec::new();
+    for (name, run) in passes {
+        let Some(run) = run else {
+            absent.push(name);
+            continue;
+        };
         table.row(vec![
-            if run.affinity {
-                "affinity on".into()
-            } else {
-                "affinity off".into()
-            },
+            name.into(),
             run.requests.to_string(),
             run.errors.to_string(),
             opt(run.first_token_ms.map(|t| t.p50), 1),
-            opt(run.first_token_ms.map(|t| t.p90), 1),
+            opt(run.first_token_ms.map(|t| t.p99), 1),
             opt(run.later_first_token_ms.map(|t| t.p50), 1),
+            opt(run.first_token_p50_vs_no_affinity, 1),
             pct(Some(run.hit_rate)),
             pct(Some(run.later_turn_hit_rate)),
-            run.held.to_string(),
+            format!("{}/{later}", run.held),
+            format!("{}/{later}", run.same_worker),
             run.fell_back_busy.to_string(),
+            run.fell_back_load.to_string(),
         ]);
     }
-    format!(
+    let mut out = format!(
         "scheduling: {} workers × {} slots, each on its own prefix-cache mock (hit {} ms, miss {} ms/KiB); \
-         {} conversations × {} turns of {} B questions, {} at once; TTFT p50 off ÷ on: {}\n{}\n",
+         {} conversations × {} turns of {} B questions, {} at once; TTFT p50 off ÷ on: {}\n{}",
         s.workers,
         s.slots,
         s.prefix_hit_ms,
@@ -741,7 +757,82 @@ fn scheduling_table(r: &SchedulingReport) -> String {
         s.concurrency,
         opt(r.first_token_p50_ratio, 1),
         table.render()
-    )
+    );
+    for name in absent {
+        let _ = writeln!(out, "{name}: not run");
+    }
+    for (name, run) in passes {
+        if let Some(error) = run.and_then(|run| run.first_error.as_ref()) {
+            let _ = writeln!(out, "{name}: the first error: {error}");
+        }
+    }
+    if let (Some(spec), Some(hop)) = (&s.hop, &r.forwarding_hop) {
+        let mut rows = Table::new(&[
+            "forwarding hop",
+            "submits",
+            "accepted p50",
+            "p90",
+            "p99",
+            "result p50",
+            "p90",
+            "p99",
+        ]);
+        for (name, path) in [
+            ("direct to the key's worker", &hop.direct),
+            ("pool, forwarded", &hop.pool_forwarded),
+            ("pool, at the key's worker", &hop.pool_at_key_worker),
+        ] {
+            let at =
+                |summary: Option<Summary>, p: fn(&Summary) -> f64| opt(summary.as_ref().map(p), 3);
+            rows.row(vec![
+                name.into(),
+                path.samples.to_string(),
+                at(path.submit_to_accepted_ms, |s| s.p50),
+                at(path.submit_to_accepted_ms, |s| s.p90),
+                at(path.submit_to_accepted_ms, |s| s.p99),
+                at(path.submit_to_result_ms, |s| s.p50),
+                at(path.submit_to_result_ms, |s| s.p90),
+                at(path.submit_to_result_ms, |s| s.p99),
+            ]);
+        }
+        let _ = write!(
+            out,
+            "\nforwarding hop: {} workers × {} slots on the fleet's mock (token delay {} ms), \
+             {}-token replies, concurrency 1, {} submits a path (ms)\n{}",
+            spec.workers,
+            spec.slots,
+            spec.token_delay_ms,
+            spec.reply_tokens,
+            spec.samples,
+            rows.render()
+        );
+        let _ = writeln!(
+            out,
+            "the hop adds, p50: {} ms to submit→accepted, {} ms to submit→result (against direct); \
+             {} ms to submit→accepted against pool submits at the key's worker",
+            opt(hop.added_accepted_p50_ms, 3),
+            opt(hop.added_result_p50_ms, 3),
+            opt(hop.added_accepted_p50_vs_pool_ms, 3),
+        );
+        let _ = writeln!(
+            out,
+            "forwards: {} seen on the workers' own subjects, {} counted by the workers \
+             (submits_placed); direct submits forwarded: {}; accepted off their key's worker: {}; \
+             errors: {} direct, {} pool",
+            hop.forwards_seen,
+            hop.forwards_counted_by_workers
+                .map_or("-".into(), |n| n.to_string()),
+            hop.direct_forwarded,
+            hop.off_key_worker,
+            hop.direct_errors,
+            hop.pool_errors,
+        );
+        if let Some(error) = &hop.first_error {
+            let _ = writeln!(out, "forwarding hop: the first error: {error}");
+        }
+    }
+    out.push('\n');
+    out
 }
 
 fn opt(value: Option<f64>, decimals: usize) -> String {
