@@ -191,7 +191,12 @@ async fn handle_submit(shared: Arc<Shared>, message: async_nats::Message, route:
                                 fallback: Some(PassedOver::Busy.as_str().to_string()),
                             });
                         }
-                        Placed::Nowhere => {}
+                        Placed::Nowhere(key_worker) => {
+                            told = key_worker.map(|worker| Preference {
+                                worker: Some(worker),
+                                fallback: Some(PassedOver::Busy.as_str().to_string()),
+                            });
+                        }
                     }
                 }
                 decoded = Some(request);
@@ -204,18 +209,18 @@ async fn handle_submit(shared: Arc<Shared>, message: async_nats::Message, route:
     }
     if forwarding && shared.capacity.borrow().free() == 0 {
         // Full (or draining): not decoded here, but to read its key.
-        let refused = match forward(&shared, &message).await {
+        let refused = match forward(&shared, &message, told.as_ref()).await {
             Ok(()) => return,
             Err(refused) => refused,
         };
         respond::<Accepted>(&shared.client, &message, Err(refused)).await;
         return;
     }
-    let reply = guarded(submit(&shared, &message, route, decoded, told)).await;
+    let reply = guarded(submit(&shared, &message, route, decoded, told.clone())).await;
     if forwarding
         && let Err(error) = &reply
         && error.code == ErrorCode::NoSlotAvailable
-        && forward(&shared, &message).await.is_ok()
+        && forward(&shared, &message, told.as_ref()).await.is_ok()
     {
         // The last free slot went to another request meanwhile, or the free ones are reserved
         // for higher bands: a peer may have one.
@@ -230,8 +235,8 @@ enum Placed {
     Here(Preference),
     /// A peer is.
     There(Choice),
-    /// No worker has a free slot: capacity decides.
-    Nowhere,
+    /// No worker has a free slot: capacity decides. The key's worker, when there is one.
+    Nowhere(Option<String>),
 }
 
 /// Ranks the pool's live workers for `key` (this one with its own exact load, the peers as
@@ -247,7 +252,7 @@ fn place(shared: &Shared, key: &str) -> Placed {
             fallback: choice.passed_over.map(|p| p.as_str().to_string()),
         }),
         Some(choice) => Placed::There(choice),
-        None => Placed::Nowhere,
+        None => Placed::Nowhere(shared.peer_slots.key_worker(key, this_load(shared))),
     }
 }
 
@@ -352,7 +357,11 @@ async fn relay(
 /// slot, on that peer's own subject for the submit's tenant, and relays its answer (an
 /// acceptance, or NO_SLOT_AVAILABLE if its slots went meanwhile). The refusal to send when no
 /// peer had one, or the one chosen is gone.
-async fn forward(shared: &Shared, message: &async_nats::Message) -> Result<(), WireError> {
+async fn forward(
+    shared: &Shared,
+    message: &async_nats::Message,
+    told: Option<&Preference>,
+) -> Result<(), WireError> {
     let no_slot = || {
         let this = if shared.capacity.borrow().paused {
             "takes no work until its backend answers"
@@ -373,9 +382,13 @@ async fn forward(shared: &Shared, message: &async_nats::Message) -> Result<(), W
     let Some((subject, mut headers)) = forwarded(shared, message, &peer) else {
         return Err(no_slot());
     };
-    if header(message, PREFERRED_WORKER_HEADER).is_some() {
-        // Its key's worker (this one, or the one that sent it here) had no slot after all.
-        headers.insert(AFFINITY_FALLBACK_HEADER, "busy");
+    if let Some(worker) = told.and_then(|t| t.worker.as_deref()) {
+        // Placed here, but no slot after all.
+        headers.insert(PREFERRED_WORKER_HEADER, worker);
+        headers.insert(AFFINITY_FALLBACK_HEADER, PassedOver::Busy.as_str());
+    } else if header(message, PREFERRED_WORKER_HEADER).is_some() {
+        // Its key's worker (the one that sent it here) had no slot after all.
+        headers.insert(AFFINITY_FALLBACK_HEADER, PassedOver::Busy.as_str());
     }
     relay(shared, message, &peer, subject, headers)
         .await
