@@ -26,6 +26,7 @@ use futures_util::StreamExt;
 
 use super::BusError;
 use super::shared::Shared;
+use super::tenant_limit::{Refusal, TenantPermit};
 use crate::protocol::Priority;
 use crate::schedule::{Pull, QueueKey, SlotPolicy, TenantLoad, Turns};
 
@@ -184,8 +185,15 @@ impl Scheduler {
     }
 
     /// The next messages for `free` free slots, from the first queue in turn that has any
-    /// (see [`Turns::pulls`]). Empty when no queue it may take from has a message.
-    pub(super) async fn next(&mut self, free: u32, load: &TenantLoad) -> Vec<jetstream::Message> {
+    /// (see [`Turns::pulls`]), each with its tenant's place in the pool's count where
+    /// `worker.tenants.pool_max_running` is set: the places are taken before the pull, so a
+    /// tenant at its pool limit is passed over and its messages stay on the queue. Empty when
+    /// no queue it may take from has a message.
+    pub(super) async fn next(
+        &mut self,
+        free: u32,
+        load: &TenantLoad,
+    ) -> Vec<(jetstream::Message, Option<TenantPermit>)> {
         let policy = SlotPolicy::from_settings(&self.shared.settings);
         let pending = self
             .queues
@@ -196,13 +204,27 @@ impl Scheduler {
             let Some(queue) = self.queues.get_mut(&key) else {
                 continue;
             };
+            let late = self.shared.fencing.stale();
+            let counts = &self.shared.tenant_counts;
+            let mut places = match counts.take(&key.tenant, take, Refusal::Copy, late).await {
+                Ok(places) => places,
+                Err(error) => {
+                    tracing::debug!(message = "a tenant's queue passed over", %error);
+                    continue;
+                }
+            };
+            let take = places.as_ref().map_or(take, |p| p.len() as u32);
             let messages = fetch(&queue.consumer, take as usize).await;
             if messages.is_empty() {
+                // The places taken for it go back as they drop.
                 queue.maybe_pending = false;
                 continue;
             }
             self.turns.served(key);
-            return messages;
+            return messages
+                .into_iter()
+                .map(|message| (message, places.as_mut().and_then(Vec::pop)))
+                .collect();
         }
         Vec::new()
     }

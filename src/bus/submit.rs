@@ -27,6 +27,7 @@ use super::admission::{self, Claim};
 use super::affinity::preference_of;
 use super::shared::{Shared, spawn_handler};
 use super::store::LiveRecord;
+use super::tenant_limit::Refusal;
 use crate::actors::{Accepted, Capacity, Placement, Scheduling};
 use crate::client::reply::{decode, guarded, header, respond};
 use crate::protocol::{
@@ -261,6 +262,11 @@ async fn submit(
         handed_back: 0,
         queue_seq: None,
     };
+    let tenant_name = crate::schedule::tenant_name(tenant.as_deref());
+    let permit = shared
+        .tenant_counts
+        .take_one(tenant_name, Refusal::Read, shared.fencing.stale())
+        .await?;
     let revision = shared.stores.claim(&live).await?;
     // A pool submit a peer forwarded here is one of the pool's still.
     let pooled = route == Route::Pool || is_forwarded(message);
@@ -274,7 +280,11 @@ async fn submit(
         ..Placement::default()
     };
     let request_id = live.request_id.clone();
-    let claim = Claim { live, revision };
+    let claim = Claim {
+        live,
+        revision,
+        permit,
+    };
     let preference = if pooled {
         preference_of(message.headers.as_ref())
     } else {
