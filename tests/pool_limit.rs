@@ -256,6 +256,67 @@ async fn a_durable_flood_over_the_pool_limit_all_runs_never_more_than_the_limit_
     }
     wait_count_zero(f.client.nats(), "acme").await;
     fleet::wait_queue_empty(f.client.nats(), "default", WITHIN).await;
+    // An idle pool writes no count: the workers try every queue they know each second, and
+    // an empty one costs no place. Two heartbeats of each worker span several such tries.
+    let js = async_nats::jetstream::new(f.client.nats().clone());
+    let last = |stream: &'static str| {
+        let js = js.clone();
+        async move {
+            let mut stream = js.get_stream(stream).await.unwrap();
+            stream.info().await.unwrap().state.last_sequence
+        }
+    };
+    let counts_before = last("KV_GENFLEET_TENANTS").await;
+    let beats_before = last("KV_GENFLEET_WORKERS").await;
+    wait::until("two heartbeats of each worker", WITHIN, || async {
+        match last("KV_GENFLEET_WORKERS").await - beats_before {
+            beats if beats >= 6 => Ok(()),
+            beats => Err(format!("{beats} heartbeats")),
+        }
+    })
+    .await;
+    assert_eq!(last("KV_GENFLEET_TENANTS").await, counts_before);
+}
+
+#[tokio::test]
+async fn requests_queued_while_no_worker_ran_wait_for_their_places_on_the_workers_that_pull_them() {
+    const LIMIT: u64 = 2;
+    let f = Fleet::builder()
+        .default_settings()
+        .script(SCRIPT)
+        .slots(2)
+        .settings(|s| s.worker.tenants.pool_max_running = LIMIT as u32)
+        .workers(0)
+        .start()
+        .await;
+    // A worker makes the queue, and leaves; what is queued then is heard of by no worker, so
+    // the workers that start next pull it on a guess, before they take its places: those
+    // that find none left keep their messages until a place frees.
+    f.start_worker().await.stop().unwrap();
+    let ids: Vec<String> = (0..20).map(|i| format!("early-{i}")).collect();
+    for id in &ids {
+        f.client.enqueue("default", &request(id, id)).await.unwrap();
+    }
+    f.mock().reset_most_open_streams();
+    let mut workers = Vec::new();
+    for _ in 0..3 {
+        workers.push(f.start_worker().await);
+    }
+    for id in &ids {
+        let r = fleet::terminal(&f.client, id, WITHIN).await;
+        assert_eq!((r.state, r.attempt), (RequestState::Completed, 1), "{r:?}");
+    }
+    let most = f.mock().most_open_streams();
+    println!(
+        "pool limit {LIMIT}: at most {most} of 20 requests queued before the workers ran at once"
+    );
+    assert!((1..=LIMIT).contains(&most), "{most} ran at once");
+    let asked = asked(&f);
+    for id in &ids {
+        assert_eq!(asked.get(id), Some(&1), "{id}: {asked:?}");
+    }
+    wait_count_zero(f.client.nats(), "default").await;
+    fleet::wait_queue_empty(f.client.nats(), "default", WITHIN).await;
 }
 
 #[tokio::test]
@@ -319,4 +380,36 @@ async fn a_killed_workers_count_holds_its_tenant_back_only_until_it_is_lost() {
     let count = pool_count(f.client.nats(), "acme").await;
     assert_eq!(count, BTreeMap::from([("survivor".to_string(), 1)]));
     acme.cancel(&id.request_id).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_worker_restarted_under_its_id_does_not_keep_its_earlier_runs_count() {
+    // Its heartbeat never expires in this test: only the restarted worker can drop the count.
+    let mut f = Fleet::builder()
+        .default_settings()
+        .script(SCRIPT)
+        .slots(4)
+        .worker_env(POOL_LIMIT, 2)
+        .worker_env("GENFLEET__WORKER__LOST_AFTER_MS", 600_000)
+        .worker_processes(["w1"])
+        .start()
+        .await;
+    let acme = f.client.clone().with_tenant("acme").unwrap();
+    for id in ["before-1", "before-2"] {
+        let accepted = acme.submit("default", &request(id, "block")).await.unwrap();
+        assert_eq!(accepted.state, RequestState::Running);
+    }
+    assert_eq!(pool_count(f.client.nats(), "acme").await["w1"], 2);
+    f.processes[0].kill();
+    let _again = f.start_worker_process("w1", &[]);
+    fleet::wait_workers(f.client.nats(), 1, WITHIN, f.logs()).await;
+    // The new run holds none of acme's requests, and says so.
+    wait_count_zero(f.client.nats(), "acme").await;
+    for id in ["after-1", "after-2"] {
+        let accepted = acme.submit("default", &request(id, "block")).await.unwrap();
+        assert_eq!(accepted.state, RequestState::Running);
+    }
+    for id in ["after-1", "after-2"] {
+        acme.cancel(id).await.unwrap();
+    }
 }

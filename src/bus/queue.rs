@@ -191,6 +191,23 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message, place: Option
             return;
         }
     };
+    // Its tenant's place in the pool's count, where a pool limit is set: a message pulled
+    // without one waits for it here, before anything is written for it.
+    let place = match place {
+        Some(place) => Some(place),
+        None => {
+            let waited = shared.tenant_counts.wait_for_place(
+                &message,
+                &queued.tenant,
+                &shared.capacity,
+                || shared.fencing.stale(),
+            );
+            match waited.await {
+                Ok(place) => place,
+                Err(_) => return,
+            }
+        }
+    };
     // No slot is free for it when an interactive submit took the slot after the pull. While
     // another worker of the pool has a free slot, the message goes back to the queue at once
     // for that worker to take (at most MAX_HAND_BACKS times, never on its last delivery);

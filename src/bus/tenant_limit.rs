@@ -9,9 +9,12 @@
 //! stays within the limit; a write that finds the entry changed reads it again and decides
 //! again (at most [`CAS_TRIES`] writes). Two workers never both take the last place: the second
 //! write finds the entry changed. An interactive submit takes its place before its record is
-//! claimed; the durable queue takes places before it pulls (`pull::Scheduler::next`: one write
-//! for as many messages as it pulls), so a tenant at its limit is passed over and its messages
-//! stay in the stream. A request's end lowers the worker's own count in the background
+//! claimed; the durable queue takes places before it pulls a queue known to hold messages
+//! (`pull::Scheduler::next`: one write for as many messages as it pulls), so a tenant at its
+//! limit is passed over and its messages stay in the stream. A queue only guessed to hold some
+//! is pulled first, so an idle pool writes nothing, and a message it brings that finds no
+//! place left waits for one on this worker ([`TenantCounts::wait_for_place`]), spending no
+//! delivery. A request's end lowers the worker's own count in the background
 //! ([`TenantCounts::keep_counts`]): ends that come together are one write, and until it lands
 //! the entry counts too many, never too few.
 //!
@@ -39,12 +42,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, kv};
+use async_nats::jetstream::{self, AckKind, kv};
 use futures_util::StreamExt;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
 use super::BusError;
 use super::store::ensure_bucket;
+use crate::actors::Capacity;
 use crate::protocol::schedule::TenantRunning;
 use crate::protocol::{ErrorCode, WireError};
 use crate::schedule::{PoolAdmission, PoolLimit, with_own_count};
@@ -141,6 +145,7 @@ pub(super) struct TenantCounts {
     pool: String,
     lost_after: Duration,
     heartbeat: Duration,
+    ack_wait: Duration,
     /// `None` when no pool limit is set: nothing is counted, and nothing costs a write.
     buckets: Option<Buckets>,
     tenants: Mutex<HashMap<String, Tenant>>,
@@ -155,6 +160,8 @@ pub(super) struct TenantCounts {
 struct Tenant {
     /// Places held by this worker's requests: the truth its own count must say.
     held: u32,
+    /// Pulled messages waiting here for a place.
+    waiting: u32,
     /// The entry as last read, written or watched, with its revision (`None`: never written).
     copy: Option<(Option<u64>, TenantRunning)>,
     /// A place was given back and not yet written.
@@ -170,7 +177,7 @@ impl Tenant {
     }
 
     fn idle(&self) -> bool {
-        self.held == 0 && !self.dirty
+        self.held == 0 && self.waiting == 0 && !self.dirty
     }
 }
 
@@ -201,6 +208,7 @@ impl TenantCounts {
             pool: settings.worker.pool.clone(),
             lost_after: Duration::from_millis(settings.worker.lost_after_ms),
             heartbeat: Duration::from_millis(settings.worker.heartbeat_ms),
+            ack_wait: Duration::from_millis(settings.jetstream.queue_ack_wait_ms),
             buckets,
             tenants: Mutex::default(),
             peers: Mutex::default(),
@@ -281,7 +289,7 @@ impl TenantCounts {
                 let room = self.limit.room(entry, &self.worker_id, t.held, |id| {
                     self.liveness(id) == Liveness::Live
                 })?;
-                Some((tenant.clone(), room))
+                Some((tenant.clone(), room.saturating_sub(t.waiting)))
             })
             .collect()
     }
@@ -443,6 +451,50 @@ impl TenantCounts {
         )))
     }
 
+    /// The place of a pulled message that found none left (it was pulled on a guess, or the
+    /// count changed meanwhile), waited for before anything is written for it: the message
+    /// stays with this worker, kept alive with in-progress acknowledgements (so the wait spends
+    /// none of its deliveries), and tries again as the count changes. `Err` when the worker
+    /// drains meanwhile: the message went back to the queue. `late` as for
+    /// [`TenantCounts::take`].
+    pub(super) async fn wait_for_place(
+        self: &Arc<Self>,
+        message: &jetstream::Message,
+        tenant: &str,
+        capacity: &watch::Receiver<Capacity>,
+        late: impl Fn() -> bool,
+    ) -> Result<Option<TenantPermit>, HandedBack> {
+        if !self.is_set() {
+            return Ok(None);
+        }
+        let every = self
+            .heartbeat
+            .min(self.ack_wait / 3)
+            .max(Duration::from_millis(10));
+        let _waiting = Waiting::start(self, tenant);
+        let mut refusal = Refusal::Copy;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            match self.take_one(tenant, refusal, late()).await {
+                Ok(permit) => return Ok(permit),
+                Err(error) => {
+                    tracing::debug!(message = "a pulled request waits for its tenant's place in the pool", %error)
+                }
+            }
+            if capacity.borrow().draining {
+                let _ = message.ack_with(AckKind::Nak(None)).await;
+                return Err(HandedBack);
+            }
+            refusal = tokio::select! {
+                _ = &mut changed => Refusal::Copy,
+                _ = tokio::time::sleep(every) => Refusal::Read,
+            };
+            let _ = message.ack_with(AckKind::Progress).await;
+        }
+    }
+
     /// The workers `entry` lists with a count that are live (this worker among them).
     async fn live_workers(&self, entry: &TenantRunning) -> HashSet<String> {
         let mut live = HashSet::new();
@@ -584,6 +636,34 @@ impl TenantCounts {
                 self.changed.notify_waiters();
             }
         }
+    }
+}
+
+/// The worker began to drain while a pulled message waited for its place: the message went
+/// back to the queue.
+#[derive(Debug)]
+pub(super) struct HandedBack;
+
+/// A pulled message waiting here for a place: the queue's choice counts it as taken.
+struct Waiting {
+    counts: Arc<TenantCounts>,
+    tenant: String,
+}
+
+impl Waiting {
+    fn start(counts: &Arc<TenantCounts>, tenant: &str) -> Waiting {
+        counts.with_tenant(tenant, |t| t.waiting += 1);
+        Waiting {
+            counts: counts.clone(),
+            tenant: tenant.to_string(),
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.counts
+            .with_tenant(&self.tenant, |t| t.waiting = t.waiting.saturating_sub(1));
     }
 }
 
