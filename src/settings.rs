@@ -213,6 +213,9 @@ pub struct PlacementSettings {
 pub struct TenantSettings {
     /// Running requests of one tenant on this worker at most; 0 is no limit.
     pub max_running: u32,
+    /// Running requests of one tenant across the worker's pool at most; 0 is no limit. Kept
+    /// exact by a compare-and-set count in bucket `GENFLEET_TENANTS` (`bus::tenant_limit`).
+    pub pool_max_running: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

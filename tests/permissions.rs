@@ -529,6 +529,8 @@ async fn the_gateway_reaches_what_it_uses_and_nothing_of_a_workers() {
 
 /// A tenant's user (permissions.conf's GENFLEET_TENANT_ACME) submits and enqueues under its
 /// own tenant, and the server refuses it every other tenant's subjects, the v1 ones included.
+/// The worker keeps a pool limit per tenant, so its counts in GENFLEET_TENANTS go through its
+/// grants too.
 #[tokio::test]
 async fn a_tenant_submits_only_under_the_tenant_its_user_is_granted() {
     let f = Fleet::builder()
@@ -536,7 +538,10 @@ async fn a_tenant_submits_only_under_the_tenant_its_user_is_granted() {
         .script(SCRIPT)
         .default_settings()
         .slots(2)
-        .settings(|s| as_user(s, "worker", "wpass"))
+        .settings(|s| {
+            as_user(s, "worker", "wpass");
+            s.worker.tenants.pool_max_running = 4;
+        })
         .client_settings(|s| {
             as_user(s, "acme", "acpass");
             s.nats.inbox_prefix = "_INBOX_acme".into();

@@ -13,6 +13,7 @@ use tokio::sync::oneshot;
 
 use super::shared::{Asked, Hold, Shared};
 use super::store::LiveRecord;
+use super::tenant_limit::TenantPermit;
 use crate::actors::{Accepted, CheckedRequest, Lineage, Placement, Submit};
 use crate::client::reply::header;
 use crate::protocol::decision::{
@@ -93,10 +94,12 @@ pub(super) async fn vouched_chain(
     })
 }
 
-/// A request's claim on its record: the live record written and its revision.
+/// A request's claim on its record: the live record written and its revision, and its
+/// tenant's place in the pool's count where a pool limit is set.
 pub(super) struct Claim {
     pub(super) live: LiveRecord,
     pub(super) revision: u64,
+    pub(super) permit: Option<TenantPermit>,
 }
 
 /// Hands a checked and claimed request to the Supervisor. On an error nothing of it is held
@@ -134,7 +137,9 @@ pub(super) async fn admit(
         // The slot, the backend and tool services hang their spans under this worker's.
         placement.lineage.traceparent = Some(ours.to_string());
     }
-    let hold = Arc::new(Hold::new(asked, claim.live, claim.revision, message, trace));
+    let hold = Arc::new(
+        Hold::new(asked, claim.live, claim.revision, message, trace).holding(claim.permit),
+    );
     placement.ticket = Some(hold.clone());
     let started = if placement.scheduling.wait_for_slot {
         let (tx, rx) = oneshot::channel();

@@ -94,6 +94,8 @@ async fn finish(shared: &Shared, mut event: Event) {
         None => (None, None),
     };
     if let Some(hold) = &hold {
+        // Its generation ended: the pool's count of its tenant may go down now.
+        hold.give_place_back();
         result.affinity = hold.asked.affinity.clone();
         result.tenant = hold.live.tenant.clone();
         // A caller's cancel says who stopped it, and why when the cancel said.

@@ -258,11 +258,13 @@ fn note(shared: &Shared, peers: &mut HashMap<String, Peer>, entry: kv::Entry) {
         // It stopped and said so: everything it held ended.
         peers.remove(&entry.key);
         shared.peer_slots.forget(&entry.key);
+        shared.tenant_counts.peer_gone(&entry.key);
         return;
     }
     let Ok(heartbeat) = serde_json::from_slice::<Heartbeat>(&entry.value) else {
         return;
     };
+    shared.tenant_counts.peer_seen(&entry.key);
     if !peers.contains_key(&entry.key) && peers.len() >= MAX_PEERS {
         return;
     }
@@ -306,6 +308,7 @@ async fn reap(
             continue;
         }
         shared.peer_slots.forget(&worker);
+        shared.tenant_counts.peer_gone(&worker);
         let Some(peer) = peers.remove(&worker) else {
             continue;
         };

@@ -8,7 +8,8 @@
 //! `submit` and `queue`; `finish` stores results and publishes events; `lookup` answers status,
 //! result and cancel; `decide` records decisions and takes answers; `heartbeat` beats and finds
 //! lost workers; `upkeep` keeps held requests' records and deliveries alive; `service` is the
-//! NATS service API. `store` owns the worker's writes of a request's record. `shared` is what they share.
+//! NATS service API; `tenant_limit` keeps the pool's count of each tenant's running requests.
+//! `store` owns the worker's writes of a request's record. `shared` is what they share.
 
 mod admission;
 mod affinity;
@@ -25,6 +26,7 @@ mod service;
 mod shared;
 pub mod store;
 mod submit;
+mod tenant_limit;
 pub mod tenants;
 pub mod tools;
 mod upkeep;

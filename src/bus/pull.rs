@@ -26,6 +26,7 @@ use futures_util::StreamExt;
 
 use super::BusError;
 use super::shared::Shared;
+use super::tenant_limit::{Refusal, TenantPermit};
 use crate::protocol::Priority;
 use crate::schedule::{Pull, QueueKey, SlotPolicy, TenantLoad, Turns};
 
@@ -81,6 +82,10 @@ struct Queue {
     consumer: consumer::PullConsumer,
     /// A message may wait: heard of, or not yet found empty since the last tick.
     maybe_pending: bool,
+    /// A message is known to wait: a notice or a scan told of one, or the last pull brought
+    /// some (not only the tick's guess). Where a pool limit is set, the tenant's places are
+    /// taken before such a queue is pulled.
+    heard: bool,
 }
 
 pub(super) struct Scheduler {
@@ -110,6 +115,7 @@ impl Scheduler {
             Queue {
                 consumer: v1,
                 maybe_pending: true,
+                heard: false,
             },
         );
         Ok(scheduler)
@@ -136,6 +142,7 @@ impl Scheduler {
     async fn learn(&mut self, key: QueueKey) {
         if let Some(queue) = self.queues.get_mut(&key) {
             queue.maybe_pending = true;
+            queue.heard = true;
             return;
         }
         if self.queues.len() >= MAX_QUEUES {
@@ -162,6 +169,7 @@ impl Scheduler {
                     Queue {
                         consumer,
                         maybe_pending: true,
+                        heard: true,
                     },
                 );
             }
@@ -185,24 +193,61 @@ impl Scheduler {
 
     /// The next messages for `free` free slots, from the first queue in turn that has any
     /// (see [`Turns::pulls`]). Empty when no queue it may take from has a message.
-    pub(super) async fn next(&mut self, free: u32, load: &TenantLoad) -> Vec<jetstream::Message> {
+    ///
+    /// Where `worker.tenants.pool_max_running` is set each message comes with its tenant's
+    /// place in the pool's count. A queue known to hold messages has its places taken before
+    /// the pull (one write for as many as it pulls), so a tenant at its pool limit is passed
+    /// over and its messages stay in the stream. A queue tried on the tick's guess is pulled
+    /// first, so that an empty one costs no write, and what it brings takes its places after;
+    /// one that finds none left waits for it (`TenantCounts::wait_for_place`).
+    pub(super) async fn next(
+        &mut self,
+        free: u32,
+        load: &TenantLoad,
+    ) -> Vec<(jetstream::Message, Option<TenantPermit>)> {
         let policy = SlotPolicy::from_settings(&self.shared.settings);
         let pending = self
             .queues
             .iter()
             .filter(|(_, q)| q.maybe_pending)
             .map(|(k, _)| k);
+        let counts = &self.shared.tenant_counts;
         for Pull { queue: key, take } in self.turns.pulls(&policy, free, pending, load) {
             let Some(queue) = self.queues.get_mut(&key) else {
                 continue;
             };
+            let late = || self.shared.fencing.stale();
+            let mut places = None;
+            if queue.heard {
+                match counts.take(&key.tenant, take, Refusal::Copy, late()).await {
+                    Ok(taken) => places = taken,
+                    Err(error) => {
+                        tracing::debug!(message = "a tenant's queue passed over", %error);
+                        continue;
+                    }
+                }
+            }
+            let take = places.as_ref().map_or(take, |p| p.len() as u32);
             let messages = fetch(&queue.consumer, take as usize).await;
             if messages.is_empty() {
+                // Places taken for it go back as they drop.
                 queue.maybe_pending = false;
+                queue.heard = false;
                 continue;
             }
+            if !queue.heard && counts.is_set() {
+                let wanted = messages.len() as u32;
+                places = counts
+                    .take(&key.tenant, wanted, Refusal::Copy, late())
+                    .await
+                    .unwrap_or_default();
+            }
+            queue.heard = true;
             self.turns.served(key);
-            return messages;
+            return messages
+                .into_iter()
+                .map(|message| (message, places.as_mut().and_then(Vec::pop)))
+                .collect();
         }
         Vec::new()
     }

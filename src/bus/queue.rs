@@ -19,6 +19,7 @@ use super::finish::recorded;
 use super::pull::{Scheduler, is_pool_consumer, queue_of_consumer};
 use super::shared::{Shared, hold_of, this_load};
 use super::store::{DurableClaim, LiveRecord, Over, StoreError, Stored};
+use super::tenant_limit::TenantPermit;
 use crate::actors::{Capacity, Placement, Scheduling, TenantSlots};
 use crate::client::subjects::Subjects;
 use crate::protocol::ids::is_valid_request_id;
@@ -103,19 +104,21 @@ pub(super) async fn serve_queue(
             // Nothing to take: wait for a notice, a slot freeing, or the next tick.
             let wait = tick.saturating_duration_since(tokio::time::Instant::now());
             if scheduler.any_pending() {
-                // Held back by a reserve or a tenant's limit: a slot freeing changes that.
+                // Held back by a reserve or a tenant's limit: a slot freeing, or a tenant's
+                // count in the pool changing, changes that.
                 tokio::select! {
                     _ = scheduler.wait_heard(wait) => {}
                     _ = capacity.changed() => {}
+                    _ = shared.tenant_counts.changed() => {}
                 }
             } else {
                 scheduler.wait_heard(wait).await;
             }
             continue;
         }
-        for message in messages {
+        for (message, place) in messages {
             let shared = shared.clone();
-            starting.spawn(async move { handle(&shared, message).await });
+            starting.spawn(async move { handle(&shared, message, place).await });
         }
     }
 }
@@ -123,15 +126,18 @@ pub(super) async fn serve_queue(
 /// How often every known queue is tried, heard of or not.
 const TRY_ALL_EVERY: Duration = Duration::from_secs(1);
 
-/// The requests each tenant runs on this worker.
+/// The requests each tenant runs on this worker, and how many more of each its pool may start.
 async fn tenant_load(shared: &Shared) -> TenantLoad {
-    match shared.supervisor.send(TenantSlots).await {
+    let load = match shared.supervisor.send(TenantSlots).await {
         Ok(slots) => TenantLoad::from_slots(slots),
         Err(_) => TenantLoad::default(),
-    }
+    };
+    load.with_pool_room(shared.tenant_counts.rooms())
 }
 
-async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
+/// Runs a pulled message (`place`: its tenant's place in the pool's count, where a pool limit
+/// is set; it goes back if the message does not run here).
+async fn handle(shared: &Arc<Shared>, message: jetstream::Message, place: Option<TenantPermit>) {
     let Ok(info) = message.info() else {
         tracing::warn!(message = "a queue message without JetStream metadata was ignored");
         return;
@@ -183,6 +189,23 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
                 .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
                 .await;
             return;
+        }
+    };
+    // Its tenant's place in the pool's count, where a pool limit is set: a message pulled
+    // without one waits for it here, before anything is written for it.
+    let place = match place {
+        Some(place) => Some(place),
+        None => {
+            let waited = shared.tenant_counts.wait_for_place(
+                &message,
+                &queued.tenant,
+                &shared.capacity,
+                || shared.fencing.stale(),
+            );
+            match waited.await {
+                Ok(place) => place,
+                Err(_) => return,
+            }
         }
     };
     // No slot is free for it when an interactive submit took the slot after the pull. While
@@ -287,7 +310,11 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
         ..Placement::default()
     };
     let kept = (message.clone(), live.clone());
-    let claim = Claim { live, revision };
+    let claim = Claim {
+        live,
+        revision,
+        permit: place,
+    };
     let mut preference = preference_of(message.headers.as_ref());
     if preference.worker.is_none()
         && let Some(key) = request.request().affinity_key.as_deref()

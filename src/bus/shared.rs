@@ -53,6 +53,8 @@ pub(super) struct Shared {
     /// Whether the fleet may have declared this worker lost, and the requests it stopped for
     /// that: while either holds, nothing is published for them.
     pub(super) fencing: Fencing,
+    /// The pool's count of each tenant's running requests (`worker.tenants.pool_max_running`).
+    pub(super) tenant_counts: Arc<super::tenant_limit::TenantCounts>,
 }
 
 /// Fencing: a worker whose heartbeat expired (it was paused, or cut off from NATS, for
@@ -234,6 +236,8 @@ pub(super) struct Hold {
     pub(super) trace: RequestTrace,
     /// Why its caller cancelled it, when the cancel said (the result's detail).
     pub(super) cancel_reason: std::sync::Mutex<Option<String>>,
+    /// Its tenant's place in the pool's count, given back when it ends (or when this drops).
+    permit: std::sync::Mutex<Option<super::tenant_limit::TenantPermit>>,
 }
 
 impl Hold {
@@ -251,7 +255,19 @@ impl Hold {
             message,
             trace,
             cancel_reason: std::sync::Mutex::new(None),
+            permit: std::sync::Mutex::new(None),
         }
+    }
+
+    /// With its tenant's place in the pool's count.
+    pub(super) fn holding(self, permit: Option<super::tenant_limit::TenantPermit>) -> Hold {
+        *self.permit.lock().unwrap_or_else(|e| e.into_inner()) = permit;
+        self
+    }
+
+    /// Gives its tenant's place in the pool's count back: its generation ended.
+    pub(super) fn give_place_back(&self) {
+        drop(self.permit.lock().unwrap_or_else(|e| e.into_inner()).take());
     }
 
     /// Notes why the caller cancels it (the first reason given stands).

@@ -30,6 +30,7 @@ use super::admission::{self, Claim};
 use super::affinity::preference_of;
 use super::shared::{Shared, spawn_handler, this_load};
 use super::store::LiveRecord;
+use super::tenant_limit::Refusal;
 use crate::actors::{Accepted, Capacity, Placement, Scheduling};
 use crate::client::reply::{decode, guarded, header, respond};
 use crate::protocol::request::{
@@ -432,6 +433,11 @@ async fn submit(
         handed_back: 0,
         queue_seq: None,
     };
+    let tenant_name = crate::schedule::tenant_name(tenant.as_deref());
+    let permit = shared
+        .tenant_counts
+        .take_one(tenant_name, Refusal::Read, shared.fencing.stale())
+        .await?;
     let revision = shared.stores.claim(&live).await?;
     // A pool submit a peer forwarded here is one of the pool's still.
     let pooled = route == Route::Pool || forwarders(message) > 0;
@@ -445,7 +451,11 @@ async fn submit(
         ..Placement::default()
     };
     let request_id = live.request_id.clone();
-    let claim = Claim { live, revision };
+    let claim = Claim {
+        live,
+        revision,
+        permit,
+    };
     // Placed here by this worker's ranking; else as the submitter (or the worker that
     // forwarded it) told; a submitter that sent it straight here without saying which worker
     // it preferred chose this one.

@@ -14,7 +14,9 @@ use super::lookup::Lookup;
 use super::shared::{Hold, MAX_IN_FLIGHT, Shared};
 use super::store::Stores;
 use super::tools::BusToolRunner;
-use super::{BusError, decide, finish, heartbeat, lookup, pull, queue, service, submit, upkeep};
+use super::{
+    BusError, decide, finish, heartbeat, lookup, pull, queue, service, submit, tenant_limit, upkeep,
+};
 use crate::actors::{Supervisor, SupervisorConfig, SupervisorHandle};
 use crate::client::connect;
 use crate::client::subjects::Subjects;
@@ -123,6 +125,23 @@ async fn serve(
         settings.jetstream.replicas,
     )
     .await?;
+    // The tenants' counts cost a bucket (and writes) only where a pool limit is set.
+    let tenant_buckets = match settings.worker.tenants.pool_max_running {
+        0 => None,
+        _ => Some(
+            tenant_limit::open(
+                &stores.jetstream,
+                settings.jetstream.replicas,
+                workers.clone(),
+            )
+            .await?,
+        ),
+    };
+    let tenant_counts = Arc::new(tenant_limit::TenantCounts::new(
+        &settings,
+        worker_id.clone(),
+        tenant_buckets,
+    ));
     let backend = OpenAiBackend::new(&settings.llm).map_err(|e| BusError::Setup(e.to_string()))?;
     let runner = BusToolRunner::new(client.clone(), subjects.clone()).with_metrics(metrics.clone());
     let engine = Engine::new(
@@ -186,6 +205,7 @@ async fn serve(
         fencing: super::shared::Fencing::new(std::time::Duration::from_millis(
             settings.worker.lost_after_ms,
         )),
+        tenant_counts,
         settings,
     });
     // Keyed continuations of this pool go where the fleet's rule puts their key.
@@ -203,6 +223,16 @@ async fn serve(
     // On record as alive before taking any request, so no live worker takes it for lost.
     heartbeat::first_beat(&shared).await?;
     tasks.spawn("heartbeat", heartbeat::run(shared.clone()));
+    if shared.tenant_counts.is_set() {
+        tasks.spawn(
+            "tenant counts",
+            shared.tenant_counts.clone().follow_counts(),
+        );
+        tasks.spawn(
+            "tenant count writes",
+            shared.tenant_counts.clone().keep_counts(),
+        );
+    }
     tasks.spawn("events", finish::publish_events(shared.clone(), events_rx));
     // Subscribed (and the server told) before the worker says it is ready, so the first
     // submit after start finds it.

@@ -166,6 +166,8 @@ pub async fn run(
     drop(handle);
     tokio::time::sleep(Duration::from_millis(50)).await;
     tasks.abort_all();
+    // Its places in the tenants' counts, given back as its requests ended.
+    let _ = tokio::time::timeout(deadline, shared.tenant_counts.write_down()).await;
     // Everything it held has ended: its peers need not wait out its heartbeat.
     heartbeat::last_beat(&shared).await;
     // Bounded: with NATS gone there is nothing to flush to.

@@ -18,6 +18,10 @@ use crate::settings::JetStreamSettings;
 /// The bucket of the workers' heartbeats (`worker.<id>`), one entry per live worker.
 pub const WORKERS_BUCKET: &str = "GENFLEET_WORKERS";
 
+/// The bucket of each pool's count of a tenant's running requests (`<pool>.<tenant>`), kept
+/// only where `worker.tenants.pool_max_running` is set.
+pub const TENANTS_BUCKET: &str = "GENFLEET_TENANTS";
+
 /// The streams and buckets a worker uses.
 #[derive(Clone)]
 pub struct Stores {

@@ -2,6 +2,8 @@
 //! tenant (a subject token that the caller's NATS permissions pin to its user, never a body
 //! field a caller could forge).
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::ids::is_valid_token;
@@ -83,6 +85,18 @@ pub fn split_qualified(id: &str) -> Option<(Option<&str>, &str)> {
 /// True for a request id as the bus knows it: a bare id, or `<tenant>.<id>`.
 pub fn is_valid_qualified_id(id: &str) -> bool {
     split_qualified(id).is_some()
+}
+
+/// A tenant's running requests across a pool, worker by worker: the value of key
+/// `<pool>.<tenant>` in KV bucket `GENFLEET_TENANTS`, kept when `worker.tenants.pool_max_running`
+/// is set. Only workers write it, each its own count, by compare-and-set (docs/protocol.md,
+/// Priority bands and tenants).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantRunning {
+    /// Each worker's running requests of the tenant, by worker id; a worker running none is
+    /// left out.
+    #[serde(default)]
+    pub running: BTreeMap<String, u32>,
 }
 
 #[cfg(test)]

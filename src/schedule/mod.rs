@@ -22,7 +22,10 @@
 //!    - within a tenant, FIFO (the consumer's order), with redelivery, max deliveries and
 //!      in-progress acks as for any message of the queue;
 //!    - a tenant at its limit on this worker (`worker.tenants.max_running`, [`TenantLimit`]) is
-//!      skipped: its messages stay on the queue, for this worker later or for another.
+//!      skipped: its messages stay on the queue, for this worker later or for another;
+//!    - so is a tenant at its limit across the pool (`worker.tenants.pool_max_running`,
+//!      [`PoolLimit`]) as this worker's copy of the pool's count tells, and a tenant near it
+//!      pulls no more than its room ([`TenantLoad::pool_room`]).
 //! 3. What runs is counted per tenant and band from a slot's start to its release
 //!    ([`Slots`], kept by the Supervisor); the queue's choice reads it as a [`TenantLoad`].
 //! 4. A request with an affinity key goes to its key's worker: the first of the pool's live
@@ -30,6 +33,9 @@
 //!    free slot or is busier than the bounded load allows ([`choose`]). Every party ranks
 //!    alike; the worker that takes the request records whether it was the key's
 //!    ([`Preference`]).
+//! 5. Where `worker.tenants.pool_max_running` is set, a worker starts a tenant's request only
+//!    when its write of the pool's count of that tenant (which leaves out the workers that are
+//!    not live) keeps the sum within the limit ([`PoolLimit::admit`]).
 //!
 //! The wire vocabulary of scheduling (the [`Priority`] band, tenant names, a request's id
 //! qualified by its tenant) lives in `protocol::schedule`, since it crosses the bus; it is
@@ -37,6 +43,7 @@
 
 mod affinity;
 mod placement;
+mod pool_limit;
 mod queues;
 mod tenants;
 
@@ -47,6 +54,7 @@ pub use affinity::Preference;
 pub use placement::{
     Choice, DEFAULT_LOAD_FACTOR, PassedOver, PoolView, WorkerLoad, choose, rank, score,
 };
+pub use pool_limit::{PoolAdmission, PoolLimit, total_running, with_own_count};
 pub use queues::{Pull, QueueKey, Turns};
 pub use tenants::{Slots, TenantLimit, TenantLoad, tenant_name};
 

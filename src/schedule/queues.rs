@@ -45,8 +45,9 @@ impl Turns {
     /// message: the caller tries each until one brings messages, and tells [`Turns::served`]
     /// which. Bands come highest first, and only while the free slots cover a band's reserve;
     /// within a band, the tenants holding the fewest slots first (`load`), among equals the next
-    /// in turn, those at their limit skipped. One message per turn, so tenants alternate; a
-    /// queue alone in its band takes as many as the band may.
+    /// in turn, those at their limit (on this worker, or across the pool) skipped. One message
+    /// per turn, so tenants alternate; a queue alone in its band takes as many as the band may,
+    /// and never more than its tenant's room in the pool.
     pub fn pulls<'a>(
         &self,
         policy: &SlotPolicy,
@@ -57,6 +58,7 @@ impl Turns {
         let mut pending: Vec<&QueueKey> = pending
             .into_iter()
             .filter(|k| !policy.tenant_limit.reached(load.of(&k.tenant)))
+            .filter(|k| load.pool_room(&k.tenant) != Some(0))
             .collect();
         pending.sort();
         let mut pulls = Vec::new();
@@ -69,7 +71,14 @@ impl Turns {
             let in_turn = self.in_turn(band, &pending, load);
             let alone = in_turn.len() == 1;
             let take = if alone { free - reserve } else { 1 };
-            pulls.extend(in_turn.into_iter().map(|queue| Pull { queue, take }));
+            pulls.extend(in_turn.into_iter().map(|queue| {
+                Pull {
+                    take: load
+                        .pool_room(&queue.tenant)
+                        .map_or(take, |room| take.min(room)),
+                    queue,
+                }
+            }));
         }
         pulls
     }
@@ -150,6 +159,30 @@ mod tests {
         // A tenant at its limit is skipped in every band.
         let load = TenantLoad::from_slots([("a".to_string(), Priority::High, 2)]);
         assert_eq!(order(&turns, &load), vec![n("b"), n("c")]);
+    }
+
+    #[test]
+    fn a_tenant_without_room_in_its_pool_is_skipped_and_pulls_no_more_than_its_room() {
+        let policy = SlotPolicy::default();
+        let queues = [key(Priority::Normal, "a"), key(Priority::Low, "b")];
+        let turns = Turns::default();
+        let pulls = |load: &TenantLoad| -> Vec<(String, u32)> {
+            turns
+                .pulls(&policy, 4, &queues, load)
+                .into_iter()
+                .map(|p| (p.queue.tenant, p.take))
+                .collect()
+        };
+        let room = |a: u32, b: u32| {
+            TenantLoad::default().with_pool_room([("a".to_string(), a), ("b".to_string(), b)])
+        };
+        assert_eq!(
+            pulls(&TenantLoad::default()),
+            vec![("a".into(), 4), ("b".into(), 4)]
+        );
+        assert_eq!(pulls(&room(2, 9)), vec![("a".into(), 2), ("b".into(), 4)]);
+        assert_eq!(pulls(&room(0, 1)), vec![("b".into(), 1)]);
+        assert_eq!(pulls(&room(0, 0)), vec![]);
     }
 
     #[test]

@@ -43,24 +43,43 @@ impl Slots {
     }
 }
 
-/// The slots each tenant holds on a worker, over its bands: what the fair share and the limit
-/// of the durable queue's choice are read against.
+/// The slots each tenant holds on a worker, over its bands, and how many more of a tenant's
+/// requests its pool may start where `worker.tenants.pool_max_running` is set: what the fair
+/// share and the limits of the durable queue's choice are read against.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TenantLoad(HashMap<String, u32>);
+pub struct TenantLoad {
+    running: HashMap<String, u32>,
+    pool_room: HashMap<String, u32>,
+}
 
 impl TenantLoad {
     /// From the slots each tenant holds by band ([`Slots::by_tenant_and_band`]).
     pub fn from_slots(slots: impl IntoIterator<Item = (String, Priority, u32)>) -> TenantLoad {
-        let mut load: HashMap<String, u32> = HashMap::new();
+        let mut running: HashMap<String, u32> = HashMap::new();
         for (tenant, _, n) in slots {
-            *load.entry(tenant).or_default() += n;
+            *running.entry(tenant).or_default() += n;
         }
-        TenantLoad(load)
+        TenantLoad {
+            running,
+            pool_room: HashMap::new(),
+        }
+    }
+
+    /// With how many more requests of each tenant the pool may start (tenants left out: as
+    /// many as the slots take).
+    pub fn with_pool_room(mut self, room: impl IntoIterator<Item = (String, u32)>) -> TenantLoad {
+        self.pool_room.extend(room);
+        self
     }
 
     /// The slots `tenant` holds.
     pub fn of(&self, tenant: &str) -> u32 {
-        self.0.get(tenant).copied().unwrap_or(0)
+        self.running.get(tenant).copied().unwrap_or(0)
+    }
+
+    /// How many more of `tenant`'s requests the pool may start (`None`: no pool limit known).
+    pub fn pool_room(&self, tenant: &str) -> Option<u32> {
+        self.pool_room.get(tenant).copied()
     }
 }
 

@@ -178,6 +178,23 @@ impl MockServer {
         self.shared.abandoned_streams()
     }
 
+    /// Streamed replies open now (from their request until their last frame is handed out).
+    pub fn open_streams(&self) -> u64 {
+        self.shared.open_streams()
+    }
+
+    /// The most streamed replies open at once since the start or the last
+    /// [`MockServer::reset_most_open_streams`]: how many generations its clients ran at once,
+    /// never counted low (a reply closes before its client can read its end).
+    pub fn most_open_streams(&self) -> u64 {
+        self.shared.most_open_streams()
+    }
+
+    /// Counts the most open at once again from the replies open now.
+    pub fn reset_most_open_streams(&self) {
+        self.shared.reset_most_open_streams()
+    }
+
     /// What the prefix cache has done (`None` without one).
     pub fn prefix_cache_stats(&self) -> Option<PrefixCacheStats> {
         self.shared.prefix_cache_stats()

@@ -38,6 +38,9 @@ pub(super) struct Shared {
     log: Mutex<VecDeque<Bytes>>,
     /// Streamed replies whose client closed the connection before the last frame.
     abandoned: AtomicU64,
+    /// Streamed replies open now, and the most open at once (see [`Shared::most_open_streams`]).
+    open: AtomicU64,
+    most_open: AtomicU64,
     prefix_cache: Option<PrefixCache>,
 }
 
@@ -51,6 +54,8 @@ impl Shared {
             next_id: AtomicU64::new(1),
             log: Mutex::new(VecDeque::with_capacity(LOG_CAPACITY)),
             abandoned: AtomicU64::new(0),
+            open: AtomicU64::new(0),
+            most_open: AtomicU64::new(0),
         })
     }
 
@@ -69,6 +74,29 @@ impl Shared {
     /// Streamed replies the client hung up on before their last frame.
     pub(super) fn abandoned_streams(&self) -> u64 {
         self.abandoned.load(Ordering::Relaxed)
+    }
+
+    /// Streamed replies open now.
+    pub(super) fn open_streams(&self) -> u64 {
+        self.open.load(Ordering::SeqCst)
+    }
+
+    /// The most streamed replies open at once since the start or the last reset. A reply is
+    /// open from its request until its last frame is handed to the connection (or its client
+    /// hangs up), so a client that reads a reply's end and then asks again never finds both
+    /// counted: what a fleet runs at once is never counted low.
+    pub(super) fn most_open_streams(&self) -> u64 {
+        self.most_open.load(Ordering::SeqCst)
+    }
+
+    /// Starts counting the most open at once again, from the replies open now.
+    pub(super) fn reset_most_open_streams(&self) {
+        self.most_open.store(self.open_streams(), Ordering::SeqCst);
+    }
+
+    fn stream_opened(&self) {
+        let open = self.open.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_open.fetch_max(open, Ordering::SeqCst);
     }
 
     pub(super) fn clear_requests(&self) {
@@ -451,14 +479,20 @@ impl Plan {
     }
 
     fn into_sse(self, shared: Arc<Shared>) -> Response {
+        shared.stream_opened();
         let frames = Unsent {
             frames: self.frames().into_iter(),
             shared,
+            open: true,
         };
         let body = Body::from_stream(stream::unfold(frames, |mut frames| async move {
             let frame = frames.frames.next()?;
             if !frame.delay.is_zero() {
                 tokio::time::sleep(frame.delay).await;
+            }
+            if frames.frames.len() == 0 {
+                // The last frame: closed before the client can read it.
+                frames.close();
             }
             Some((frame.data, frames))
         }));
@@ -597,6 +631,16 @@ impl Frame {
 struct Unsent {
     frames: std::vec::IntoIter<Frame>,
     shared: Arc<Shared>,
+    /// Counted among the open replies.
+    open: bool,
+}
+
+impl Unsent {
+    fn close(&mut self) {
+        if std::mem::take(&mut self.open) {
+            self.shared.open.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
 }
 
 impl Drop for Unsent {
@@ -604,6 +648,7 @@ impl Drop for Unsent {
         if self.frames.len() > 0 {
             self.shared.abandoned.fetch_add(1, Ordering::Relaxed);
         }
+        self.close();
     }
 }
 

@@ -718,6 +718,38 @@ async fn streams_fast_and_concurrently() {
 }
 
 #[tokio::test]
+async fn open_streams_are_counted_from_the_request_to_the_last_frame() {
+    let script = Script::new(vec![Rule::reply("tok ").repeat(20)]);
+    let server = start(script).await;
+    // One after another: the first closed before its end could be read, so never two at once.
+    for _ in 0..3 {
+        assert!(stream(&server, json!({"messages": [user("q")]})).await.done);
+    }
+    assert_eq!((server.open_streams(), server.most_open_streams()), (0, 1));
+    // Side by side: as many as were open together, at most.
+    let runs = (0..4).map(|_| stream(&server, json!({"messages": [user("q")]})));
+    futures_util::future::join_all(runs).await;
+    assert_eq!(server.open_streams(), 0);
+    assert!((1..=4).contains(&server.most_open_streams()));
+    server.reset_most_open_streams();
+    assert_eq!(server.most_open_streams(), 0);
+    // A client that hangs up closes its stream too.
+    let slow = Script::new(vec![Rule::reply("tok ").repeat(50).delay_ms(100)]);
+    let server = start(slow).await;
+    let mut body = post(&server, &json!({"messages": [user("q")], "stream": true}))
+        .await
+        .bytes_stream();
+    body.next().await.unwrap().unwrap();
+    assert_eq!(server.open_streams(), 1);
+    drop(body);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.open_streams() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(server.open_streams(), 0);
+}
+
+#[tokio::test]
 async fn serve_stops_on_shutdown() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
