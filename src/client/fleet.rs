@@ -52,9 +52,6 @@ impl Heartbeat {
 
 /// Workers followed at most (a fleet larger than this is followed in part).
 const MAX_WORKERS: usize = 10_000;
-/// How long the bucket's existing entries may take to arrive before keyed requests are placed
-/// with what has arrived.
-const LOAD_WITHIN: Duration = Duration::from_secs(2);
 /// The age past which an entry is taken for gone when the bucket's own limit cannot be read.
 const DEFAULT_MAX_AGE: Duration = Duration::from_secs(10);
 
@@ -199,22 +196,13 @@ async fn follow(nats: async_nats::Client, fleet: Weak<Fleet>) {
             state.following = Following::Ready;
         }
     }
-    let loading_until = Instant::now() + LOAD_WITHIN;
-    let mut pause = Duration::from_millis(100);
+    // Ready once the last of the bucket's entries arrives (delta 0): a partial view would
+    // rank a key's workers otherwise than the others do.
+    let mut watch = match store.watch_with_history(">").await {
+        Ok(watch) => watch,
+        Err(error) => return unavailable(&fleet, error.to_string()),
+    };
     loop {
-        let mut watch = match store.watch_with_history(">").await {
-            Ok(watch) => watch,
-            Err(error) => {
-                let Some(fleet) = fleet.upgrade() else { return };
-                if fleet.following() == Following::Loading && Instant::now() >= loading_until {
-                    fleet.set(Following::Unavailable(error.to_string()));
-                }
-                drop(fleet);
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(5));
-                continue;
-            }
-        };
         let mut look = tokio::time::interval(Duration::from_millis(500));
         loop {
             tokio::select! {
@@ -233,16 +221,28 @@ async fn follow(nats: async_nats::Client, fleet: Weak<Fleet>) {
                 }
                 _ = look.tick() => {
                     let Some(fleet) = fleet.upgrade() else { return };
-                    if fleet.following() == Following::Loading && Instant::now() >= loading_until {
-                        // Whatever has arrived is what there is to place with.
-                        fleet.set(Following::Ready);
-                    }
                     let mut state = fleet.lock();
                     let max_age = state.max_age;
                     state.workers.retain(|_, seen| seen.at.elapsed() < max_age);
                 }
             }
         }
+        // The watch ended (the connection was lost): followed again; what is known meanwhile
+        // is ranked only while younger than the bucket's max age.
+        let mut pause = Duration::from_millis(100);
+        watch = loop {
+            if fleet.strong_count() == 0 {
+                return;
+            }
+            match store.watch_with_history(">").await {
+                Ok(watch) => break watch,
+                Err(error) => {
+                    tracing::debug!(message = "cannot follow the heartbeats again yet", %error);
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(5));
+                }
+            }
+        };
     }
 }
 
