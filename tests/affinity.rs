@@ -84,7 +84,20 @@ async fn fleet_of_four(
     let all = ids(WORKERS);
     let all: Vec<&str> = all.iter().map(String::as_str).collect();
     fleet::wait_placement(f.client.nats(), &all, WAIT).await;
+    // The test's client ranks from the same workers as they do.
+    client_sees(&f.client, &f.settings.worker.pool, &ids(WORKERS)).await;
     (f, mocks, workers)
+}
+
+/// A client of the same fleet that follows no heartbeats: its keyed submits go to the pool,
+/// whose worker places them.
+fn unplaced(client: &Client) -> Client {
+    client
+        .clone()
+        .with_placement(&genfleet::settings::PlacementSettings {
+            follow_heartbeats: false,
+            load_factor: 0.0,
+        })
 }
 
 /// Waits until the client's view of the pool holds exactly `ids`.
@@ -319,6 +332,7 @@ async fn a_worker_leaving_moves_only_its_keys_and_one_joining_takes_only_keys_it
     workers[3].terminate();
     let three = ids(3);
     fleet::wait_placement(f.client.nats(), &["w0", "w1", "w2"], WAIT).await;
+    client_sees(&f.client, &pool, &three).await;
     let after = run_all(three.clone()).await;
     for key in &keys {
         if before[key] != "w3" {
@@ -345,6 +359,7 @@ async fn a_worker_leaving_moves_only_its_keys_and_one_joining_takes_only_keys_it
     fleet::wait_placement(f.client.nats(), &["w0", "w1", "w2", "w4"], WAIT).await;
     let mut joined = three.clone();
     joined.push("w4".into());
+    client_sees(&f.client, &pool, &joined).await;
     let last = run_all(joined).await;
     for key in &keys {
         if last[key] != after[key] {
@@ -463,13 +478,7 @@ async fn a_full_keys_worker_passes_the_request_on_at_once() {
     assert_eq!(record.fallback.as_deref(), Some("busy"));
     assert_ne!(result.worker_id, preferred);
     // So does a request from a client that follows nothing, through the pool's worker.
-    let plain = f
-        .client
-        .clone()
-        .with_placement(&genfleet::settings::PlacementSettings {
-            follow_heartbeats: false,
-            load_factor: 0.0,
-        });
+    let plain = unplaced(&f.client);
     let accepted = plain
         .submit(&pool, &keyed("busy", vec![Message::user("hello again")]))
         .await
@@ -628,13 +637,7 @@ async fn a_keys_worker_that_crashed_costs_its_keys_nothing_but_their_cache() {
     // the others still rank it.
     workers[3].kill();
     let following = f.client.clone();
-    let plain = f
-        .client
-        .clone()
-        .with_placement(&genfleet::settings::PlacementSettings {
-            follow_heartbeats: false,
-            load_factor: 0.0,
-        });
+    let plain = unplaced(&f.client);
     for (n, key) in keys.iter().enumerate() {
         for (client, how) in [(&following, "following"), (&plain, "plain")] {
             let result = client

@@ -223,23 +223,9 @@ async fn the_python_package_acts_as_a_tenant_with_its_own_inbox() {
     let python = python();
     let f = fleet_with(TENANT_USERS, Some(("worker", "wpass"))).await;
     let url = f.nats.url();
-    let output = package_python(&python, &url)
-        .arg("tests/check_tenant.py")
-        .arg(&url)
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    println!("{stdout}");
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(
-        stdout.contains("python tenant client: all checks passed"),
-        "{stdout}"
-    );
+    let mut check = package_python(&python, &url);
+    check.arg("tests/check_tenant.py").arg(&url);
+    passes(check, "python tenant client: all checks passed").await;
 }
 
 /// The package's placement of keyed submits (python/tests/check_placement.py): the rule
@@ -255,15 +241,19 @@ async fn the_python_package_places_keyed_submits_by_the_fleets_rule() {
     let f = Fleet::builder().workers(3).slots(2).start().await;
     let url = f.nats.url();
     let vectors = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/placement.json");
-    let output = package_python(&python, &url)
+    let mut check = package_python(&python, &url);
+    check
         .arg("tests/check_placement.py")
         .arg(vectors)
         .arg(&url)
         .arg(f.settings.worker.lost_after_ms.to_string())
-        .args(f.workers.iter().map(|w| w.worker_id.clone()))
-        .output()
-        .await
-        .unwrap();
+        .args(f.workers.iter().map(|w| w.worker_id.clone()));
+    passes(check, "python placement: all checks passed").await;
+}
+
+/// Runs a Python check of the package's to its end: it must succeed and say `passed`.
+async fn passes(mut check: tokio::process::Command, passed: &str) {
+    let output = check.output().await.unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     println!("{stdout}");
     assert!(
@@ -271,8 +261,5 @@ async fn the_python_package_places_keyed_submits_by_the_fleets_rule() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(
-        stdout.contains("python placement: all checks passed"),
-        "{stdout}"
-    );
+    assert!(stdout.contains(passed), "{stdout}");
 }
