@@ -1802,3 +1802,83 @@ async fn the_same_request_id_under_two_gateway_keys_is_two_separate_completions(
     let status = ask_plain(&admin, &format!("gen.status.bob.{Y}"), &json!({})).await;
     assert_eq!(status["state"], "COMPLETED", "{status}");
 }
+
+/// Placement sends a keyed submit between workers, and a caller may forge the placement
+/// headers (`Genfleet-Forwarded-By`, `Genfleet-Preferred-Worker`, `Genfleet-Affinity-Fallback`):
+/// wherever the submit goes, it stays the tenant's whose subject it came on, under its
+/// qualified id, and the keyed ones land on their key's worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn placement_and_forged_placement_headers_keep_a_submit_in_its_tenant() {
+    let f = tenants_fleet().await;
+    let admin = f.client.nats().clone();
+    let ids: Vec<&str> = f.workers.iter().map(|w| w.worker_id.as_str()).collect();
+    fleet::wait_placement(&admin, &ids, WITHIN).await;
+    let acme = Caller::connect(&f.nats, "acme", "acpass").await;
+    // Keys whose worker is each of the two, so that about half the submits are sent on.
+    let keys: Vec<String> = ids
+        .iter()
+        .flat_map(|worker| {
+            (0..200)
+                .map(|i| format!("acme-key-{i}"))
+                .filter(|key| genfleet::schedule::rank(key, ids.iter().copied())[0] == *worker)
+                .take(3)
+        })
+        .collect();
+    assert_eq!(keys.len(), 6);
+    for (n, key) in keys.iter().enumerate() {
+        let id = format!("placed-{n}");
+        let mut request = body(&id, "placed for acme");
+        request["affinity_key"] = json!(key);
+        let worker = submit_accepted(
+            &acme.nats,
+            "gen.submit.default.acme",
+            async_nats::HeaderMap::new(),
+            &request,
+            &format!("acme.{id}"),
+        )
+        .await;
+        assert_eq!(
+            worker,
+            genfleet::schedule::rank(key, ids.iter().copied())[0],
+            "{key}"
+        );
+        let result = result_of(&admin, &format!("acme.{id}")).await;
+        assert_eq!(
+            (result["request_id"].as_str(), result["tenant"].as_str()),
+            (Some(format!("acme.{id}").as_str()), Some("acme")),
+            "{result}"
+        );
+    }
+    // Forged: said to be sent on twice already (so started where it lands), naming a worker
+    // and a reason of its own choosing.
+    for (n, subject) in [
+        "gen.submit.default.acme".to_string(),
+        format!("gen.worker.{}.submit.acme", ids[1]),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let id = format!("forged-placement-{n}");
+        let mut headers = async_nats::HeaderMap::new();
+        headers.append("Genfleet-Forwarded-By", ids[0]);
+        headers.append("Genfleet-Forwarded-By", "bob-worker");
+        headers.insert("Genfleet-Preferred-Worker", "bob-worker");
+        headers.insert("Genfleet-Affinity-Fallback", "load");
+        let mut request = body(&id, "forged placement");
+        request["affinity_key"] = json!("bob-session");
+        submit_accepted(
+            &acme.nats,
+            subject,
+            headers,
+            &request,
+            &format!("acme.{id}"),
+        )
+        .await;
+        let result = result_of(&admin, &format!("acme.{id}")).await;
+        assert_eq!(
+            (result["request_id"].as_str(), result["tenant"].as_str()),
+            (Some(format!("acme.{id}").as_str()), Some("acme")),
+            "{result}"
+        );
+    }
+}
