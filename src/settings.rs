@@ -308,6 +308,9 @@ pub struct GenerationSettings {
     pub max_control_turns: u32,
     pub delta_coalesce_bytes: usize,
     pub delta_coalesce_ms: u64,
+    /// A running request's progress is written to its record this often (and at every tool
+    /// boundary), once it has run this long; 0: never (no resume on another worker).
+    pub checkpoint_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -60,6 +60,11 @@ impl RequestChecker {
         RequestChecker { limits, engine }
     }
 
+    /// Whether a turn of `request` cut short is continued here rather than taken again.
+    pub fn continues_turns(&self, request: &GenerationRequest) -> bool {
+        self.engine.continues_turns(request)
+    }
+
     /// Checks a request, giving it a fresh id when it has none.
     pub fn check(&self, mut request: GenerationRequest) -> Result<CheckedRequest, WireError> {
         request.request_id.get_or_insert_with(new_id);

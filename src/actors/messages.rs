@@ -18,7 +18,7 @@ use actix::prelude::*;
 use tokio::sync::oneshot;
 
 use super::checker::CheckedRequest;
-use crate::engine::{ChainState, Finished, RequestContext};
+use crate::engine::{ChainState, Continuity, Finished, RequestContext};
 use crate::protocol::{
     Accepted, CancelReply, GenerationResult, Priority, RequestState, StatsReply, StatusReply,
     WireError,
@@ -88,6 +88,8 @@ pub struct Placement<T> {
     /// Told when a request that waited for a slot starts in one (dropped unsent when it never
     /// does: cancelled or drained while it waited).
     pub on_start: Option<oneshot::Sender<()>>,
+    /// Where its checkpoints go, and the checkpoint it goes on from.
+    pub continuity: Continuity,
 }
 
 impl<T> Default for Placement<T> {
@@ -97,6 +99,7 @@ impl<T> Default for Placement<T> {
             scheduling: Scheduling::default(),
             ticket: None,
             on_start: None,
+            continuity: Continuity::default(),
         }
     }
 }

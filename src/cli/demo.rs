@@ -356,6 +356,13 @@ async fn narrate(
             } => step(&format!(
                 "request started on {worker_id} (chain position {chain_position}, attempt {attempt})"
             )),
+            EventBody::Resumed {
+                worker_id,
+                from_worker,
+                ..
+            } => step(&format!(
+                "request went on on {worker_id}, from its last checkpoint on {from_worker}"
+            )),
             EventBody::Delta { text } => {
                 let (bar, so_far) = streaming.get_or_insert_with(|| {
                     let bar = ProgressBar::new_spinner();

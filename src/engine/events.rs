@@ -35,6 +35,11 @@ pub struct EventEmitter {
     pending_since: Option<Instant>,
     /// Whether a delta went out already.
     first_delta_sent: bool,
+    /// From a request's first checkpoint on, its events wait here until the next checkpoint
+    /// that holds them is stored ([`EventEmitter::release`]): a caller is never sent what a
+    /// resumed run would not know it was sent.
+    holding: bool,
+    held: Vec<Event>,
 }
 
 impl EventEmitter {
@@ -57,6 +62,8 @@ impl EventEmitter {
             pending: String::new(),
             pending_since: None,
             first_delta_sent: false,
+            holding: false,
+            held: Vec::new(),
         }
     }
 
@@ -97,19 +104,54 @@ impl EventEmitter {
     }
 
     async fn send(&mut self, body: EventBody) {
-        let Some(sink) = &self.sink else {
+        if self.sink.is_none() {
             return;
-        };
+        }
+        let finished = matches!(body, EventBody::Finished { .. });
         let event = Event {
             request_id: self.request_id.clone(),
             seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
             ts: now_rfc3339(),
             body,
         };
+        if self.holding && !finished {
+            self.held.push(event);
+            return;
+        }
+        if finished {
+            // The result is the last checkpoint: what it holds goes out before it.
+            self.release().await;
+        }
+        self.deliver(event).await;
+    }
+
+    async fn deliver(&mut self, event: Event) {
+        let Some(sink) = &self.sink else {
+            return;
+        };
         if sink.send(event).await.is_err() {
             // Nobody listens any more: stop building events for them.
             self.sink = None;
         }
+    }
+
+    /// From now on events wait for [`EventEmitter::release`] (a checkpoint holds them).
+    pub fn hold(&mut self) {
+        self.holding = true;
+    }
+
+    /// Sends the events held so far (the checkpoint that holds them is stored, or none can
+    /// be, and the stream must go on).
+    pub async fn release(&mut self) {
+        for event in std::mem::take(&mut self.held) {
+            self.deliver(event).await;
+        }
+    }
+
+    /// Drops the events held and sends no more: the request is no longer this run's.
+    pub fn mute(&mut self) {
+        self.held.clear();
+        self.sink = None;
     }
 
     /// The sequence number the next event will carry (a continuation of the same subject, such
@@ -169,5 +211,47 @@ mod tests {
         // The first delta at once (time to first token), then 8 bytes at a time.
         assert_eq!(texts, vec!["ab", "cdefghij"]);
         assert!(matches!(events[3].body, EventBody::Reasoning { .. }));
+    }
+
+    #[tokio::test]
+    async fn held_events_go_out_on_release_in_order_and_before_finished() {
+        let (tx, mut rx) = mpsc::channel(64);
+        let coalescing = Coalescing {
+            bytes: 1,
+            interval: Duration::from_secs(60),
+        };
+        let mut emitter = EventEmitter::new("r".into(), Some(tx), coalescing);
+        emitter.delta("a").await;
+        emitter.hold();
+        emitter.delta("b").await;
+        emitter.delta("c").await;
+        assert_eq!(rx.try_recv().map(|e| e.seq), Ok(0));
+        assert!(
+            rx.try_recv().is_err(),
+            "held events wait for their checkpoint"
+        );
+        emitter.release().await;
+        emitter.delta("d").await;
+        let mut result = crate::protocol::GenerationResult::empty(
+            "r",
+            crate::protocol::Reason::Stop,
+            String::new(),
+            "w",
+        );
+        result.detail = None;
+        emitter
+            .emit(EventBody::Finished {
+                result: Box::new(result),
+            })
+            .await;
+        drop(emitter);
+        let mut seen = Vec::new();
+        while let Some(e) = rx.recv().await {
+            seen.push((e.seq, e.body.name()));
+        }
+        assert_eq!(
+            seen,
+            vec![(1, "delta"), (2, "delta"), (3, "delta"), (4, "finished")]
+        );
     }
 }

@@ -11,6 +11,7 @@ pub mod events;
 mod generation;
 pub mod history;
 pub mod loop_detect;
+pub mod progress;
 pub mod signals;
 pub mod text_calls;
 pub mod validation;
@@ -31,6 +32,7 @@ pub use chain::ChainState;
 pub use events::{Coalescing, EventEmitter, EventSink};
 pub use history::{DecisionHistory, NoHistory};
 pub use loop_detect::LoopDetectionConfig;
+pub use progress::{CheckpointError, Checkpoints, Continuity, Resume};
 pub use signals::SignalLimits;
 
 /// The engine's settings, taken from [`Settings`] once.
@@ -58,6 +60,8 @@ pub struct EngineConfig {
     /// A request at this chain position may not request another decision.
     pub max_chain: u32,
     pub escalation: EscalationConfig,
+    /// How often a running request writes its progress, once it ran this long (none: never).
+    pub checkpoint_every: Option<Duration>,
 }
 
 /// How validation escalates.
@@ -111,6 +115,7 @@ impl EngineConfig {
                 )
                 .filter(|o| !o.is_empty()),
             },
+            checkpoint_every: Some(Duration::from_millis(g.checkpoint_ms)).filter(|d| !d.is_zero()),
         }
     }
 }
@@ -137,6 +142,8 @@ pub struct RequestContext {
     pub chain: ChainState,
     /// The caller's W3C trace context, passed on to the backend and to tool services.
     pub traceparent: Option<String>,
+    /// Where its checkpoints go, and the checkpoint it goes on from.
+    pub continuity: Continuity,
 }
 
 impl RequestContext {
@@ -158,6 +165,7 @@ impl RequestContext {
             accepted_at: Instant::now(),
             chain: ChainState::default(),
             traceparent: None,
+            continuity: Continuity::default(),
         }
     }
 }
@@ -398,6 +406,14 @@ impl Engine {
         generation::Generation::new(self, request, context, events, cancel)
             .run()
             .await
+    }
+
+    /// Whether a turn of `request` cut short can be continued on this engine's backend
+    /// (instead of taken again from its start): the backend continues a final assistant
+    /// message, and the request asks for no structured output.
+    pub fn continues_turns(&self, request: &GenerationRequest) -> bool {
+        !request.structured_output()
+            && self.backend.continuation() != crate::llm::Continuation::None
     }
 
     /// An emitter for a request's events, coalescing as configured.

@@ -61,6 +61,15 @@ impl SignalBook {
         self.dropped
     }
 
+    /// The book of a resumed generation: the signals its earlier run raised (sent already),
+    /// counted against the same bounds.
+    pub fn restore(&mut self, signals: Vec<Signal>, dropped: u32) {
+        for signal in signals {
+            self.add(signal);
+        }
+        self.dropped += dropped;
+    }
+
     pub fn signals(&self) -> &[Signal] {
         &self.signals
     }

@@ -215,6 +215,13 @@ impl TextCallParser {
         }
     }
 
+    /// Whether nothing is held back undecided: every byte fed so far was released as visible
+    /// text (or reported as a call). A parser fed the same text again from new ends in the
+    /// same state, so a turn cut here can be picked up by feeding its text to a new parser.
+    pub fn at_rest(&self) -> bool {
+        matches!(self.state, State::Prose) && self.held.is_empty() && self.pending.is_empty()
+    }
+
     /// Feeds a delta and appends the text now known to be visible to `visible`.
     pub fn push(&mut self, delta: &str, visible: &mut String) {
         let bytes = delta.as_bytes();

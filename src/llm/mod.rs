@@ -26,6 +26,17 @@ pub struct ChatRequest {
     pub options: serde_json::Map<String, serde_json::Value>,
     /// W3C trace context, sent as the `traceparent` header.
     pub traceparent: Option<String>,
+    /// The last message is an assistant message whose text the model continues.
+    pub continue_final: bool,
+}
+
+/// How a backend continues a final assistant message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Continuation {
+    ContinueFinalMessage,
+    Prefill,
+    None,
 }
 
 /// A function the model may call natively (OpenAI's `tools[].function`).
@@ -144,4 +155,9 @@ pub type ChatStream = BoxStream<'static, Result<StreamEvent, LlmError>>;
 /// A model backend. Dropping the stream cancels the call (and closes its connection).
 pub trait LlmBackend: Send + Sync + 'static {
     fn chat_stream(&self, request: ChatRequest) -> ChatStream;
+
+    /// How this backend continues a final assistant message; `None`: it cannot.
+    fn continuation(&self) -> Continuation {
+        Continuation::None
+    }
 }

@@ -43,4 +43,8 @@ impl LlmBackend for MeteredBackend {
             })
             .boxed()
     }
+
+    fn continuation(&self) -> crate::llm::Continuation {
+        self.inner.continuation()
+    }
 }

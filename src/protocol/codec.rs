@@ -205,6 +205,7 @@ mod tests {
                 fallback: Some("busy".into()),
             }),
             tenant: Some("acme".into()),
+            resumed: Vec::new(),
         }
     }
 

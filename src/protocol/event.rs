@@ -55,6 +55,19 @@ pub enum EventBody {
     Continued {
         continuation_request_id: String,
     },
+    /// The request went on on another worker (its worker was lost, drained or preempted), from
+    /// its last checkpoint: the events that follow continue the output exactly where the
+    /// caller's stream stands (no text is sent twice), in place of a second `started`.
+    Resumed {
+        worker_id: String,
+        attempt: u32,
+        from_worker: String,
+        reason: super::progress::MoveReason,
+        /// The turn in progress was taken again from its start: text of that turn was held
+        /// back until its end, so none of it had been sent.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        turn_restarted: bool,
+    },
     /// The decision this request raised ended its chain: skipped, aborted or expired.
     ChainEnded {
         decision_id: String,
@@ -77,6 +90,7 @@ impl EventBody {
             EventBody::Signal { .. } => "signal",
             EventBody::Finished { .. } => "finished",
             EventBody::Continued { .. } => "continued",
+            EventBody::Resumed { .. } => "resumed",
             EventBody::ChainEnded { .. } => "chain_ended",
         }
     }

@@ -10,6 +10,7 @@ pub mod finished;
 pub mod ids;
 pub mod lru;
 pub mod message;
+pub mod progress;
 pub mod replies;
 pub mod request;
 pub mod result;
@@ -27,6 +28,7 @@ pub use finished::FinishedSummary;
 pub use message::{
     Content, FunctionCall, FunctionDefinition, FunctionTool, Message, Role, ToolCall,
 };
+pub use progress::{MoveReason, Progress, Resumed};
 pub use replies::{Accepted, CancelReply, Capacity, StatsReply, StatusReply};
 pub use request::{Checkpoint, GenerationRequest, RequestLimits, ValidationCheck};
 pub use result::{

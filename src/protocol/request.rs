@@ -209,6 +209,33 @@ impl Default for RequestLimits {
 }
 
 impl GenerationRequest {
+    /// Whether the request asks the backend for structured output (a JSON schema, JSON mode,
+    /// a grammar, a regular expression or a choice, in any server's option for it): a turn of
+    /// it is taken again from its start, never continued from a cut (a grammar cannot be
+    /// picked up from a prefix on every server).
+    pub fn structured_output(&self) -> bool {
+        const FORMAT_OPTIONS: [&str; 8] = [
+            "guided_json",
+            "guided_grammar",
+            "guided_regex",
+            "guided_choice",
+            "guided_decoding",
+            "grammar",
+            "json_schema",
+            "format",
+        ];
+        if FORMAT_OPTIONS
+            .iter()
+            .any(|key| self.options.contains_key(*key))
+        {
+            return true;
+        }
+        match self.options.get("response_format") {
+            None | Some(serde_json::Value::Null) => false,
+            Some(format) => format.get("type").and_then(|t| t.as_str()) != Some("text"),
+        }
+    }
+
     /// The priority band, `normal` when absent.
     pub fn band(&self) -> super::schedule::Priority {
         self.priority.unwrap_or_default()

@@ -154,6 +154,10 @@ pub struct GenerationResult {
     /// default tenant).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
+    /// Each move of the request to another worker, in order (at most
+    /// [`super::progress::MAX_MOVES_LISTED`]); absent when it ran where it started.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resumed: Vec<super::progress::Resumed>,
 }
 
 /// How a request with an affinity key was placed.
@@ -235,6 +239,7 @@ impl GenerationResult {
             tool_calls: Vec::new(),
             affinity: None,
             tenant: None,
+            resumed: Vec::new(),
         }
     }
 }

@@ -216,7 +216,13 @@ impl<T: Ticket> Supervisor<T> {
             let _ = on_start.send(());
         }
         let cancel = CancellationToken::new();
-        let sequence = Arc::new(AtomicU64::new(0));
+        // A resumed request numbers its events on from its checkpoint's.
+        let first_seq = context
+            .continuity
+            .from
+            .as_ref()
+            .map_or(0, |resume| resume.progress.next_seq);
+        let sequence = Arc::new(AtomicU64::new(first_seq));
         self.busy += 1;
         self.slots.take(
             &request_id,
@@ -343,6 +349,7 @@ fn context_of<T>(
             .unwrap_or_else(Instant::now),
         chain: placement.lineage.chain.clone(),
         traceparent: placement.lineage.traceparent.clone(),
+        continuity: placement.continuity.clone(),
     }
 }
 

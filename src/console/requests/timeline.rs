@@ -91,6 +91,38 @@ impl Requests {
                     .keyed(format!("started-{attempt}")),
                 );
             }
+            EventBody::Resumed {
+                worker_id,
+                attempt,
+                from_worker,
+                reason,
+                turn_restarted,
+            } => {
+                if !entry.terminal() {
+                    entry.state = Some(RequestState::Running);
+                }
+                entry.set_place(worker_id, pool);
+                entry.attempt = *attempt;
+                let how = if *turn_restarted {
+                    ", its turn taken again"
+                } else {
+                    ""
+                };
+                entry.push(
+                    TimelineEntry::new(
+                        ts,
+                        "resumed",
+                        format!(
+                            "on {worker_id} (attempt {attempt}), from {from_worker} ({}){how}",
+                            serde_json::to_value(reason)
+                                .ok()
+                                .and_then(|v| v.as_str().map(str::to_string))
+                                .unwrap_or_default()
+                        ),
+                    )
+                    .keyed(format!("resumed-{attempt}")),
+                );
+            }
             EventBody::Delta { .. } | EventBody::Reasoning { .. } => {
                 if !entry.in_turn {
                     entry.in_turn = true;

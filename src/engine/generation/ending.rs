@@ -64,6 +64,8 @@ impl Generation<'_> {
             // Where the request was placed is the bus's to tell, not the engine's.
             affinity: None,
             tenant: None,
+            // So are its moves between workers (its record keeps them).
+            resumed: Vec::new(),
         };
         Finished {
             result,

@@ -21,6 +21,7 @@ mod correction;
 mod decision;
 mod ending;
 mod escalation;
+mod progress;
 mod prompt;
 mod signalling;
 mod state;
@@ -47,6 +48,7 @@ use caller_calls::TurnCalls;
 use calls::{CallIds, ModelCall};
 use ending::Stop;
 use escalation::Judgement;
+use progress::{Carried, Checkpointing};
 use state::{Bounds, ToolSet, Transcript};
 use tools::ToolBudget;
 use turn::{Meter, TurnError};
@@ -72,6 +74,10 @@ pub(super) struct Generation<'e> {
     /// generation when it reports a loop.
     loops: LoopDetector,
     judgement: Judgement,
+    /// When its checkpoints are due, and where they go.
+    checkpoints: Checkpointing,
+    /// The turn a checkpoint was cut in, continued by a resumed run's first turn.
+    carried: Option<Carried>,
 }
 
 impl<'e> Generation<'e> {
@@ -89,7 +95,14 @@ impl<'e> Generation<'e> {
         let iterations = request
             .tool_iterations
             .unwrap_or(config.default_tool_iterations);
+        let checkpoints = Checkpointing::new(
+            ctx.continuity.store.clone(),
+            config.checkpoint_every,
+            engine.continues_turns(&request),
+        );
         Generation {
+            checkpoints,
+            carried: None,
             events,
             signals: SignalBook::new(config.signal_limits),
             loops: LoopDetector::new(&config.loop_detection),
@@ -109,15 +122,26 @@ impl<'e> Generation<'e> {
     /// Every way a generation goes ends in [`Generation::finish`], so `Engine::run` always has a
     /// terminal result to return.
     pub(super) async fn run(mut self) -> Finished {
-        self.events
-            .emit(EventBody::Started {
+        let resume = self.ctx.continuity.from.clone();
+        let first = match &resume {
+            None => EventBody::Started {
                 worker_id: self.ctx.worker_id.clone(),
                 attempt: self.ctx.attempt,
                 chain_position: self.ctx.chain_position,
-            })
-            .await;
+            },
+            Some(resume) => EventBody::Resumed {
+                worker_id: self.ctx.worker_id.clone(),
+                attempt: self.ctx.attempt,
+                from_worker: resume.from_worker.clone(),
+                reason: resume.reason,
+                turn_restarted: self.take_up(resume),
+            },
+        };
+        self.events.emit(first).await;
         let stop = match self.resolve_tools() {
             Some(stop) => stop,
+            // A resumed run passed its decision checkpoints where it started.
+            None if resume.is_some() => self.validated_loop().await,
             None => match self.checkpoint().await {
                 Some(stop) => stop,
                 None => self.validated_loop().await,
@@ -149,6 +173,9 @@ impl<'e> Generation<'e> {
         let mut corrections_left = config.correction_attempts;
         let mut control_turns = 0;
         loop {
+            if let Err(stop) = self.checkpoint_between_turns().await {
+                return stop;
+            }
             let span = self.turn_span();
             let before = self.meter.usage;
             let turn = self.model_turn().instrument(span.clone()).await;

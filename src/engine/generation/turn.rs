@@ -40,6 +40,19 @@ impl Meter {
         }
     }
 
+    /// A resumed run's meter goes on from its checkpoint's counts.
+    pub(super) fn resume(&mut self, usage: Usage, first_token_ms: Option<u64>) {
+        self.usage = usage;
+        if let Some(ms) = first_token_ms {
+            self.first_token = Some(Duration::from_millis(ms));
+        }
+    }
+
+    /// The time to first token so far, as a checkpoint keeps it.
+    pub(super) fn first_token_ms(&self) -> Option<u64> {
+        self.first_token.map(|d| d.as_millis() as u64)
+    }
+
     /// A token arrived: the first one sets the time to first token.
     fn token_arrived(&mut self) {
         self.first_token
@@ -63,7 +76,7 @@ pub(super) struct Turn {
     pub(super) raw: String,
     pub(super) visible: String,
     /// Whitespace seen before the turn's first visible words, not yet shown.
-    lead: String,
+    pub(super) lead: String,
     pub(super) native: BTreeMap<usize, NativeCall>,
     pub(super) parsed: Vec<ParsedItem>,
     pub(super) finish: FinishReason,
@@ -99,8 +112,7 @@ impl Generation<'_> {
         let turn_started = Instant::now();
         let cap = self.engine.config.max_output_bytes;
         let shape = self.engine.system_shape();
-        let chat = self.chat_request(shape);
-        let mut stream = self.engine.backend.chat_stream(chat);
+        let mut chat = self.chat_request(shape);
         let parse_mode = match self.tools.mode {
             ToolMode::Native => ParseMode::Native,
             ToolMode::Text => ParseMode::Text,
@@ -114,6 +126,8 @@ impl Generation<'_> {
             parsed: Vec::new(),
             finish: FinishReason::Stop,
         };
+        self.carry_into(&mut chat, &mut turn, &mut parser);
+        let mut stream = self.engine.backend.chat_stream(chat);
         let mut finish = None;
         let mut any_token = false;
         let mut visible = String::new();
@@ -166,6 +180,9 @@ impl Generation<'_> {
                     visible.clear();
                     parser.push(&text, &mut visible);
                     if let Err(stop) = self.show(&visible, &mut turn).await {
+                        return Err(self.interrupted(&turn, stop).into());
+                    }
+                    if let Err(stop) = self.checkpoint_mid_turn(&turn, &parser).await {
                         return Err(self.interrupted(&turn, stop).into());
                     }
                 }

@@ -1,0 +1,91 @@
+//! A running request's progress, as its worker writes it into the request's record so that
+//! another worker can go on from there (resume), and the moves it made.
+//!
+//! A checkpoint holds everything a generation needs to go on without its first worker: the
+//! request as it runs, the conversation with every finished tool call and its result, the text
+//! of the turn in progress, the output shown so far, the counts (tokens, tool iterations) and
+//! the next event's sequence number. Every event a caller was sent is covered by the last
+//! checkpoint written (the worker holds the events after a checkpoint until the next one is
+//! stored), so a resumed run goes on from exactly what the caller saw.
+
+use serde::{Deserialize, Serialize};
+
+use super::{GenerationRequest, Message, Signal, Usage};
+
+/// A generation's progress, written into its live record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    /// The request as it runs (its checks passed when it was accepted).
+    pub request: GenerationRequest,
+    /// The conversation after the caller's messages up to the turn in progress: the model's
+    /// turns, each finished tool call and its result. Tool calls in it never run again.
+    pub conversation: Vec<Message>,
+    /// What the model wrote so far in the turn in progress (empty between turns): the final
+    /// assistant message a resumed run asks the backend to continue.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub partial: String,
+    /// The part of `partial` shown as output (text written calls are not).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub partial_visible: String,
+    /// The output so far (the caller saw all of it).
+    pub output: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reasoning: String,
+    #[serde(default)]
+    pub truncated: bool,
+    pub usage: Usage,
+    pub tool_iterations_used: u32,
+    pub tool_iterations_left: u32,
+    /// The signals raised so far (published already).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub signals: Vec<Signal>,
+    #[serde(default)]
+    pub signals_dropped: u32,
+    /// The sequence number the next event carries.
+    pub next_seq: u64,
+    /// How long the request had run (since it was accepted) when this was written.
+    pub elapsed_ms: u64,
+    /// From acceptance to its first token, if one came.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_token_ms: Option<u64>,
+    /// The request's place in its chain.
+    pub root_request_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_request_id: Option<String>,
+    pub chain_position: u32,
+}
+
+/// Why a request moved to another worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MoveReason {
+    /// Its worker stopped (killed, its node lost): found by its peers.
+    WorkerLost,
+    /// Its worker drained (SIGTERM: a scale-in, a rolling update) and handed it on.
+    Drained,
+    /// A request of a higher band took its slot; it waited and went on.
+    Preempted,
+}
+
+/// One move of a request, as its result records it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Resumed {
+    /// The worker it left.
+    pub from_worker: String,
+    /// The worker that went on.
+    pub to_worker: String,
+    /// The completion tokens counted when it left (the checkpoint's).
+    pub at_token: u64,
+    /// The output's length in bytes when it left.
+    pub at_output_bytes: usize,
+    pub reason: MoveReason,
+    /// The turn in progress was taken again from its start instead of continued (the backend
+    /// cannot continue a final assistant message, or the request asks for structured output).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub turn_restarted: bool,
+    /// When it went on (RFC 3339).
+    pub at: String,
+}
+
+/// The most moves a result lists (the oldest are kept).
+pub const MAX_MOVES_LISTED: usize = 16;
