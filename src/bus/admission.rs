@@ -141,6 +141,10 @@ pub(super) async fn admit(
         Hold::new(asked, claim.live, claim.revision, message, trace).holding(claim.permit),
     );
     placement.ticket = Some(hold.clone());
+    placement.continuity.store = Some(Arc::new(super::resume::RecordCheckpoints::new(
+        shared.stores.clone(),
+        hold.clone(),
+    )));
     let started = if placement.scheduling.wait_for_slot {
         let (tx, rx) = oneshot::channel();
         placement.on_start = Some(tx);
@@ -219,10 +223,8 @@ async fn follow_state(
         let stores = stores.clone();
         let hold = hold.clone();
         async move {
-            let live = LiveRecord {
-                state,
-                ..hold.live.clone()
-            };
+            let _writing = hold.writing.lock().await;
+            let live = hold.live_now(state);
             match stores.set_live(&live, hold.revision()).await {
                 Ok(Some(revision)) => hold.wrote(revision),
                 Ok(None) => {}

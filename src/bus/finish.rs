@@ -98,6 +98,7 @@ async fn finish(shared: &Shared, mut event: Event) {
         hold.give_place_back();
         result.affinity = hold.asked.affinity.clone();
         result.tenant = hold.live.tenant.clone();
+        result.resumed = hold.live.resumed.clone();
         // A caller's cancel says who stopped it, and why when the cancel said.
         if result.reason == crate::protocol::Reason::Cancelled
             && cancelled_by == Some(Canceller::Caller)

@@ -7,10 +7,13 @@
 //! worker: that list is the fleet's index of who runs what, carried where it costs nothing per
 //! request.
 //!
-//! Every live worker follows the heartbeats. When a peer's heartbeat has not come for
-//! `worker.lost_after_ms` and its entry is gone, the interactive requests it last listed are
-//! ended FAILED `worker_lost`, each by a compare-and-set on its record, so of all the live
-//! workers that act one result wins. Durable requests are left to the queue, which redelivers
+//! Every live worker follows the heartbeats. A peer is gone when its heartbeat has not come for
+//! `worker.lost_after_ms` and its entry is gone, or sooner, when its heartbeat is half an
+//! interval late and the server has no subscriber on the peer's own `capacity` subject twice in
+//! a row, half a second apart (its connection is closed: the process died). The interactive
+//! requests a gone peer last listed are taken up by a live worker from their last checkpoint
+//! (see `resume`), and those with none are ended FAILED `worker_lost`, each by a
+//! compare-and-set on its record, so of all the live workers that act one wins. Durable requests are left to the queue, which redelivers
 //! them. A request that started after its worker's last heartbeat is in no list: whoever asks
 //! about it (status, result, cancel) finds its worker gone and ends it the same way
 //! ([`end_if_lost`]).
@@ -25,7 +28,7 @@ use futures_util::StreamExt;
 use super::BusError;
 use super::shared::{Shared, held_requests};
 use super::store::{LiveRecord, Over, RequestRecord, StoreError, Stored, ensure_bucket};
-use crate::protocol::{GenerationResult, Reason, RequestState};
+use crate::protocol::{GenerationResult, MoveReason, Reason, RequestState};
 
 pub use crate::client::streams::WORKERS_BUCKET;
 
@@ -36,6 +39,12 @@ const MAX_FOLLOWED_REQUESTS: usize = 65_536;
 const PLACED_WHILE_LATE_BY: u32 = 3;
 /// Peers followed at most (a fleet larger than this is followed in part).
 const MAX_PEERS: usize = 10_000;
+/// How long a probe of a late peer's own subject waits for its answer.
+const PROBE_WAIT: Duration = Duration::from_secs(1);
+/// How long a worker with no free slot lets its peers take a gone worker's requests first.
+const FULL_WORKER_WAITS: Duration = Duration::from_millis(500);
+/// Between the two probes that find a late peer's connection gone.
+const PROBE_AGAIN_AFTER: Duration = Duration::from_millis(500);
 
 /// A heartbeat could not be written or read.
 #[derive(Debug, thiserror::Error)]
@@ -202,6 +211,7 @@ pub(super) async fn run(shared: Arc<Shared>) {
 
 /// A peer as its heartbeats tell it.
 struct Peer {
+    /// The requests it holds: interactive ones running, durable ones running or waiting.
     running: Vec<String>,
     /// When its last heartbeat reached this worker.
     seen: Instant,
@@ -241,7 +251,8 @@ async fn follow_peers(shared: &Shared, every: Duration) {
                             shared.peer_slots.forget(id);
                         }
                     }
-                    if let Err(error) = reap(shared, &mut peers, lost_after).await {
+                    let gone = probe_late(shared, &peers, every).await;
+                    if let Err(error) = reap(shared, &mut peers, lost_after, &gone).await {
                         tracing::debug!(message = "looking for lost workers failed", %error);
                     }
                 }
@@ -276,7 +287,9 @@ fn note(shared: &Shared, peers: &mut HashMap<String, Peer>, entry: kv::Entry) {
         .filter(|(id, _)| **id != entry.key)
         .map(|(_, peer)| peer.running.len())
         .sum();
+    // Interactive and durable alike: each is taken up from its checkpoint if its worker goes.
     let mut running = heartbeat.running;
+    running.extend(heartbeat.durable.unwrap_or_default());
     running.truncate(MAX_FOLLOWED_REQUESTS.saturating_sub(followed));
     peers.insert(
         entry.key,
@@ -287,20 +300,61 @@ fn note(shared: &Shared, peers: &mut HashMap<String, Peer>, entry: kv::Entry) {
     );
 }
 
-/// Ends the requests of the peers whose heartbeat has not come for `lost_after` and whose entry
-/// is gone from the bucket.
+/// The late peers (a heartbeat half an interval overdue) whose connection is gone: the server
+/// has no subscriber on the peer's own `capacity` subject, twice in a row. A live worker keeps
+/// that subscription while it runs, so "no responders" is the server's word that the process
+/// is gone, not a guess from a clock; a peer that is only slow answers, or times out, and is
+/// left to `worker.lost_after_ms`.
+async fn probe_late(
+    shared: &Shared,
+    peers: &HashMap<String, Peer>,
+    every: Duration,
+) -> Vec<String> {
+    let late: Vec<&String> = peers
+        .iter()
+        .filter(|(_, peer)| peer.seen.elapsed() >= every + every / 2 && !peer.running.is_empty())
+        .map(|(id, _)| id)
+        .collect();
+    let mut gone = Vec::new();
+    for worker in late {
+        let subject = shared.subjects.worker_capacity(worker);
+        let mut absent = true;
+        for attempt in 0..2 {
+            if attempt > 0 {
+                tokio::time::sleep(PROBE_AGAIN_AFTER).await;
+            }
+            let asked = shared.client.request(subject.clone(), bytes::Bytes::new());
+            absent = matches!(
+                tokio::time::timeout(PROBE_WAIT, asked).await,
+                Ok(Err(error)) if error.kind() == async_nats::RequestErrorKind::NoResponders
+            );
+            if !absent {
+                break;
+            }
+        }
+        if absent {
+            tracing::info!(message = "a late peer's connection is gone: taking it for lost", worker = %worker);
+            gone.push(worker.clone());
+        }
+    }
+    gone
+}
+
+/// Takes up or ends the requests of the peers found gone: those whose heartbeat has not come
+/// for `lost_after` and whose entry is gone from the bucket, and those `probed` gone.
 async fn reap(
     shared: &Shared,
     peers: &mut HashMap<String, Peer>,
     lost_after: Duration,
+    probed: &[String],
 ) -> Result<(), HeartbeatError> {
     let silent: Vec<String> = peers
         .iter()
-        .filter(|(_, peer)| peer.seen.elapsed() >= lost_after)
+        .filter(|(id, peer)| peer.seen.elapsed() >= lost_after || probed.contains(id))
         .map(|(id, _)| id.clone())
         .collect();
     for worker in silent {
-        if beating(shared, &worker).await? {
+        if !probed.contains(&worker) && beating(shared, &worker).await? {
             // Late here, but the server still has a heartbeat younger than `lost_after`.
             if let Some(peer) = peers.get_mut(&worker) {
                 peer.seen = Instant::now();
@@ -312,7 +366,20 @@ async fn reap(
         let Some(peer) = peers.remove(&worker) else {
             continue;
         };
+        if !peer.running.is_empty() && shared.capacity.borrow().free() == 0 {
+            // A worker with a free slot can start them at once: it goes first.
+            tokio::time::sleep(FULL_WORKER_WAITS).await;
+        }
         for request_id in peer.running {
+            match super::resume::take_up(shared, &request_id, &worker, MoveReason::WorkerLost).await
+            {
+                Ok(super::resume::TakenUp::NoCheckpoint) => {}
+                Ok(_) => continue,
+                Err(error) => {
+                    tracing::debug!(message = "cannot take up a lost worker's request", %error, request_id = %request_id);
+                    continue;
+                }
+            }
             if let Err(error) = end_lost(shared, &request_id, &worker).await {
                 tracing::debug!(message = "cannot end a lost worker's request", %error, request_id = %request_id);
             }
@@ -392,6 +459,12 @@ async fn end_live(
     worker: &str,
 ) -> Result<Option<GenerationResult>, StoreError> {
     if live.worker_id != worker || live.durable {
+        return Ok(None);
+    }
+    if live.progress.is_some() {
+        // It goes on here from its last checkpoint instead.
+        super::resume::take_up_record(shared, live.clone(), revision, MoveReason::WorkerLost)
+            .await?;
         return Ok(None);
     }
     let mut result = GenerationResult::empty(

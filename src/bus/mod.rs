@@ -9,7 +9,8 @@
 //! result and cancel; `decide` records decisions and takes answers; `heartbeat` beats and finds
 //! lost workers; `upkeep` keeps held requests' records and deliveries alive; `service` is the
 //! NATS service API; `tenant_limit` keeps the pool's count of each tenant's running requests.
-//! `store` owns the worker's writes of a request's record. `shared` is what they share.
+//! `resume` writes a running request's checkpoints and takes a gone worker's requests up from
+//! theirs. `store` owns the worker's writes of a request's record. `shared` is what they share.
 
 mod admission;
 mod affinity;
@@ -22,6 +23,7 @@ pub mod history;
 mod lookup;
 pub mod pull;
 pub mod queue;
+mod resume;
 mod service;
 mod shared;
 pub mod store;

@@ -223,7 +223,7 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message, place: Option
     } else {
         RequestState::Running
     };
-    let live = LiveRecord {
+    let mut live = LiveRecord {
         request_id: request_id.clone(),
         state,
         worker_id: shared.worker_id.clone(),
@@ -233,7 +233,12 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message, place: Option
         tenant: tenant.clone(),
         handed_back: handed_back + u32::from(give_back),
         queue_seq: Some(sequence),
+        progress: None,
+        resumed: Vec::new(),
+        ack: message.reply.as_ref().map(|r| r.to_string()),
     };
+    // A request taken over from a lost worker goes on from that worker's last checkpoint.
+    let mut resume_from = None;
     // A request that already ended (or whose result was read) never runs again; a message
     // whose id another request holds never runs at all.
     let revision = match claim(shared, &message, &live).await {
@@ -251,8 +256,11 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message, place: Option
         Ok(DurableClaim::HeldBy {
             worker_id,
             revision,
-        }) => match take_over(shared, &message, &live, &worker_id, revision).await {
-            TakeOver::Taken(revision) => revision,
+        }) => match take_over(shared, &message, &mut live, &worker_id, revision).await {
+            TakeOver::Taken(revision) => {
+                resume_from = super::resume::carried(&live, &worker_id);
+                revision
+            }
             TakeOver::Ended => {
                 let _ = message.ack().await;
                 return;
@@ -306,6 +314,10 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message, place: Option
             wait_for_slot: true,
             band: queued.band,
             tenant,
+        },
+        continuity: crate::engine::Continuity {
+            store: None,
+            from: resume_from,
         },
         ..Placement::default()
     };
@@ -364,10 +376,12 @@ enum TakeOver {
 async fn take_over(
     shared: &Shared,
     message: &jetstream::Message,
-    live: &LiveRecord,
+    live: &mut LiveRecord,
     holder: &str,
     mut revision: u64,
 ) -> TakeOver {
+    // What the lost run stored of its progress goes on in the record this delivery writes.
+    super::resume::carry_over(shared, live, holder).await;
     let every = Duration::from_millis(shared.settings.worker.heartbeat_ms);
     let verdict = Duration::from_millis(shared.settings.worker.lost_after_ms) + every;
     let deadline = tokio::time::Instant::now() + verdict;
@@ -377,7 +391,7 @@ async fn take_over(
         if holding != super::heartbeat::Holding::Holds {
             return match shared.stores.take_over(live, revision).await {
                 Ok(Some(revision)) => {
-                    tracing::info!(message = "took a durable request over", request_id = %live.request_id, from = %holder, ?holding);
+                    tracing::info!(message = "took a durable request over", request_id = %live.request_id, from = %holder, ?holding, from_checkpoint = live.progress.is_some());
                     TakeOver::Taken(revision)
                 }
                 Ok(None) => TakeOver::Held,

@@ -238,6 +238,11 @@ pub(super) struct Hold {
     pub(super) cancel_reason: std::sync::Mutex<Option<String>>,
     /// Its tenant's place in the pool's count, given back when it ends (or when this drops).
     permit: std::sync::Mutex<Option<super::tenant_limit::TenantPermit>>,
+    /// Its last checkpoint stored, kept in every rewrite of its live record.
+    progress: std::sync::Mutex<Option<Box<crate::protocol::Progress>>>,
+    /// Held while its live record is rewritten here, so that no rewrite puts an older
+    /// checkpoint back over a newer one.
+    pub(super) writing: tokio::sync::Mutex<()>,
 }
 
 impl Hold {
@@ -256,6 +261,8 @@ impl Hold {
             trace,
             cancel_reason: std::sync::Mutex::new(None),
             permit: std::sync::Mutex::new(None),
+            progress: std::sync::Mutex::new(None),
+            writing: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -288,6 +295,25 @@ impl Hold {
 
     pub(super) fn is_durable(&self) -> bool {
         self.message.is_some()
+    }
+
+    /// Its live record as it should read now: in `state`, with its last checkpoint.
+    pub(super) fn live_now(&self, state: crate::protocol::RequestState) -> LiveRecord {
+        let progress = self
+            .progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        LiveRecord {
+            state,
+            progress: progress.or_else(|| self.live.progress.clone()),
+            ..self.live.clone()
+        }
+    }
+
+    /// Notes the checkpoint just stored.
+    pub(super) fn keep_progress(&self, progress: Box<crate::protocol::Progress>) {
+        *self.progress.lock().unwrap_or_else(|e| e.into_inner()) = Some(progress);
     }
 
     pub(super) fn revision(&self) -> u64 {

@@ -432,6 +432,9 @@ async fn submit(
         tenant: tenant.clone(),
         handed_back: 0,
         queue_seq: None,
+        progress: None,
+        resumed: Vec::new(),
+        ack: None,
     };
     let tenant_name = crate::schedule::tenant_name(tenant.as_deref());
     let permit = shared

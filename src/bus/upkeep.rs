@@ -8,7 +8,6 @@ use std::time::Duration;
 use async_nats::jetstream::AckKind;
 
 use super::shared::{Shared, held_requests};
-use super::store::LiveRecord;
 use crate::protocol::RequestState;
 
 /// Rewrites the records of the requests held here every `jetstream.running_refresh_ms`, so a
@@ -21,10 +20,8 @@ pub(super) async fn refresh_records(shared: Arc<Shared>) {
             if held.state.is_terminal() {
                 continue;
             }
-            let live = LiveRecord {
-                state: held.state,
-                ..hold.live.clone()
-            };
+            let _writing = hold.writing.lock().await;
+            let live = hold.live_now(held.state);
             match shared.stores.set_live(&live, hold.revision()).await {
                 Ok(Some(revision)) => hold.wrote(revision),
                 // Ended meanwhile: its result replaced the record.

@@ -36,6 +36,18 @@ pub struct LiveRecord {
     /// of workers older than this field, whose redeliveries are taken as the same message).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_seq: Option<u64>,
+    /// Its last checkpoint: written while it runs, once it has run longer than
+    /// `generation.checkpoint_ms`, so that a peer can go on from there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Box<crate::protocol::Progress>>,
+    /// The moves it made so far (its result lists them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resumed: Vec<crate::protocol::Resumed>,
+    /// A durable request's: the acknowledgement subject of the queue delivery that runs it, so
+    /// that a worker taking it up from its checkpoint keeps that delivery (alive, then
+    /// acknowledged) instead of waiting for the queue to deliver it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ack: Option<String>,
 }
 
 /// The `worker_id` of a durable request's record while no worker holds it: its worker gave
