@@ -79,6 +79,8 @@ pub struct Metrics {
     pub queue_duplicates: Counter,
     pub fenced: Counter,
     pub chain_headers_dropped: Counter,
+    /// Requests this worker took up from another worker's checkpoint.
+    pub resumed: Counter,
 }
 
 /// Seconds, from 5 ms to about 20 minutes.
@@ -223,6 +225,12 @@ impl Metrics {
             "Requests this worker stopped without a word because the fleet had declared it lost or another worker had taken them over",
             fenced.clone(),
         );
+        let resumed = Counter::default();
+        registry.register(
+            "resumed_requests",
+            "Requests this worker took up from their last checkpoint after their worker was lost, drained or preempted",
+            resumed.clone(),
+        );
         let chain_headers_dropped = Counter::default();
         registry.register(
             "chain_headers_dropped",
@@ -231,6 +239,7 @@ impl Metrics {
         );
         Metrics {
             registry,
+            resumed,
             chain_headers_dropped,
             submits_forwarded,
             submits_placed,
