@@ -148,6 +148,7 @@ impl LlmPicker {
             temperature: Some(0.0),
             options: Default::default(),
             traceparent: None,
+            continue_final: false,
         };
         let call = async {
             let mut stream = self.backend.chat_stream(request);

@@ -115,6 +115,7 @@ impl Generation<'_> {
             // The turn's span when traces are exported, else the caller's context as it came.
             traceparent: crate::telemetry::current_traceparent()
                 .or_else(|| self.ctx.traceparent.clone()),
+            continue_final: false,
         }
     }
 }
