@@ -255,6 +255,24 @@ pub enum DoneWithoutFinish {
     Stop,
 }
 
+/// How a backend is asked to continue a partial assistant message (`llm.continuation`): a
+/// generation interrupted mid-stream is resumed on another worker from the output so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContinuationSetting {
+    /// The default: the worker asks the server what it is when it first answers (llama.cpp's
+    /// `/props`, Ollama's `/api/version`, vLLM's `/version`, SGLang's `/get_model_info`) and
+    /// picks the matching form; a server it does not recognise cannot continue.
+    Auto,
+    /// `continue_final_message: true, add_generation_prompt: false` (vLLM, SGLang).
+    ContinueFinalMessage,
+    /// The assistant message last in `messages`, nothing added (llama.cpp's llama-server,
+    /// Ollama).
+    Prefill,
+    /// The backend cannot continue: an interrupted turn is generated again from its start.
+    None,
+}
+
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LlmSettings {
@@ -268,6 +286,7 @@ pub struct LlmSettings {
     pub retries: u32,
     pub retry_backoff_ms: u64,
     pub done_without_finish_reason: DoneWithoutFinish,
+    pub continuation: ContinuationSetting,
 }
 
 /// Written by hand so the API key can never reach a log line through `{:?}`.
@@ -294,6 +313,7 @@ impl std::fmt::Debug for LlmSettings {
                 "done_without_finish_reason",
                 &self.done_without_finish_reason,
             )
+            .field("continuation", &self.continuation)
             .finish()
     }
 }
@@ -623,6 +643,7 @@ const ENUMERATIONS: &words::Enumerations = &[
         "llm.done_without_finish_reason",
         words::values_of::<DoneWithoutFinish>,
     ),
+    ("llm.continuation", words::values_of::<ContinuationSetting>),
 ];
 
 /// What the checks of [`Settings::validate`] want of the whole number `key` beyond not being
@@ -1175,6 +1196,33 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("nmae")
+        );
+    }
+
+    #[test]
+    fn continuation_is_auto_unless_set_and_a_wrong_value_names_the_key() {
+        assert_eq!(
+            Settings::defaults().llm.continuation,
+            ContinuationSetting::Auto
+        );
+        for (given, wanted) in [
+            ("auto", ContinuationSetting::Auto),
+            (
+                "continue_final_message",
+                ContinuationSetting::ContinueFinalMessage,
+            ),
+            ("prefill", ContinuationSetting::Prefill),
+            ("none", ContinuationSetting::None),
+        ] {
+            let s = load_toml(&format!("[llm]\ncontinuation = \"{given}\"\n")).unwrap();
+            assert_eq!(s.llm.continuation, wanted, "{given}");
+        }
+        assert_eq!(
+            load_toml("[llm]\ncontinuation = \"resume\"\n")
+                .unwrap_err()
+                .to_string(),
+            "invalid configuration: `llm.continuation` must be `auto`, \
+             `continue_final_message`, `prefill` or `none`, not \"resume\""
         );
     }
 }

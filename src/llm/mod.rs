@@ -26,7 +26,10 @@ pub struct ChatRequest {
     pub options: serde_json::Map<String, serde_json::Value>,
     /// W3C trace context, sent as the `traceparent` header.
     pub traceparent: Option<String>,
-    /// The last message is an assistant message whose text the model continues.
+    /// The last element of `messages` is an assistant message whose text the model continues
+    /// (not a new turn): a generation cut off mid-answer, resumed from its output so far. Sent
+    /// in the backend's [`Continuation`] form; asked only of a backend whose form is not
+    /// [`Continuation::None`].
     pub continue_final: bool,
 }
 
@@ -34,8 +37,13 @@ pub struct ChatRequest {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Continuation {
+    /// `continue_final_message: true, add_generation_prompt: false` beside the messages
+    /// (vLLM, SGLang).
     ContinueFinalMessage,
+    /// The assistant message last, nothing added: the server takes it as the start of its
+    /// reply (llama.cpp's llama-server, Ollama).
     Prefill,
+    /// The backend cannot continue: the engine generates the turn again from its start.
     None,
 }
 
@@ -156,7 +164,9 @@ pub type ChatStream = BoxStream<'static, Result<StreamEvent, LlmError>>;
 pub trait LlmBackend: Send + Sync + 'static {
     fn chat_stream(&self, request: ChatRequest) -> ChatStream;
 
-    /// How this backend continues a final assistant message; `None`: it cannot.
+    /// How this backend continues a final assistant message ([`ChatRequest::continue_final`]);
+    /// `None` means it cannot, and the engine then restarts the turn instead. A backend that
+    /// learns it from its server says `None` until it knows.
     fn continuation(&self) -> Continuation {
         Continuation::None
     }

@@ -1,9 +1,14 @@
 //! The OpenAI-compatible chat completions client (vLLM, llama.cpp server, Ollama, OpenAI),
 //! always streaming over SSE.
+//!
+//! It also knows how its server continues a partial assistant message
+//! ([`ChatRequest::continue_final`]): as configured (`llm.continuation`), or, with `auto`,
+//! as learnt from what the server answers when it is first probed (`detect`).
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures_util::stream::{self, BoxStream, StreamExt};
@@ -12,12 +17,12 @@ use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 use tokio_util::io::StreamReader;
 
 use super::{
-    ChatRequest, ChatStream, FinishReason, LlmBackend, LlmError, StreamEvent, ToolCallDelta,
-    ToolSpec,
+    ChatRequest, ChatStream, Continuation, FinishReason, LlmBackend, LlmError, StreamEvent,
+    ToolCallDelta, ToolSpec,
 };
 use crate::protocol::text::head_chars;
 use crate::protocol::{Message, Role, Usage};
-use crate::settings::{DoneWithoutFinish, LlmSettings};
+use crate::settings::{ContinuationSetting, DoneWithoutFinish, LlmSettings};
 
 /// The longest SSE line accepted: a backend that never sends a newline must not grow a buffer
 /// without bound.
@@ -47,6 +52,13 @@ struct Inner {
     no_stream_options: AtomicBool,
     /// Whether `[DONE]` without a finish reason ends a complete answer (finish reason `stop`).
     done_is_stop: bool,
+    /// The server's root (the base URL without its `/v1`), where the servers answer what
+    /// they are.
+    root: String,
+    continuation: ContinuationSetting,
+    /// With `llm.continuation = "auto"`: the form learnt from the server, set once by the
+    /// first probe the server answers.
+    detected: OnceLock<Continuation>,
 }
 
 impl OpenAiBackend {
@@ -69,13 +81,39 @@ impl OpenAiBackend {
                 retry_backoff: Duration::from_millis(settings.retry_backoff_ms),
                 no_stream_options: AtomicBool::new(false),
                 done_is_stop: settings.done_without_finish_reason == DoneWithoutFinish::Stop,
+                root: base.strip_suffix("/v1").unwrap_or(base).to_string(),
+                continuation: settings.continuation,
+                detected: OnceLock::new(),
             }),
         })
     }
 
     /// Whether the backend answers HTTP at all (`GET <base>/models`, any status): what a
     /// readiness check wants to know. Errors are the caller's to log.
+    ///
+    /// With `llm.continuation = "auto"`, the first probe the server answers also asks it what
+    /// it is (`detect`), for [`LlmBackend::continuation`]; that never fails the probe.
     pub async fn probe(&self, timeout: Duration) -> Result<(), String> {
+        self.answers(timeout).await?;
+        if self.inner.continuation == ContinuationSetting::Auto
+            && self.inner.detected.get().is_none()
+        {
+            let headers = self.inner.auth_headers();
+            if let Some(found) = detect(&self.inner.http, &self.inner.root, headers, timeout).await
+            {
+                tracing::info!(
+                    message = "the backend's server, as it says (llm.continuation = \"auto\")",
+                    server = found.server,
+                    version = found.version.as_deref().unwrap_or(""),
+                    continuation = ?found.continuation,
+                );
+                let _ = self.inner.detected.set(found.continuation);
+            }
+        }
+        Ok(())
+    }
+
+    async fn answers(&self, timeout: Duration) -> Result<(), String> {
         let url = self
             .inner
             .url
@@ -117,6 +155,102 @@ impl LlmBackend for OpenAiBackend {
         .map(move |event| event.map_err(|error| error.redact(secret.as_deref())))
         .boxed()
     }
+
+    fn continuation(&self) -> Continuation {
+        self.inner.continuation()
+    }
+}
+
+/// What [`detect`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Detected {
+    /// The server, for the log: `llama.cpp`, `Ollama`, `SGLang`, `vLLM`, or `not recognised`.
+    server: &'static str,
+    version: Option<String>,
+    continuation: Continuation,
+}
+
+/// Asks the server at `root` (its URL without `/v1`) what it is, each way at once, and reads
+/// from it how it continues a final assistant message. A server that answers as none of them
+/// (OpenAI's API, a proxy) cannot continue. `None` when no question was answered at all (the
+/// server is unreachable): asked again at the next probe.
+///
+/// - llama.cpp's llama-server answers `GET /props` with its `default_generation_settings`
+///   and `chat_template`; it takes a trailing assistant message as the start of its reply
+///   (unless started with `--no-prefill-assistant`).
+/// - Ollama answers `GET /api/version` with `{"version"}`; its templates leave a trailing
+///   assistant message open, so the model continues it.
+/// - SGLang answers `GET /get_model_info` with its `model_path`, and takes
+///   `continue_final_message`.
+/// - vLLM answers `GET /version` with `{"version"}`, and takes `continue_final_message`.
+///
+/// Asked in that order of trust: a server answering as two of them is taken as the first.
+async fn detect(
+    http: &reqwest::Client,
+    root: &str,
+    headers: reqwest::header::HeaderMap,
+    timeout: Duration,
+) -> Option<Detected> {
+    let ask = |path: &'static str| {
+        let request = http
+            .get(format!("{root}{path}"))
+            .headers(headers.clone())
+            .timeout(timeout);
+        async move {
+            let response = request.send().await.ok()?;
+            if !response.status().is_success() {
+                return Some(None);
+            }
+            let body = response.bytes().await.ok()?;
+            Some(serde_json::from_slice::<serde_json::Value>(&body).ok())
+        }
+    };
+    let (props, ollama, sglang, vllm) = tokio::join!(
+        ask("/props"),
+        ask("/api/version"),
+        ask("/get_model_info"),
+        ask("/version"),
+    );
+    if [&props, &ollama, &sglang, &vllm]
+        .iter()
+        .all(|a| a.is_none())
+    {
+        return None;
+    }
+    let has = |answer: &Option<Option<serde_json::Value>>, key: &str| {
+        answer
+            .as_ref()
+            .and_then(Option::as_ref)
+            .filter(|body| body.get(key).is_some_and(|v| !v.is_null()))
+            .cloned()
+    };
+    let version = |body: &serde_json::Value| {
+        body.get("version")
+            .or_else(|| body.get("build_info"))
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_string)
+    };
+    let found = |server, body: Option<&serde_json::Value>, continuation| {
+        Some(Detected {
+            server,
+            version: body.and_then(version),
+            continuation,
+        })
+    };
+    if let Some(body) = has(&props, "default_generation_settings").or(has(&props, "chat_template"))
+    {
+        return found("llama.cpp", Some(&body), Continuation::Prefill);
+    }
+    if let Some(body) = has(&ollama, "version") {
+        return found("Ollama", Some(&body), Continuation::Prefill);
+    }
+    if let Some(body) = has(&sglang, "model_path") {
+        return found("SGLang", Some(&body), Continuation::ContinueFinalMessage);
+    }
+    if let Some(body) = has(&vllm, "version") {
+        return found("vLLM", Some(&body), Continuation::ContinueFinalMessage);
+    }
+    found("not recognised", None, Continuation::None)
 }
 
 #[derive(Serialize)]
@@ -132,6 +266,11 @@ struct WireRequest<'a> {
     temperature: Option<f64>,
     #[serde(skip_serializing_if = "<[WireTool]>::is_empty")]
     tools: &'a [WireTool<'a>],
+    /// vLLM's and SGLang's way to continue the final assistant message; never sent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    continue_final_message: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    add_generation_prompt: Option<bool>,
     #[serde(flatten)]
     options: &'a serde_json::Map<String, serde_json::Value>,
 }
@@ -149,6 +288,27 @@ struct WireTool<'a> {
 }
 
 impl Inner {
+    fn continuation(&self) -> Continuation {
+        match self.continuation {
+            ContinuationSetting::Auto => self.detected.get().copied().unwrap_or(Continuation::None),
+            ContinuationSetting::ContinueFinalMessage => Continuation::ContinueFinalMessage,
+            ContinuationSetting::Prefill => Continuation::Prefill,
+            ContinuationSetting::None => Continuation::None,
+        }
+    }
+
+    fn auth_headers(&self) -> reqwest::header::HeaderMap {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(value) = self
+            .api_key
+            .as_ref()
+            .and_then(|key| reqwest::header::HeaderValue::from_str(&format!("Bearer {key}")).ok())
+        {
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
+        headers
+    }
+
     /// Sends the request, retrying a 429, a 5xx or an unreachable server before anything was
     /// streamed; after the first token a failure is final (the engine reports it).
     async fn connect(&self, request: &ChatRequest) -> Result<reqwest::Response, LlmError> {
@@ -160,6 +320,19 @@ impl Inner {
                 function,
             })
             .collect();
+        // A continuation is sent in the server's form; asked of a backend that has none, the
+        // messages go as they are, which is the prefill form.
+        let continue_final_message =
+            request.continue_final && self.continuation() == Continuation::ContinueFinalMessage;
+        let options = if continue_final_message {
+            // The flags are the backend's to set: a caller's own copy would be a second key.
+            let mut options = request.options.clone();
+            options.remove("continue_final_message");
+            options.remove("add_generation_prompt");
+            Cow::Owned(options)
+        } else {
+            Cow::Borrowed(&request.options)
+        };
         let mut attempt = 0;
         loop {
             let with_stream_options = !self.no_stream_options.load(Ordering::Relaxed);
@@ -173,7 +346,9 @@ impl Inner {
                 max_tokens: request.max_tokens,
                 temperature: request.temperature,
                 tools: &tools,
-                options: &request.options,
+                continue_final_message: continue_final_message.then_some(true),
+                add_generation_prompt: continue_final_message.then_some(false),
+                options: &options,
             };
             let mut builder = self.http.post(&self.url).json(&body);
             if let Some(key) = &self.api_key {
@@ -766,4 +941,198 @@ fn json_events(response: reqwest::Response, idle_timeout: Duration) -> ChatStrea
     })
     .flat_map(stream::iter)
     .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::mock::{MockServer, Script};
+    use crate::settings::Settings;
+
+    fn backend_at(base_url: &str, continuation: ContinuationSetting) -> OpenAiBackend {
+        let mut settings = Settings::defaults().llm;
+        settings.base_url = base_url.to_string();
+        settings.continuation = continuation;
+        settings.retries = 0;
+        OpenAiBackend::new(&settings).unwrap()
+    }
+
+    fn continuing(continue_final: bool) -> ChatRequest {
+        let mut options = serde_json::Map::new();
+        options.insert("add_generation_prompt".into(), true.into());
+        ChatRequest {
+            messages: vec![Message::user("go on"), Message::assistant("Once upon")],
+            continue_final,
+            options,
+            ..ChatRequest::default()
+        }
+    }
+
+    /// The body the mock received for `request`, after the stream ended.
+    async fn sent(
+        mock: &MockServer,
+        backend: &OpenAiBackend,
+        request: ChatRequest,
+    ) -> serde_json::Value {
+        mock.clear_requests();
+        let mut stream = backend.chat_stream(request);
+        while let Some(event) = stream.next().await {
+            event.unwrap();
+        }
+        mock.requests().pop().expect("one request")
+    }
+
+    #[tokio::test]
+    async fn each_continuation_form_sends_its_body_and_none_adds_nothing_when_not_continuing() {
+        let mock = MockServer::start(Script::echo()).await.unwrap();
+        let roles = |body: &serde_json::Value| {
+            body["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["role"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        };
+        // (setting, continue_final, continue_final_message, add_generation_prompt)
+        let table = [
+            (
+                ContinuationSetting::ContinueFinalMessage,
+                true,
+                Some(true),
+                Some(false),
+            ),
+            // The flags are the backend's: the caller's own add_generation_prompt gives way.
+            (ContinuationSetting::Prefill, true, None, Some(true)),
+            // Asked anyway of a backend that cannot: sent as prefill.
+            (ContinuationSetting::None, true, None, Some(true)),
+        ];
+        for (setting, continue_final, flag, generation_prompt) in table {
+            let backend = backend_at(&mock.base_url(), setting);
+            let body = sent(&mock, &backend, continuing(continue_final)).await;
+            let said = format!("{setting:?}: {body}");
+            assert_eq!(body["continue_final_message"].as_bool(), flag, "{said}");
+            assert_eq!(
+                body["add_generation_prompt"].as_bool(),
+                generation_prompt,
+                "{said}"
+            );
+            assert_eq!(roles(&body), ["user", "assistant"], "{said}");
+            assert_eq!(body["messages"][1]["content"], "Once upon", "{said}");
+        }
+        // Not continuing: no new field on the wire, whatever the form.
+        for setting in [
+            ContinuationSetting::Auto,
+            ContinuationSetting::ContinueFinalMessage,
+            ContinuationSetting::Prefill,
+            ContinuationSetting::None,
+        ] {
+            let backend = backend_at(&mock.base_url(), setting);
+            let request = ChatRequest {
+                messages: vec![Message::user("hello")],
+                ..ChatRequest::default()
+            };
+            let body = sent(&mock, &backend, request).await;
+            let keys: Vec<&str> = body
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(String::as_str)
+                .collect();
+            assert_eq!(
+                keys,
+                ["messages", "model", "stream", "stream_options"],
+                "{setting:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_configured_form_is_used_without_asking_the_server() {
+        for (setting, form) in [
+            (
+                ContinuationSetting::ContinueFinalMessage,
+                Continuation::ContinueFinalMessage,
+            ),
+            (ContinuationSetting::Prefill, Continuation::Prefill),
+            (ContinuationSetting::None, Continuation::None),
+            // Auto says None until a probe has learnt the form.
+            (ContinuationSetting::Auto, Continuation::None),
+        ] {
+            assert_eq!(
+                backend_at("http://127.0.0.1:9/v1", setting).continuation(),
+                form
+            );
+        }
+    }
+
+    /// A server answering `GET path` with `body` (and 404 to anything else), its base URL.
+    async fn answering(routes: &[(&'static str, serde_json::Value)]) -> String {
+        let mut router =
+            axum::Router::new().route("/v1/models", axum::routing::get(|| async { "{}" }));
+        for (path, body) in routes {
+            let body = body.clone();
+            router = router.route(
+                path,
+                axum::routing::get(move || async move { axum::Json(body) }),
+            );
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        format!("http://{addr}/v1")
+    }
+
+    #[tokio::test]
+    async fn auto_learns_the_form_from_what_the_server_says_it_is() {
+        let llama = serde_json::json!({"default_generation_settings": {"n_ctx": 4096}, "chat_template": "x", "build_info": "b5000"});
+        let ollama = serde_json::json!({"version": "0.9.0"});
+        let sglang = serde_json::json!({"model_path": "/models/m", "is_generation": true});
+        let vllm = serde_json::json!({"version": "0.8.5"});
+        let table = [
+            (vec![("/props", llama.clone())], Continuation::Prefill),
+            (vec![("/api/version", ollama)], Continuation::Prefill),
+            (
+                vec![("/get_model_info", sglang), ("/version", vllm.clone())],
+                Continuation::ContinueFinalMessage,
+            ),
+            (vec![("/version", vllm)], Continuation::ContinueFinalMessage),
+            // A /props without what llama.cpp's holds is not llama.cpp's.
+            (
+                vec![("/props", serde_json::json!({"other": 1}))],
+                Continuation::None,
+            ),
+            // OpenAI's API, a proxy: nothing answers.
+            (vec![], Continuation::None),
+        ];
+        for (routes, form) in table {
+            let base = answering(&routes).await;
+            let backend = backend_at(&base, ContinuationSetting::Auto);
+            backend.probe(Duration::from_secs(5)).await.unwrap();
+            assert_eq!(backend.continuation(), form, "{routes:?}");
+        }
+        // The mock answers as vLLM does.
+        let mock = MockServer::start(Script::echo()).await.unwrap();
+        let backend = backend_at(&mock.base_url(), ContinuationSetting::Auto);
+        backend.probe(Duration::from_secs(5)).await.unwrap();
+        assert_eq!(backend.continuation(), Continuation::ContinueFinalMessage);
+        // Configured, the server is not asked.
+        let base = answering(&[("/props", llama)]).await;
+        let backend = backend_at(&base, ContinuationSetting::None);
+        backend.probe(Duration::from_secs(5)).await.unwrap();
+        assert_eq!(backend.continuation(), Continuation::None);
+    }
+
+    #[tokio::test]
+    async fn a_server_that_does_not_answer_is_asked_again_at_the_next_probe() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let backend = backend_at(&format!("http://{addr}/v1"), ContinuationSetting::Auto);
+        assert!(backend.probe(Duration::from_secs(2)).await.is_err());
+        assert_eq!(backend.continuation(), Continuation::None);
+        let mock = MockServer::start_at(addr, Script::echo()).await.unwrap();
+        backend.probe(Duration::from_secs(5)).await.unwrap();
+        assert_eq!(backend.continuation(), Continuation::ContinueFinalMessage);
+        drop(mock);
+    }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use futures_util::StreamExt;
 
 use super::Metrics;
-use crate::llm::{ChatRequest, ChatStream, LlmBackend, LlmError};
+use crate::llm::{ChatRequest, ChatStream, Continuation, LlmBackend, LlmError};
 
 pub struct MeteredBackend {
     inner: Arc<dyn LlmBackend>,
@@ -44,7 +44,7 @@ impl LlmBackend for MeteredBackend {
             .boxed()
     }
 
-    fn continuation(&self) -> crate::llm::Continuation {
+    fn continuation(&self) -> Continuation {
         self.inner.continuation()
     }
 }

@@ -4,11 +4,13 @@
 use serde_json::Value;
 
 /// The parts of a chat request the rules look at.
+#[derive(Clone)]
 pub(super) struct Conversation {
     pub(super) messages: Vec<Message>,
     pub(super) has_tools: bool,
 }
 
+#[derive(Clone)]
 pub(super) struct Message {
     pub(super) role: String,
     pub(super) text: String,
@@ -46,6 +48,20 @@ impl Conversation {
         Ok(Conversation {
             messages,
             has_tools,
+        })
+    }
+
+    /// A continuation's conversation as it stood before the reply being continued (the
+    /// trailing assistant message taken off), and that message's text; `None` when the last
+    /// message is not an assistant's.
+    pub(super) fn continued(&self) -> Option<(Conversation, String)> {
+        let (last, before) = self.messages.split_last()?;
+        (last.role == "assistant").then(|| {
+            let before = Conversation {
+                messages: before.to_vec(),
+                has_tools: self.has_tools,
+            };
+            (before, last.text.clone())
         })
     }
 

@@ -12,9 +12,20 @@
 //! - `GET /v1/models` (the script's model, default `mock`);
 //! - `GET /mock/requests` (the last 256 chat request bodies, oldest first) and
 //!   `DELETE /mock/requests` (clears them);
-//! - `GET /mock/stats` (the prefix cache's hits, misses and entries) and `DELETE /mock/stats`
-//!   (forgets what the cache holds and zeroes its counters);
+//! - `GET /mock/stats` (the prefix cache's hits, misses and entries; the content characters
+//!   and chunks sent and the continuations asked for) and `DELETE /mock/stats` (forgets what
+//!   the cache holds and zeroes every counter);
+//! - `GET /version` (`{"version": "genfleet-mock"}`, as vLLM answers it, so that
+//!   `llm.continuation = "auto"` takes the mock for a server that continues);
 //! - `GET /health` (`ok`).
+//!
+//! A request that continues a final assistant message, in either form
+//! (`continue_final_message: true` with `add_generation_prompt: false`, or an assistant
+//! message last), is matched against the conversation without that message, so the rule that
+//! gave the reply being continued answers; when that reply starts with the text so far, only
+//! the rest is sent (no reasoning, usage counting what was sent), else the reply is sent
+//! whole. `continue_final_message: true` after anything but an assistant message, or beside
+//! `add_generation_prompt` left true, is a 400 as vLLM answers.
 //!
 //! A streamed reply whose client hangs up before its last frame is counted
 //! ([`MockServer::abandoned_streams`]): a worker that cancels a generation closes its backend
@@ -100,6 +111,7 @@ pub use prefix_cache::{PrefixCacheSettings, PrefixCacheStats};
 pub use script::{
     Chunking, DEFAULT_MODEL, RejectSystem, Rule, Script, ToolCallSpec, UsageOverride,
 };
+pub use server::GeneratedStats;
 
 /// How many chat request bodies the server keeps for `GET /mock/requests`.
 pub const REQUEST_LOG_CAPACITY: usize = server::LOG_CAPACITY;
@@ -198,6 +210,12 @@ impl MockServer {
     /// What the prefix cache has done (`None` without one).
     pub fn prefix_cache_stats(&self) -> Option<PrefixCacheStats> {
         self.shared.prefix_cache_stats()
+    }
+
+    /// Completion text sent since the start or the last `DELETE /mock/stats`: content
+    /// characters and chunks, and the requests that continued a final assistant message.
+    pub fn generated_stats(&self) -> GeneratedStats {
+        self.shared.generated_stats()
     }
 
     /// Forgets the recorded requests.

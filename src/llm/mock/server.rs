@@ -20,6 +20,9 @@ use super::conversation::Conversation;
 use super::prefix_cache::{PrefixCache, PrefixCacheStats};
 use super::script::{RejectSystem, Rule, Script};
 
+/// What the mock's `GET /version` says it is.
+pub(super) const VERSION: &str = "genfleet-mock";
+
 /// How many request bodies the log keeps (oldest dropped first).
 pub(super) const LOG_CAPACITY: usize = 256;
 
@@ -42,6 +45,51 @@ pub(super) struct Shared {
     open: AtomicU64,
     most_open: AtomicU64,
     prefix_cache: Option<PrefixCache>,
+    /// What was streamed or sent of completion text, for `GET /mock/stats`.
+    generated: Generated,
+}
+
+/// Completion text handed to clients since the start or the last reset: what a test of
+/// resumed generations measures (text generated again is text paid for twice).
+#[derive(Default)]
+struct Generated {
+    /// Characters of content (not reasoning, not tool calls) sent.
+    content_chars: AtomicU64,
+    /// Content chunks sent (one chunk is one token).
+    content_chunks: AtomicU64,
+    /// Requests that continued a final assistant message.
+    continuations: AtomicU64,
+}
+
+/// What [`Generated`] holds, as `GET /mock/stats` reports it under `generated`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct GeneratedStats {
+    pub content_chars: u64,
+    pub content_chunks: u64,
+    pub continuations: u64,
+}
+
+impl Generated {
+    fn sent(&self, chars: usize, chunks: usize) {
+        self.content_chars
+            .fetch_add(chars as u64, Ordering::Relaxed);
+        self.content_chunks
+            .fetch_add(chunks as u64, Ordering::Relaxed);
+    }
+
+    fn stats(&self) -> GeneratedStats {
+        GeneratedStats {
+            content_chars: self.content_chars.load(Ordering::Relaxed),
+            content_chunks: self.content_chunks.load(Ordering::Relaxed),
+            continuations: self.continuations.load(Ordering::Relaxed),
+        }
+    }
+
+    fn reset(&self) {
+        self.content_chars.store(0, Ordering::Relaxed);
+        self.content_chunks.store(0, Ordering::Relaxed);
+        self.continuations.store(0, Ordering::Relaxed);
+    }
 }
 
 impl Shared {
@@ -56,6 +104,7 @@ impl Shared {
             abandoned: AtomicU64::new(0),
             open: AtomicU64::new(0),
             most_open: AtomicU64::new(0),
+            generated: Generated::default(),
         })
     }
 
@@ -101,6 +150,10 @@ impl Shared {
 
     pub(super) fn clear_requests(&self) {
         self.lock_log().clear();
+    }
+
+    pub(super) fn generated_stats(&self) -> GeneratedStats {
+        self.generated.stats()
     }
 
     pub(super) fn prefix_cache_stats(&self) -> Option<PrefixCacheStats> {
@@ -170,6 +223,12 @@ fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
+        // Answered as vLLM does, so that a worker's `llm.continuation = "auto"` finds a
+        // server that takes `continue_final_message` (the mock also continues a prefill).
+        .route(
+            "/version",
+            get(|| async { Json(json!({ "version": VERSION })) }),
+        )
         .route("/mock/requests", get(get_requests).delete(delete_requests))
         .route("/mock/stats", get(get_stats).delete(delete_stats))
         .route("/health", get(|| async { "ok" }))
@@ -202,15 +261,19 @@ async fn delete_requests(State(shared): State<Arc<Shared>>) -> StatusCode {
     StatusCode::NO_CONTENT
 }
 
-/// `{"prefix_cache": {...}}`, `null` without a cache.
+/// `{"prefix_cache": {...}, "generated": {...}}`, the cache `null` without one.
 async fn get_stats(State(shared): State<Arc<Shared>>) -> Json<Value> {
-    Json(json!({ "prefix_cache": shared.prefix_cache_stats() }))
+    Json(json!({
+        "prefix_cache": shared.prefix_cache_stats(),
+        "generated": shared.generated_stats(),
+    }))
 }
 
 async fn delete_stats(State(shared): State<Arc<Shared>>) -> StatusCode {
     if let Some(cache) = &shared.prefix_cache {
         cache.reset();
     }
+    shared.generated.reset();
     StatusCode::NO_CONTENT
 }
 
@@ -282,9 +345,25 @@ async fn chat_completions(
         return openai_error(StatusCode::BAD_REQUEST, message, Some("messages"), None);
     }
     let params = Params::from_body(&body, script);
+    // A continuation is answered as the reply it continues: the rules see the conversation
+    // as it stood before that reply began.
+    let continued = match continuation(&body, &conv) {
+        Ok(continued) => continued,
+        Err(message) => return bad_request(message, Some("messages")),
+    };
+    if continued.is_some() {
+        shared
+            .generated
+            .continuations
+            .fetch_add(1, Ordering::Relaxed);
+    }
+    let (matched, partial) = match &continued {
+        Some((before, partial)) => (before, Some(partial.as_str())),
+        None => (&conv, None),
+    };
 
     let fallback = Rule::default();
-    let (index, rule) = match script.select(&conv) {
+    let (index, rule) = match script.select(matched) {
         Some((i, r)) => (Some(i), r),
         None => (None, &fallback),
     };
@@ -301,7 +380,7 @@ async fn chat_completions(
     }
 
     let n = shared.next_id.fetch_add(1, Ordering::Relaxed);
-    let mut plan = Plan::build(script, rule, &conv, &params, n);
+    let mut plan = Plan::build(script, rule, matched, partial, &params, n);
     if let Some(cache) = &shared.prefix_cache {
         // The prefill comes before the rule's own wait for its first token.
         plan.first_delay += cache.first_token_delay(&conv);
@@ -309,8 +388,33 @@ async fn chat_completions(
     if params.stream {
         plan.into_sse(shared.clone())
     } else {
-        plan.into_json().await
+        plan.into_json(&shared).await
     }
+}
+
+/// Whether the request continues a final assistant message, and if so the conversation
+/// before it and its text. Either form counts: `continue_final_message: true` (vLLM's, which
+/// refuses it beside `add_generation_prompt`, true unless said, and after anything but an
+/// assistant message), or an assistant message last (llama.cpp's prefill).
+fn continuation(
+    body: &Value,
+    conv: &Conversation,
+) -> Result<Option<(Conversation, String)>, &'static str> {
+    let flag = |key: &str| body.get(key).and_then(Value::as_bool);
+    if flag("continue_final_message") == Some(true) {
+        if flag("add_generation_prompt") != Some(false) {
+            return Err(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+            );
+        }
+        return match conv.continued() {
+            Some(continued) => Ok(Some(continued)),
+            None => Err(
+                "continue_final_message is set but the final message is not an assistant message",
+            ),
+        };
+    }
+    Ok(conv.continued())
 }
 
 /// A native tool call as it will be sent.
@@ -347,14 +451,32 @@ struct Plan {
 }
 
 impl Plan {
-    fn build(script: &Script, rule: &Rule, conv: &Conversation, params: &Params, n: u64) -> Plan {
+    /// The reply `rule` gives to `conv`; with `partial` (a continuation's text so far), only
+    /// what follows it in that reply.
+    fn build(
+        script: &Script,
+        rule: &Rule,
+        conv: &Conversation,
+        partial: Option<&str>,
+        params: &Params,
+        n: u64,
+    ) -> Plan {
         let text = match &rule.reply {
             Some(template) => conv.render(template),
             None if rule.tool_calls.is_empty() => conv.last_user().to_string(),
             None => String::new(),
         };
-        let text = text.repeat(rule.repeat.unwrap_or(1) as usize);
-        let reasoning = rule.reasoning.as_deref().map(|r| conv.render(r));
+        let mut text = text.repeat(rule.repeat.unwrap_or(1) as usize);
+        let mut reasoning = rule.reasoning.as_deref().map(|r| conv.render(r));
+        if let Some(partial) = partial.filter(|p| !p.is_empty())
+            && let Some(rest) = text.strip_prefix(partial)
+        {
+            // The reply was cut after its reasoning, within its content: only the rest of
+            // the content is generated. A reply that does not start with the text so far is
+            // sent whole, as a model that went its own way would.
+            text = rest.to_string();
+            reasoning = None;
+        }
 
         let mut reasoning = reasoning.map_or_else(Vec::new, |r| rule.chunk.split(&r));
         let mut content = rule.chunk.split(&text);
@@ -390,9 +512,10 @@ impl Plan {
             None => "stop".to_string(),
         };
         let overrides = rule.usage.unwrap_or_default();
-        let prompt_tokens = overrides
-            .prompt_tokens
-            .unwrap_or_else(|| (conv.char_count() as u64 / 4).max(1));
+        let prompt_tokens = overrides.prompt_tokens.unwrap_or_else(|| {
+            let partial = partial.map_or(0, |p| p.chars().count());
+            ((conv.char_count() + partial) as u64 / 4).max(1)
+        });
         let completion_tokens = overrides
             .completion_tokens
             .unwrap_or((reasoning.len() + content.len() + calls.len()) as u64);
@@ -427,7 +550,7 @@ impl Plan {
         self.reasoning.len() + self.content.len() + call_chunks
     }
 
-    async fn into_json(self) -> Response {
+    async fn into_json(self, shared: &Shared) -> Response {
         let wait = self.first_delay
             + self
                 .delay
@@ -442,6 +565,9 @@ impl Plan {
             return ([(header::CONTENT_TYPE, "application/json")], body).into_response();
         }
         let content = self.content.concat();
+        shared
+            .generated
+            .sent(content.chars().count(), self.content.len());
         let mut message = json!({ "role": "assistant", "content": content });
         if !self.calls.is_empty() {
             if content.is_empty() {
@@ -494,6 +620,9 @@ impl Plan {
                 // The last frame: closed before the client can read it.
                 frames.close();
             }
+            if frame.content_chars > 0 {
+                frames.shared.generated.sent(frame.content_chars, 1);
+            }
             Some((frame.data, frames))
         }));
         sse_response(StatusCode::OK, body)
@@ -508,19 +637,20 @@ impl Plan {
             ..Delta::default()
         };
         let mut generated = Vec::with_capacity(self.generated_chunks());
+        // Each generated chunk with the characters of content it carries.
         for token in &self.reasoning {
             let delta = Delta {
                 reasoning_content: Some(token),
                 ..Delta::default()
             };
-            generated.push(self.chunk(delta, None));
+            generated.push((self.chunk(delta, None), 0));
         }
         for token in &self.content {
             let delta = Delta {
                 content: Some(token),
                 ..Delta::default()
             };
-            generated.push(self.chunk(delta, None));
+            generated.push((self.chunk(delta, None), token.chars().count()));
         }
         for (index, call) in self.calls.iter().enumerate() {
             let head = [ToolCallDelta {
@@ -536,7 +666,7 @@ impl Plan {
                 tool_calls: Some(&head),
                 ..Delta::default()
             };
-            generated.push(self.chunk(delta, None));
+            generated.push((self.chunk(delta, None), 0));
             for fragment in &call.fragments {
                 let part = [ToolCallDelta {
                     index,
@@ -551,7 +681,7 @@ impl Plan {
                     tool_calls: Some(&part),
                     ..Delta::default()
                 };
-                generated.push(self.chunk(delta, None));
+                generated.push((self.chunk(delta, None), 0));
             }
         }
 
@@ -560,7 +690,10 @@ impl Plan {
         if let Some(n) = self.break_after {
             generated.truncate(n as usize);
         }
-        out.extend(generated.into_iter().map(|b| Frame::ok(self.delay, b)));
+        out.extend(generated.into_iter().map(|(data, content_chars)| Frame {
+            content_chars,
+            ..Frame::ok(self.delay, data)
+        }));
         if self.break_after.is_some() {
             if self.break_with_error {
                 // hyper drops unflushed output when the body fails; a short pause (the body
@@ -568,6 +701,7 @@ impl Plan {
                 out.push(Frame {
                     delay: Duration::from_millis(10),
                     data: Err(broken()),
+                    content_chars: 0,
                 });
             }
             return out;
@@ -616,6 +750,8 @@ impl Plan {
 struct Frame {
     delay: Duration,
     data: Result<Bytes, std::io::Error>,
+    /// Characters of content the frame carries, counted as sent when it is handed out.
+    content_chars: usize,
 }
 
 impl Frame {
@@ -623,6 +759,7 @@ impl Frame {
         Frame {
             delay,
             data: Ok(data),
+            content_chars: 0,
         }
     }
 }

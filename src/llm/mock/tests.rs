@@ -994,10 +994,167 @@ async fn without_a_prefix_cache_the_stats_say_so() {
         .json()
         .await
         .unwrap();
-    assert_eq!(body, json!({"prefix_cache": null}));
+    assert_eq!(body["prefix_cache"], Value::Null, "{body}");
     assert!(server.prefix_cache_stats().is_none());
     let err = Script::from_toml_str("prefix_cache = { entries = 0 }").unwrap_err();
     assert!(err.contains("prefix_cache.entries"), "{err}");
     let err = Script::from_toml_str("prefix_cache = { hit_ms = 1 }").unwrap_err();
     assert!(err.contains("hit_ms"), "{err}");
+}
+
+/// The reply of the continuation tests: words, a mid-word cut, punctuation.
+const WHOLE: &str = "The quick brown fox jumps over the lazy dog, twice.";
+
+fn assistant(text: &str) -> Value {
+    json!({"role": "assistant", "content": text})
+}
+
+/// The request continuing `partial` in `form`: vLLM's flags, or the prefill alone.
+fn continuing(partial: &str, form: &str) -> Value {
+    let mut body = json!({
+        "messages": [user("tell the fox story"), assistant(partial)],
+        "stream_options": {"include_usage": true},
+    });
+    if form == "continue_final_message" {
+        body["continue_final_message"] = json!(true);
+        body["add_generation_prompt"] = json!(false);
+    }
+    body
+}
+
+fn fox_script() -> Script {
+    Script::new(vec![
+        Rule::reply(WHOLE)
+            .when_last_user_contains("fox")
+            .with_reasoning("A story."),
+        Rule::reply("something else"),
+    ])
+}
+
+#[tokio::test]
+async fn a_reply_cut_anywhere_and_continued_is_the_reply_whole() {
+    let server = start(fox_script()).await;
+    let first = stream(&server, json!({"messages": [user("tell the fox story")]})).await;
+    assert_eq!(first.content(), WHOLE);
+    assert_eq!(first.deltas("reasoning_content"), "A story.");
+    let cuts = [1, 6, 10, 23, WHOLE.len() - 1, WHOLE.len()];
+    for form in ["continue_final_message", "prefill"] {
+        for cut in cuts {
+            let partial = &WHOLE[..cut];
+            let rest = stream(&server, continuing(partial, form)).await;
+            let said = format!("{form}, cut after {partial:?}");
+            assert_eq!(format!("{partial}{}", rest.content()), WHOLE, "{said}");
+            assert_eq!(rest.deltas("reasoning_content"), "", "{said}");
+            assert_eq!(rest.finish_reasons(), ["stop"], "{said}");
+            // Usage counts only what was sent.
+            let usage = rest.usage().expect("usage");
+            assert_eq!(
+                usage["completion_tokens"].as_u64(),
+                Some(rest.pieces().len() as u64),
+                "{said}"
+            );
+        }
+    }
+    // Not streamed, the same.
+    let mut body = continuing("The quick", "continue_final_message");
+    body.as_object_mut().unwrap().remove("stream_options");
+    let v = complete(&server, body).await;
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        " brown fox jumps over the lazy dog, twice."
+    );
+}
+
+#[tokio::test]
+async fn a_continuation_the_reply_does_not_start_with_gets_the_reply_whole() {
+    let server = start(fox_script()).await;
+    for form in ["continue_final_message", "prefill"] {
+        let got = stream(&server, continuing("A slow green turtle", form)).await;
+        assert_eq!(got.content(), WHOLE, "{form}");
+        assert_eq!(got.deltas("reasoning_content"), "A story.", "{form}");
+        // An empty text so far continues nothing: the reply whole, reasoning first.
+        let got = stream(&server, continuing("", form)).await;
+        assert_eq!(got.content(), WHOLE, "{form}");
+        assert_eq!(got.deltas("reasoning_content"), "A story.", "{form}");
+    }
+}
+
+#[tokio::test]
+async fn continue_final_message_is_refused_as_vllm_refuses_it() {
+    let server = start(fox_script()).await;
+    let after_user = json!({
+        "messages": [user("tell the fox story")],
+        "continue_final_message": true,
+        "add_generation_prompt": false,
+    });
+    let with_generation_prompt = json!({
+        "messages": [user("tell the fox story"), assistant("The")],
+        "continue_final_message": true,
+    });
+    for (body, says) in [
+        (after_user, "not an assistant message"),
+        (with_generation_prompt, "Cannot set both"),
+    ] {
+        let resp = post(&server, &body).await;
+        assert_eq!(resp.status(), 400, "{body}");
+        let error: Value = resp.json().await.unwrap();
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message}");
+    }
+    assert_eq!(server.generated_stats().continuations, 0);
+}
+
+#[tokio::test]
+async fn the_stats_count_the_text_sent_and_the_continuations() {
+    let server = start(fox_script()).await;
+    let stats_url = format!("http://{}/mock/stats", server.addr());
+    let stats = || async {
+        let body: Value = get(&stats_url).await.json().await.unwrap();
+        body["generated"].clone()
+    };
+    let first = stream(&server, json!({"messages": [user("tell the fox story")]})).await;
+    let partial = "The quick brown";
+    let rest = stream(&server, continuing(partial, "prefill")).await;
+    let whole_chars = WHOLE.chars().count() as u64;
+    let rest_chars = (WHOLE.len() - partial.len()) as u64;
+    assert_eq!(
+        stats().await,
+        json!({
+            "content_chars": whole_chars + rest_chars,
+            "content_chunks": first.pieces().len() + rest.pieces().len(),
+            "continuations": 1,
+        })
+    );
+    assert_eq!(
+        server.generated_stats().content_chars,
+        whole_chars + rest_chars
+    );
+    // A stream broken off counts only the chunks sent before the break.
+    let server_broken = start(Script::new(vec![
+        Rule::reply("one two three four").break_after(2),
+    ]))
+    .await;
+    stream(&server_broken, json!({"messages": [user("x")]})).await;
+    assert_eq!(
+        server_broken.generated_stats().content_chars,
+        "one two ".len() as u64
+    );
+
+    let reset = client().delete(&stats_url).send().await.unwrap();
+    assert_eq!(reset.status(), 204);
+    assert_eq!(
+        stats().await,
+        json!({"content_chars": 0, "content_chunks": 0, "continuations": 0})
+    );
+}
+
+#[tokio::test]
+async fn the_mock_answers_version_as_vllm_does() {
+    let server = start(Script::echo()).await;
+    let body: Value = get(format!("http://{}/version", server.addr()))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body, json!({"version": "genfleet-mock"}));
 }
