@@ -30,6 +30,11 @@ const WITHIN: Duration = Duration::from_secs(30);
 const SLOW_REPLY: &str = "a b c d e f g h i j k l m n o p q r s t";
 /// The failed request's answer, of which the stream breaks after two words.
 const BROKEN_REPLY: &str = "one two three four five six";
+/// The resumed request's answer, and the part of it its checkpoint held.
+const RESUMED_REPLY: &str = "Half of the answer, then the rest.";
+const RESUMED_PREFIX: &str = "Half of the ";
+/// The worker the resumed request's record names, which never beats.
+const GONE_WORKER: &str = "tbl-gone";
 
 const SCRIPT: &str = r#"
 [[rules]]
@@ -49,6 +54,10 @@ tool_calls = [
   { name = "calculate", arguments = { operation = "add", a = 2, b = 3 } },
   { name = "signal_issue", arguments = { code = "NEEDS_EXTERNAL_INFO", severity = "low", summary = "noted" } },
 ]
+
+[[rules]]
+when_last_user_contains = "tbl-resumed"
+reply = "Half of the answer, then the rest."
 
 [[rules]]
 when_last_user_contains = "tbl-failed"
@@ -81,6 +90,9 @@ enum Kind {
     Continuation,
     /// COMPLETED `decision_requested` at a checkpoint, answered `skip`: its chain ended.
     ChainEnded,
+    /// COMPLETED `stop`, taken up from the checkpoint a gone worker left in its record, its
+    /// cut turn continued.
+    Resumed,
 }
 
 use Kind::*;
@@ -105,12 +117,14 @@ struct Subject {
     status: Value,
     /// Its status while it ran (the cancelled request's only).
     running: Option<Value>,
+    /// The `seq` of its first event heard (a resumed request numbers on from its checkpoint).
+    first_seq: u64,
 }
 
 impl Subject {
     fn state(&self) -> &'static str {
         match self.kind {
-            Completed | Continued | Continuation | ChainEnded => "COMPLETED",
+            Completed | Continued | Continuation | ChainEnded | Resumed => "COMPLETED",
             Failed => "FAILED",
             Cancelled => "CANCELLED",
         }
@@ -118,11 +132,16 @@ impl Subject {
 
     fn reason(&self) -> &'static str {
         match self.kind {
-            Completed | Continuation => "stop",
+            Completed | Continuation | Resumed => "stop",
             Continued | ChainEnded => "decision_requested",
             Failed => "backend_error",
             Cancelled => "cancelled",
         }
+    }
+
+    /// Its delivery: the resumed request's run is its second.
+    fn attempt(&self) -> u64 {
+        if self.kind == Resumed { 2 } else { 1 }
     }
 
     fn output(&self) -> &str {
@@ -270,6 +289,7 @@ fn result_rules() -> Vec<(&'static str, Rule)> {
                 Continuation => equal(output, "Carrying on as decided."),
                 // The checkpoint asks before the model is called.
                 ChainEnded => equal(output, ""),
+                Resumed => equal(output, RESUMED_REPLY),
             }
         }),
         ("messages", |_, s, v| {
@@ -320,7 +340,7 @@ fn result_rules() -> Vec<(&'static str, Rule)> {
                     equal(named, vec!["decision_request.CHECKPOINT".to_string()])?;
                     equal(decision(&signals[0]), s.decision_id.clone())
                 }
-                Cancelled | Continuation => equal(named, Vec::new()),
+                Cancelled | Continuation | Resumed => equal(named, Vec::new()),
                 // The fleet's own signals may be here: each names its type and code.
                 Failed => holds(!named.iter().any(|n| n.contains('?')), || {
                     format!("{signals:?}")
@@ -337,7 +357,7 @@ fn result_rules() -> Vec<(&'static str, Rule)> {
         ("worker_id", |w, _, v| {
             equal(string(v)?, w.worker_id.as_str())
         }),
-        ("attempt", |_, _, v| equal(count(v)?, 1)),
+        ("attempt", |_, s, v| equal(count(v)?, s.attempt())),
         ("chain_position", |_, s, v| {
             equal(count(v)?, if s.kind == Continuation { 2 } else { 1 })
         }),
@@ -428,6 +448,21 @@ fn result_rules() -> Vec<(&'static str, Rule)> {
             Failed => equal(string(v)?, "acme"),
             _ => absent(v),
         }),
+        ("resumed", |w, s, v| match s.kind {
+            Resumed => {
+                let moves = array(v)?;
+                equal(moves.len(), 1)?;
+                let moved = &moves[0];
+                equal(&moved["from_worker"], &json!(GONE_WORKER))?;
+                equal(&moved["to_worker"], &json!(w.worker_id))?;
+                equal(&moved["reason"], &json!("worker_lost"))?;
+                equal(&moved["at_token"], &json!(3))?;
+                equal(&moved["at_output_bytes"], &json!(RESUMED_PREFIX.len()))?;
+                absent(moved.get("turn_restarted"))?;
+                timestamp(moved.get("at"))
+            }
+            _ => absent(v),
+        }),
     ]
 }
 
@@ -464,7 +499,7 @@ fn event_rules() -> Vec<(&'static str, &'static str, EventRule)> {
         }),
         ("*", "seq", |_, s, e, v| {
             let at = s.events.iter().position(|x| std::ptr::eq(x, e)).unwrap();
-            equal(count(v)?, at as u64)
+            equal(count(v)?, s.first_seq + at as u64)
         }),
         ("*", "ts", |_, s, e, v| {
             timestamp(v)?;
@@ -484,9 +519,29 @@ fn event_rules() -> Vec<(&'static str, &'static str, EventRule)> {
         }),
         ("delta", "text", |_, s, _, v| {
             holds(!string(v)?.is_empty(), || "empty".into())?;
-            // The joined deltas are the output.
-            equal(s.joined("delta").as_str(), s.output())
+            // The joined deltas are the output (a resumed run's go on from its checkpoint's).
+            let before = if s.kind == Resumed {
+                RESUMED_PREFIX
+            } else {
+                ""
+            };
+            equal(
+                format!("{before}{}", s.joined("delta")),
+                s.output().to_string(),
+            )
         }),
+        ("resumed", "worker_id", |w, _, _, v| {
+            equal(string(v)?, w.worker_id.as_str())
+        }),
+        ("resumed", "attempt", |_, _, _, v| equal(count(v)?, 2)),
+        ("resumed", "from_worker", |_, _, _, v| {
+            equal(string(v)?, GONE_WORKER)
+        }),
+        ("resumed", "reason", |_, _, _, v| {
+            equal(string(v)?, "worker_lost")
+        }),
+        // Its cut turn was continued, not taken again.
+        ("resumed", "turn_restarted", |_, _, _, v| absent(v)),
         ("reasoning", "text", |_, s, _, v| {
             string(v)?;
             equal(
@@ -564,6 +619,7 @@ fn expected_events(kind: Kind) -> Vec<&'static str> {
         Failed | Cancelled | Continuation => vec!["started", "delta", "finished"],
         Continued => vec!["started", "delta", "signal", "finished", "continued"],
         ChainEnded => vec!["started", "signal", "finished", "chain_ended"],
+        Resumed => vec!["resumed", "delta", "finished"],
     }
 }
 
@@ -581,7 +637,7 @@ fn status_rules() -> Vec<(&'static str, StatusRule)> {
         ("worker_id", |w, _, _, v| {
             equal(string(v)?, w.worker_id.as_str())
         }),
-        ("attempt", |_, _, _, v| equal(count(v)?, 1)),
+        ("attempt", |_, s, _, v| equal(count(v)?, s.attempt())),
         // While it waits or runs only.
         ("priority", |_, _, running, v| match running {
             true => equal(string(v)?, "normal"),
@@ -1032,6 +1088,7 @@ async fn run_the_requests(f: &Fleet) -> Vec<Subject> {
         events: Vec::new(),
         status: Value::Null,
         running: None,
+        first_seq: 0,
     };
     let mut subjects = Vec::new();
 
@@ -1122,6 +1179,37 @@ async fn run_the_requests(f: &Fleet) -> Vec<Subject> {
     ended.decision_id = Some(decision);
     ended.events = events_until(&heard, &ended.id, "chain_ended").await;
     subjects.push(ended);
+
+    // Resumed: its record names a worker with no heartbeat and holds a checkpoint cut mid-turn
+    // (as a worker killed while the answer streamed leaves it); the status asked of it finds
+    // the worker gone, and a live worker goes on from the checkpoint.
+    let mut resumed = subject(Resumed, "tbl-resumed", "tbl-resumed");
+    resumed.first_seq = 2;
+    let js = async_nats::jetstream::new(nats.clone());
+    let results = js.get_key_value("GENFLEET_RESULTS").await.unwrap();
+    let record = json!({"live": {
+        "request_id": "tbl-resumed", "state": "RUNNING", "worker_id": GONE_WORKER,
+        "attempt": 1, "durable": false,
+        "progress": {
+            "request": {"request_id": "tbl-resumed",
+                        "messages": [{"role": "user", "content": "tbl-resumed"}]},
+            "conversation": [], "partial": RESUMED_PREFIX, "partial_visible": RESUMED_PREFIX,
+            "output": RESUMED_PREFIX, "usage": {"prompt_tokens": 5, "completion_tokens": 3},
+            "tool_iterations_used": 0, "tool_iterations_left": 4, "next_seq": 2,
+            "elapsed_ms": 40, "first_token_ms": 10, "root_request_id": "tbl-resumed",
+            "chain_position": 1
+        }
+    }});
+    results
+        .put(
+            "res.tbl-resumed",
+            serde_json::to_vec(&record).unwrap().into(),
+        )
+        .await
+        .unwrap();
+    status_of(resumed.id.clone()).await;
+    resumed.events = events_until(&heard, &resumed.id, "finished").await;
+    subjects.push(resumed);
 
     for s in &mut subjects {
         s.result = result_of(s.id.clone()).await;

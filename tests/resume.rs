@@ -7,12 +7,12 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::fleet::{self, Fleet, request};
 use common::wait;
 use futures_util::StreamExt;
-use genfleet::protocol::{Event, EventBody, MoveReason, RequestState};
+use genfleet::protocol::{Event, EventBody, GenerationRequest, MoveReason, RequestState};
 
 /// The bound on a request's run, and on the fleet's taking it up after a kill.
 const SETTLE: Duration = Duration::from_secs(40);
@@ -33,26 +33,105 @@ fn words(n: usize) -> String {
         .join(" ")
 }
 
-/// Worker processes `ids` with two slots each, on a mock answering `reply` a word every
-/// `delay_ms`.
-async fn fleet_answering(ids: [&str; 2], reply: &str, delay_ms: u64) -> Fleet {
+/// Worker processes `ids` with two slots each, on a mock running `script`.
+async fn fleet_on(ids: [&str; 2], script: &str) -> Fleet {
     RESUMING
         .into_iter()
         .fold(
-            Fleet::builder().default_settings().script(&format!(
-                "[[rules]]\nreply = \"{reply}\"\ndelay_ms = {delay_ms}\n"
-            )),
+            Fleet::builder().default_settings().script(script),
             |builder, (key, value)| builder.worker_env(key, value),
         )
+        .worker_env("RUST_LOG", "info")
         .worker_processes(ids)
         .slots(2)
         .start()
         .await
 }
 
-/// The events of a request, in the order they came, up to its `finished`.
-async fn events_until_finished(mut events: async_nats::Subscriber) -> Vec<Event> {
+/// Worker processes `ids` on a mock answering `reply` a word every `delay_ms`.
+async fn fleet_answering(ids: [&str; 2], reply: &str, delay_ms: u64) -> Fleet {
+    fleet_on(
+        ids,
+        &format!("[[rules]]\nreply = \"{reply}\"\ndelay_ms = {delay_ms}\n"),
+    )
+    .await
+}
+
+/// Waits until `id`'s record holds a checkpoint with output, then kills (SIGKILL) the worker
+/// process of `ids` that runs it. Returns that worker, the output the checkpoint seen held and
+/// when the kill was.
+async fn kill_after_checkpoint(
+    f: &mut Fleet,
+    ids: [&str; 2],
+    id: &str,
+) -> (String, String, Instant) {
+    let nats = f.client.nats().clone();
+    let (worker, output) = wait::until("a checkpoint with output", SETTLE, || async {
+        let record = fleet::record(&nats, id).await;
+        let live = record.as_ref().map(|r| &r["live"]);
+        match live.map(|l| (&l["worker_id"], &l["progress"]["output"])) {
+            Some((serde_json::Value::String(worker), serde_json::Value::String(output)))
+                if !output.is_empty() =>
+            {
+                Ok((worker.clone(), output.clone()))
+            }
+            _ => Err(format!("its record: {record:?}")),
+        }
+    })
+    .await;
+    let index = ids
+        .iter()
+        .position(|w| *w == worker)
+        .expect("one of the fleet's workers");
+    f.processes[index].kill();
+    (worker, output, Instant::now())
+}
+
+/// The events followed, or the workers' logs when the request did not finish.
+async fn followed(
+    f: &Fleet,
+    ids: [&str; 2],
+    following: tokio::task::JoinHandle<(Vec<Event>, Option<Instant>)>,
+) -> (Vec<Event>, Option<Instant>) {
+    match following.await {
+        Ok(seen) => seen,
+        Err(error) => {
+            for worker in ids {
+                let log = std::fs::read_to_string(f.logs().join(format!("{worker}.log")));
+                eprintln!("--- {worker}:\n{}", log.unwrap_or_default());
+            }
+            panic!("the request did not finish: {error}");
+        }
+    }
+}
+
+/// Sequence numbers run 0, 1, 2, ... with no gap and none twice.
+fn assert_gapless(seen: &[Event]) {
+    let seqs: Vec<u64> = seen.iter().map(|e| e.seq).collect();
+    assert_eq!(
+        seqs,
+        (0..seen.len() as u64).collect::<Vec<_>>(),
+        "sequence numbers: {seqs:?}"
+    );
+}
+
+/// The streamed text.
+fn deltas(seen: &[Event]) -> String {
+    seen.iter()
+        .filter_map(|e| match &e.body {
+            EventBody::Delta { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The events of a request, in the order they came, up to its `finished`, and when its
+/// `resumed` event came.
+async fn events_until_finished(
+    mut events: async_nats::Subscriber,
+) -> (Vec<Event>, Option<Instant>) {
     let mut seen = Vec::new();
+    let mut resumed_at = None;
     loop {
         let message = tokio::time::timeout(SETTLE, events.next())
             .await
@@ -60,9 +139,12 @@ async fn events_until_finished(mut events: async_nats::Subscriber) -> Vec<Event>
             .expect("the event subscription stays open");
         let event: Event = serde_json::from_slice(&message.payload).expect("an event");
         let finished = matches!(event.body, EventBody::Finished { .. });
+        if matches!(event.body, EventBody::Resumed { .. }) {
+            resumed_at.get_or_insert_with(Instant::now);
+        }
         seen.push(event);
         if finished {
-            return seen;
+            return (seen, resumed_at);
         }
     }
 }
@@ -71,7 +153,7 @@ async fn events_until_finished(mut events: async_nats::Subscriber) -> Vec<Event>
 async fn a_streamed_request_whose_worker_is_killed_goes_on_on_another_from_its_checkpoint() {
     let reply = words(120);
     let mut f = fleet_answering(["left", "right"], &reply, 25).await;
-    let client = &f.client;
+    let client = f.client.clone();
     let nats = client.nats().clone();
     let id = "resume-me";
     let events = nats
@@ -86,40 +168,14 @@ async fn a_streamed_request_whose_worker_is_killed_goes_on_on_another_from_its_c
     let first = accepted.worker_id.clone();
 
     // Once its record holds a checkpoint with some output, its worker is killed.
-    let checkpointed = wait::until("the request's first checkpoint", SETTLE, || async {
-        let record = fleet::record(&nats, id).await;
-        match record
-            .as_ref()
-            .and_then(|r| r["live"]["progress"]["output"].as_str())
-        {
-            Some(output) if !output.is_empty() => Ok(output.to_string()),
-            _ => Err(format!("its record: {record:?}")),
-        }
-    })
-    .await;
-    let index = ["left", "right"]
-        .iter()
-        .position(|w| *w == first)
-        .expect("one of the two");
-    f.processes[index].kill();
-
-    let seen = following.await.expect("the follower ends");
+    let (killed, checkpointed, killed_at) =
+        kill_after_checkpoint(&mut f, ["left", "right"], id).await;
+    assert_eq!(killed, first);
+    let (seen, resumed_at) = followed(&f, ["left", "right"], following).await;
     // The caller's stream goes on without a gap and without text twice: sequence numbers run
     // 0, 1, 2, ... and the deltas join into the whole answer.
-    let seqs: Vec<u64> = seen.iter().map(|e| e.seq).collect();
-    assert_eq!(
-        seqs,
-        (0..seen.len() as u64).collect::<Vec<_>>(),
-        "sequence numbers: {seqs:?}"
-    );
-    let streamed: String = seen
-        .iter()
-        .filter_map(|e| match &e.body {
-            EventBody::Delta { text } => Some(text.as_str()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(streamed, reply, "the deltas join into the answer");
+    assert_gapless(&seen);
+    assert_eq!(deltas(&seen), reply, "the deltas join into the answer");
     let resumed: Vec<&Event> = seen
         .iter()
         .filter(|e| matches!(e.body, EventBody::Resumed { .. }))
@@ -139,7 +195,7 @@ async fn a_streamed_request_whose_worker_is_killed_goes_on_on_another_from_its_c
         assert_ne!(worker_id, &first);
     }
 
-    let result = fleet::take_exactly_once(client, id).await;
+    let result = fleet::take_exactly_once(&client, id).await;
     assert_eq!(result.state, RequestState::Completed, "{result:?}");
     assert_eq!(
         result.output, reply,
@@ -175,4 +231,105 @@ async fn a_streamed_request_whose_worker_is_killed_goes_on_on_another_from_its_c
         !prefix.is_empty() && reply.starts_with(&prefix),
         "the continued prefix is a start of the answer: {prefix:?}"
     );
+    // Measured, not asserted: the text the model generated twice (what the killed worker
+    // received after its last checkpoint) and how soon the stream went on.
+    let generated = f.mock().generated_stats().content_chars;
+    eprintln!(
+        "generated again: {} of {} characters; streaming again {:?} after the kill",
+        generated.saturating_sub(reply.chars().count() as u64),
+        reply.chars().count(),
+        resumed_at.map(|at| at.duration_since(killed_at))
+    );
+}
+
+#[tokio::test]
+async fn a_durable_request_with_tools_whose_worker_is_killed_goes_on_without_calling_a_tool_twice()
+{
+    let answer = words(100);
+    // The model calls `tally` first; given its result it streams the long answer.
+    let script = format!(
+        "[[rules]]\nwhen_last_user_contains = \"probe\"\nreply = \"ready\"\n\n\
+         [[rules]]\nwhen_last_role = \"tool\"\nreply = \"{answer}\"\ndelay_ms = 25\n\n\
+         [[rules]]\ntool_calls = [{{ name = \"tally\", arguments = {{}} }}]\n"
+    );
+    let ids = ["east", "west"];
+    let mut f = fleet_on(ids, &script).await;
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = calls.clone();
+    let tally = serde_json::from_value::<genfleet::tools::ToolDefinition>(serde_json::json!({
+        "name": "tally", "brief": "Count the calls", "schema": {"type": "object"}
+    }))
+    .expect("a definition");
+    let _service = genfleet::client::tool_service::ToolService::start(
+        f.client.nats().clone(),
+        &f.settings,
+        tally,
+        move |_, _| {
+            let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            async move { Ok(serde_json::json!({ "calls": n })) }
+        },
+    )
+    .await
+    .expect("the tool service starts");
+    let client = f.client.clone();
+    // Both workers know the tool before the queued request reaches either.
+    for worker in ids {
+        let subject = client.subjects().worker_submit(worker, None);
+        wait::until(&format!("{worker} to know the tool"), SETTLE, || {
+            let client = client.clone();
+            let subject = subject.clone();
+            async move {
+                let mut probe = GenerationRequest::user("probe");
+                probe.tools = vec!["tally".into()];
+                let body = serde_json::to_vec(&probe).expect("a request");
+                let reply = client
+                    .nats()
+                    .request(subject, body.into())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let text = String::from_utf8_lossy(&reply.payload).to_string();
+                if text.contains("unknown tools") {
+                    Err(text)
+                } else {
+                    Ok(())
+                }
+            }
+        })
+        .await;
+    }
+    let id = "resume-durable";
+    let events = client
+        .nats()
+        .subscribe(client.subjects().events(id))
+        .await
+        .expect("subscribed to the events");
+    let following = tokio::spawn(events_until_finished(events));
+    let mut asked = request(id, "tally, then tell me");
+    asked.tools = vec!["tally".into()];
+    client.enqueue("default", &asked).await.expect("queued");
+
+    let (killed, _, _) = kill_after_checkpoint(&mut f, ids, id).await;
+    let (seen, _) = followed(&f, ids, following).await;
+    assert_gapless(&seen);
+    assert_eq!(deltas(&seen), answer, "the deltas join into the answer");
+    let results = seen
+        .iter()
+        .filter(|e| matches!(e.body, EventBody::ToolResult { .. }))
+        .count();
+    assert_eq!(results, 1, "one tool result was sent: {seen:?}");
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the tool ran once"
+    );
+
+    let result = fleet::take_exactly_once(&client, id).await;
+    assert_eq!(result.state, RequestState::Completed, "{result:?}");
+    assert_eq!(result.output, answer);
+    assert_eq!(result.tool_iterations_used, 1);
+    assert_eq!(result.resumed.len(), 1, "{:?}", result.resumed);
+    assert_eq!(result.resumed[0].from_worker, killed);
+    assert_ne!(result.worker_id, killed);
+    // The queue message was acknowledged by the worker that took the request up.
+    fleet::wait_queue_empty(client.nats(), "default", SETTLE).await;
 }

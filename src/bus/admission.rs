@@ -141,9 +141,11 @@ pub(super) async fn admit(
         Hold::new(asked, claim.live, claim.revision, message, trace).holding(claim.permit),
     );
     placement.ticket = Some(hold.clone());
-    placement.continuity.store = Some(Arc::new(super::resume::RecordCheckpoints::new(
+    placement.continuity.store = Some(Arc::new(super::checkpoints::RecordCheckpoints::new(
         shared.stores.clone(),
         hold.clone(),
+        shared.listing.clone(),
+        std::time::Duration::from_millis(shared.settings.worker.heartbeat_ms),
     )));
     let started = if placement.scheduling.wait_for_slot {
         let (tx, rx) = oneshot::channel();

@@ -193,12 +193,20 @@ pub(super) async fn run(shared: Arc<Shared>) {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticker.tick().await;
         loop {
-            ticker.tick().await;
+            tokio::select! {
+                _ = ticker.tick() => {}
+                // A request's first checkpoint waits for a heartbeat that lists it (one beat
+                // answers every request that asked meanwhile).
+                _ = shared.listing.asked() => {}
+            }
             let stale = shared.fencing.stale();
             // A heartbeat slower than the interval is left behind for the next one.
             match tokio::time::timeout(every, beat(&shared)).await {
-                Ok(Ok(())) if stale => fence_taken(&shared).await,
-                Ok(Ok(())) => {}
+                Ok(Ok(())) if stale => {
+                    shared.listing.beaten();
+                    fence_taken(&shared).await
+                }
+                Ok(Ok(())) => shared.listing.beaten(),
                 Ok(Err(error)) => tracing::warn!(message = "heartbeat failed", %error),
                 Err(_) => {
                     tracing::warn!(message = "heartbeat took longer than worker.heartbeat_ms")
@@ -366,6 +374,7 @@ async fn reap(
         let Some(peer) = peers.remove(&worker) else {
             continue;
         };
+        tracing::info!(message = "a peer is gone; taking up or ending what it held", worker = %worker, requests = peer.running.len());
         if !peer.running.is_empty() && shared.capacity.borrow().free() == 0 {
             // A worker with a free slot can start them at once: it goes first.
             tokio::time::sleep(FULL_WORKER_WAITS).await;

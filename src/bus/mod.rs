@@ -9,12 +9,13 @@
 //! result and cancel; `decide` records decisions and takes answers; `heartbeat` beats and finds
 //! lost workers; `upkeep` keeps held requests' records and deliveries alive; `service` is the
 //! NATS service API; `tenant_limit` keeps the pool's count of each tenant's running requests.
-//! `resume` writes a running request's checkpoints and takes a gone worker's requests up from
-//! theirs. `store` owns the worker's writes of a request's record. `shared` is what they share.
+//! `checkpoints` writes a running request's checkpoints into its record; `resume` takes a gone
+//! worker's requests up from theirs. `store` owns the worker's writes of a request's record. `shared` is what they share.
 
 mod admission;
 mod affinity;
 pub mod catalog;
+mod checkpoints;
 mod decide;
 pub mod decisions;
 mod finish;

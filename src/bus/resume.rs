@@ -1,68 +1,22 @@
-//! Resume: a running request's checkpoints written into its record, and a request whose worker
-//! is gone taken up from its last checkpoint by a live worker of the pool.
+//! Resume: a request whose worker is gone taken up from its last checkpoint (written by
+//! `checkpoints`) by a live worker of the pool.
 //!
-//! A checkpoint replaces the live record by compare-and-set, so it is stored only while the
-//! record is still this run's; a run that was taken over learns it at its next checkpoint
-//! ([`CheckpointError::Fenced`]) and says nothing more. Taking a request up is one
-//! compare-and-set too: of the live workers that find it, one wins, writes its own id and the
-//! next attempt into the record with the move listed, and runs the request from the
-//! checkpoint in its Supervisor (waiting for a slot if none is free).
+//! Taking a request up is one compare-and-set: of the live workers that find it, one wins,
+//! writes its own id and the next attempt into the record with the move listed, and runs the
+//! request from the checkpoint in its Supervisor (waiting for a slot if none is free).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::future::BoxFuture;
-
 use super::admission::{self, Claim};
-use super::shared::{Hold, Shared};
-use super::store::{LiveRecord, Over, StoreError, Stored, Stores};
+use super::shared::Shared;
+use super::store::{LiveRecord, Over, StoreError, Stored};
 use crate::actors::{Lineage, Placement, Scheduling};
 use crate::client::records::{RequestRecord, Versioned};
-use crate::engine::{CheckpointError, Checkpoints, Continuity, Resume};
-use crate::protocol::progress::MAX_MOVES_LISTED;
+use crate::engine::{Continuity, Resume};
+use crate::protocol::result::MAX_MOVES_LISTED;
 use crate::protocol::{GenerationResult, MoveReason, Progress, Reason, RequestState, Resumed};
 use crate::schedule::Preference;
-
-/// How long a checkpoint may take to be stored before the generation goes on without it.
-const SAVE_WITHIN: Duration = Duration::from_secs(5);
-
-/// Writes a request's checkpoints into its live record.
-pub(super) struct RecordCheckpoints {
-    stores: Stores,
-    hold: Arc<Hold>,
-}
-
-impl RecordCheckpoints {
-    pub(super) fn new(stores: Stores, hold: Arc<Hold>) -> RecordCheckpoints {
-        RecordCheckpoints { stores, hold }
-    }
-}
-
-impl Checkpoints for RecordCheckpoints {
-    fn save(&self, progress: Progress) -> BoxFuture<'static, Result<(), CheckpointError>> {
-        let stores = self.stores.clone();
-        let hold = self.hold.clone();
-        Box::pin(async move {
-            let _writing = hold.writing.lock().await;
-            let progress = Box::new(progress);
-            let mut live = hold.live_now(RequestState::Running);
-            live.progress = Some(progress.clone());
-            match tokio::time::timeout(SAVE_WITHIN, stores.set_live(&live, hold.revision())).await {
-                Ok(Ok(Some(revision))) => {
-                    hold.wrote(revision);
-                    hold.keep_progress(progress);
-                    Ok(())
-                }
-                Ok(Ok(None)) => Err(CheckpointError::Fenced),
-                Ok(Err(error)) => Err(CheckpointError::Failed(error.to_string())),
-                Err(_) => Err(CheckpointError::Failed(format!(
-                    "not stored within {} ms",
-                    SAVE_WITHIN.as_millis()
-                ))),
-            }
-        })
-    }
-}
 
 /// What became of a gone worker's request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

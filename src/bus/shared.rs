@@ -55,6 +55,44 @@ pub(super) struct Shared {
     pub(super) fencing: Fencing,
     /// The pool's count of each tenant's running requests (`worker.tenants.pool_max_running`).
     pub(super) tenant_counts: Arc<super::tenant_limit::TenantCounts>,
+    /// Heartbeats asked for and counted: a request's first checkpoint waits until a heartbeat
+    /// lists it (see [`Listing`]).
+    pub(super) listing: Arc<Listing>,
+}
+
+/// A request is taken up when its worker goes only if that worker's heartbeat listed it, so
+/// its first checkpoint is written only once a heartbeat written since it started lists it:
+/// a worker that dies in between leaves a listed request without a checkpoint (ended
+/// `worker_lost`, as a short request is), never a checkpoint nobody finds.
+#[derive(Default)]
+pub(super) struct Listing {
+    ask: tokio::sync::Notify,
+    beats: tokio::sync::watch::Sender<u64>,
+}
+
+impl Listing {
+    /// Asks for a heartbeat now and waits (at most `within`) until one begun after the ask
+    /// is written; whether one was.
+    pub(super) async fn beat_listing(&self, within: std::time::Duration) -> bool {
+        let mut beats = self.beats.subscribe();
+        let asked_at = *beats.borrow_and_update();
+        self.ask.notify_one();
+        // A beat under way when asked may have begun before: the one after it lists it.
+        let wanted = asked_at + 2;
+        tokio::time::timeout(within, beats.wait_for(|n| *n >= wanted))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    /// Resolves when a heartbeat is asked for.
+    pub(super) async fn asked(&self) {
+        self.ask.notified().await;
+    }
+
+    /// A heartbeat was written.
+    pub(super) fn beaten(&self) {
+        self.beats.send_modify(|n| *n += 1);
+    }
 }
 
 /// Fencing: a worker whose heartbeat expired (it was paused, or cut off from NATS, for
@@ -314,6 +352,14 @@ impl Hold {
     /// Notes the checkpoint just stored.
     pub(super) fn keep_progress(&self, progress: Box<crate::protocol::Progress>) {
         *self.progress.lock().unwrap_or_else(|e| e.into_inner()) = Some(progress);
+    }
+
+    /// Whether a checkpoint of it was stored here.
+    pub(super) fn has_progress(&self) -> bool {
+        self.progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
     }
 
     pub(super) fn revision(&self) -> u64 {

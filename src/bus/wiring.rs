@@ -202,6 +202,7 @@ async fn serve(
         stored: tokio::sync::broadcast::channel(STORED_NOTICES).0,
         metrics: metrics.clone(),
         tenant_stats: super::tenants::TenantStats::new(metrics.clone()),
+        listing: Default::default(),
         fencing: super::shared::Fencing::new(std::time::Duration::from_millis(
             settings.worker.lost_after_ms,
         )),

@@ -62,7 +62,7 @@ pub enum EventBody {
         worker_id: String,
         attempt: u32,
         from_worker: String,
-        reason: super::progress::MoveReason,
+        reason: super::result::MoveReason,
         /// The turn in progress was taken again from its start: text of that turn was held
         /// back until its end, so none of it had been sent.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]

@@ -28,12 +28,12 @@ pub use finished::FinishedSummary;
 pub use message::{
     Content, FunctionCall, FunctionDefinition, FunctionTool, Message, Role, ToolCall,
 };
-pub use progress::{MoveReason, Progress, Resumed};
+pub use progress::Progress;
 pub use replies::{Accepted, CancelReply, Capacity, StatsReply, StatusReply};
 pub use request::{Checkpoint, GenerationRequest, RequestLimits, ValidationCheck};
 pub use result::{
-    AffinityRecord, CheckResult, GenerationResult, Reason, RequestState, Timings, Usage,
-    ValidationReport,
+    AffinityRecord, CheckResult, GenerationResult, MoveReason, Reason, RequestState, Resumed,
+    Timings, Usage, ValidationReport,
 };
 pub use schedule::{DEFAULT_TENANT, Priority};
 pub use signal::{

@@ -155,9 +155,9 @@ pub struct GenerationResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
     /// Each move of the request to another worker, in order (at most
-    /// [`super::progress::MAX_MOVES_LISTED`]); absent when it ran where it started.
+    /// [`MAX_MOVES_LISTED`]); absent when it ran where it started.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub resumed: Vec<super::progress::Resumed>,
+    pub resumed: Vec<Resumed>,
 }
 
 /// How a request with an affinity key was placed.
@@ -299,6 +299,41 @@ impl GenerationResult {
         true
     }
 }
+
+/// Why a request moved to another worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MoveReason {
+    /// Its worker stopped (killed, its node lost): found by its peers.
+    WorkerLost,
+    /// Its worker drained (SIGTERM: a scale-in, a rolling update) and handed it on.
+    Drained,
+    /// A request of a higher band took its slot; it waited and went on.
+    Preempted,
+}
+
+/// One move of a request, as its result records it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Resumed {
+    /// The worker it left.
+    pub from_worker: String,
+    /// The worker that went on.
+    pub to_worker: String,
+    /// The completion tokens counted when it left (the checkpoint's).
+    pub at_token: u64,
+    /// The output's length in bytes when it left.
+    pub at_output_bytes: usize,
+    pub reason: MoveReason,
+    /// The turn in progress was taken again from its start instead of continued (the backend
+    /// cannot continue a final assistant message, or the request asks for structured output).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub turn_restarted: bool,
+    /// When it went on (RFC 3339).
+    pub at: String,
+}
+
+/// The most moves a result lists (the oldest are kept).
+pub const MAX_MOVES_LISTED: usize = 16;
 
 #[cfg(test)]
 mod tests {

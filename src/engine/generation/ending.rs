@@ -36,6 +36,9 @@ impl Generation<'_> {
     /// shown; the emitter is handed back so `finished` follows with the next sequence number.
     pub(super) async fn finish(mut self, stop: Stop) -> Finished {
         self.events.flush().await;
+        // What waited for a checkpoint goes out now: the result holds it (and `finished`, sent
+        // by the Supervisor on the same numbering, follows it).
+        self.events.release().await;
         let timings_ms = self.meter.timings(self.ctx.accepted_at);
         let signals_dropped = self.signals.dropped();
         let result = GenerationResult {
