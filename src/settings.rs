@@ -63,6 +63,20 @@ pub struct HttpSettings {
     pub backend_probe_ms: u64,
 }
 
+/// What a draining worker does with the requests still running (`worker.drain_handoff`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DrainHandOff {
+    /// The default: they run on until `worker.drain_timeout_ms`, then each writes a checkpoint
+    /// and a live peer goes on from it.
+    Deadline,
+    /// Each writes a checkpoint at once and a live peer goes on from it.
+    AtOnce,
+    /// They run on until the deadline, then end CANCELLED (a durable one goes back to the
+    /// queue and starts over).
+    Off,
+}
+
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NatsSettings {
@@ -164,6 +178,9 @@ pub struct WorkerSettings {
     pub pool: String,
     pub slots: u32,
     pub drain_timeout_ms: u64,
+    /// What a drain does with the requests still running: hand them off to live peers (at its
+    /// deadline, or at once) or cancel them at its deadline.
+    pub drain_handoff: DrainHandOff,
     pub cancel_wait_ms: u64,
     pub max_retained_results: usize,
     pub heartbeat_ms: u64,
@@ -644,6 +661,7 @@ const ENUMERATIONS: &words::Enumerations = &[
         words::values_of::<DoneWithoutFinish>,
     ),
     ("llm.continuation", words::values_of::<ContinuationSetting>),
+    ("worker.drain_handoff", words::values_of::<DrainHandOff>),
 ];
 
 /// What the checks of [`Settings::validate`] want of the whole number `key` beyond not being

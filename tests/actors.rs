@@ -245,6 +245,7 @@ fn config(slots: u32) -> SupervisorConfig {
         limits: RequestLimits::default(),
         reserved: ReservedSlots::default(),
         tenant_max_running: 0,
+        drain_handoff: genfleet::settings::DrainHandOff::Deadline,
     }
 }
 

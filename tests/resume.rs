@@ -333,3 +333,104 @@ async fn a_durable_request_with_tools_whose_worker_is_killed_goes_on_without_cal
     // The queue message was acknowledged by the worker that took the request up.
     fleet::wait_queue_empty(client.nats(), "default", SETTLE).await;
 }
+
+#[tokio::test]
+async fn a_drain_hands_its_running_requests_off_and_none_is_cancelled_or_restarted() {
+    let reply = words(100);
+    let ids = ["leaving", "staying"];
+    // A short drain deadline: the requests still run when it comes.
+    let f = RESUMING
+        .into_iter()
+        .fold(
+            Fleet::builder()
+                .default_settings()
+                .script(&format!("[[rules]]\nreply = \"{reply}\"\ndelay_ms = 25\n")),
+            |builder, (key, value)| builder.worker_env(key, value),
+        )
+        .worker_env("GENFLEET__WORKER__DRAIN_TIMEOUT_MS", "300")
+        .worker_env("RUST_LOG", "info")
+        .worker_processes(ids)
+        .slots(3)
+        .start()
+        .await;
+    let client = f.client.clone();
+    let mut following = Vec::new();
+    let mut asked = Vec::new();
+    for n in 0..4 {
+        let id = format!("drain-{n}");
+        let events = client
+            .nats()
+            .subscribe(client.subjects().events(&id))
+            .await
+            .expect("subscribed to the events");
+        following.push(tokio::spawn(events_until_finished(events)));
+        if n % 2 == 0 {
+            client
+                .submit("default", &request(&id, "go"))
+                .await
+                .expect("accepted");
+        } else {
+            client
+                .enqueue("default", &request(&id, "go"))
+                .await
+                .expect("queued");
+        }
+        asked.push(id);
+    }
+    // Once a request on the leaving worker has written a checkpoint, it is told to stop.
+    let nats = client.nats().clone();
+    let on_leaving: Vec<String> = wait::until(
+        "requests checkpointed on the leaving worker",
+        SETTLE,
+        || async {
+            let mut there = Vec::new();
+            for id in &asked {
+                if let Some(record) = fleet::record(&nats, id).await
+                    && record["live"]["worker_id"] == "leaving"
+                    && record["live"]["progress"].is_object()
+                {
+                    there.push(id.clone());
+                }
+            }
+            if there.is_empty() {
+                Err("none yet".to_string())
+            } else {
+                Ok(there)
+            }
+        },
+    )
+    .await;
+    f.processes[0].ask_to_stop();
+    for (id, following) in asked.iter().zip(following) {
+        let (seen, _) = followed(&f, ids, following).await;
+        assert_gapless(&seen);
+        assert_eq!(
+            deltas(&seen),
+            reply,
+            "{id}: the deltas join into the answer"
+        );
+        let result = fleet::take_exactly_once(&client, id).await;
+        assert_eq!(
+            (result.state, result.output.as_str()),
+            (RequestState::Completed, reply.as_str()),
+            "{id}: {result:?}"
+        );
+        if on_leaving.contains(id) {
+            // It went on on the staying worker from its checkpoint: not cancelled, not
+            // started over.
+            assert_eq!(result.worker_id, "staying", "{id}: {result:?}");
+            assert_eq!(result.resumed.len(), 1, "{id}: {:?}", result.resumed);
+            assert_eq!(result.resumed[0].reason, MoveReason::Drained);
+            assert!(
+                result.resumed[0].at_output_bytes > 0,
+                "{id}: {:?}",
+                result.resumed
+            );
+        }
+    }
+    // Every move continued its turn: the backend was asked to continue as many times as
+    // requests moved, and started no answer over.
+    let moved = f.mock().generated_stats().continuations;
+    assert!(moved >= on_leaving.len() as u64, "{moved} continuations");
+    fleet::wait_queue_empty(client.nats(), "default", SETTLE).await;
+}

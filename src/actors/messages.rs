@@ -39,6 +39,9 @@ pub enum Canceller {
     /// The fleet declared this worker lost (its heartbeat expired while it was paused or cut
     /// off): what it held is no longer its own, and it says nothing more of it.
     Fenced,
+    /// The worker's drain asked it to hand off: it writes a checkpoint and a live peer goes on
+    /// from it (its end here is not the request's; see [`crate::engine::HANDED_OFF`]).
+    HandOff,
 }
 
 /// Where a request stands in its decision chain and in its caller's trace; the defaults

@@ -110,6 +110,22 @@ async fn finish(shared: &Shared, mut event: Event) {
             });
         }
     }
+    if let Some(hold) = &hold
+        && cancelled_by == Some(Canceller::HandOff)
+        && result.reason == crate::protocol::Reason::Cancelled
+        && result.detail.as_deref() == Some(crate::engine::HANDED_OFF)
+        && (hold.has_progress() || hold.live.progress.is_some())
+    {
+        // Handed off: its record holds the checkpoint that covers everything its caller was
+        // sent, and names this worker until a live peer takes it up (as this worker's entry
+        // goes). Nothing is stored or told here, and a durable request's delivery is left for
+        // that peer to keep and acknowledge.
+        shared
+            .handed_off
+            .add(result.request_id.clone(), hold.is_durable());
+        tracing::info!(message = "handed a request off", request_id = %result.request_id);
+        return;
+    }
     let fenced =
         shared.fencing.ended(&result.request_id) || cancelled_by == Some(Canceller::Fenced);
     if fenced {

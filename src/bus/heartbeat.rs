@@ -77,15 +77,18 @@ pub async fn open(
 pub(super) async fn beat(shared: &Shared) -> Result<(), HeartbeatError> {
     let capacity = *shared.capacity.borrow();
     let held = held_requests(shared).await;
+    let (handed_durable, handed_running) = shared.handed_off.list();
     let running = held
         .iter()
         .filter(|(held, hold)| held.state == RequestState::Running && !hold.is_durable())
         .map(|(held, _)| held.request_id.clone())
+        .chain(handed_running)
         .collect();
     let durable = held
         .iter()
         .filter(|(held, hold)| !held.state.is_terminal() && hold.is_durable())
         .map(|(held, _)| held.request_id.clone())
+        .chain(handed_durable)
         .collect();
     let heartbeat = Heartbeat {
         worker_id: shared.worker_id.clone(),
@@ -173,8 +176,13 @@ pub(super) async fn first_beat(shared: &Shared) -> Result<(), BusError> {
 }
 
 /// Takes this worker's heartbeat away as it stops, so its peers do not wait out
-/// `worker.lost_after_ms` to see it gone (it ran everything it held to its end).
+/// `worker.lost_after_ms` to see it gone. It ran everything it held to its end, or handed it
+/// off: a last heartbeat then lists what it handed off, and its peers take those up as they
+/// see its entry go.
 pub(super) async fn last_beat(shared: &Shared) {
+    if shared.handed_off.has_any() {
+        let _ = tokio::time::timeout(Duration::from_secs(2), beat(shared)).await;
+    }
     let _ = tokio::time::timeout(
         Duration::from_secs(2),
         shared.workers.delete(&shared.worker_id),
@@ -244,7 +252,11 @@ async fn follow_peers(shared: &Shared, every: Duration) {
         loop {
             tokio::select! {
                 entry = watch.next() => match entry {
-                    Some(Ok(entry)) => note(shared, &mut peers, entry),
+                    Some(Ok(entry)) => {
+                        if let Some((worker, held)) = note(shared, &mut peers, entry) {
+                            take_up_all(shared, &worker, held, MoveReason::Drained).await;
+                        }
+                    }
                     Some(Err(error)) => {
                         tracing::debug!(message = "following the heartbeats failed", %error);
                         break;
@@ -269,23 +281,30 @@ async fn follow_peers(shared: &Shared, every: Duration) {
     }
 }
 
-fn note(shared: &Shared, peers: &mut HashMap<String, Peer>, entry: kv::Entry) {
+/// Notes a peer's heartbeat. A peer that stopped and said so (its entry deleted) is returned
+/// with what it last listed: what it did not end it handed off, to be taken up.
+fn note(
+    shared: &Shared,
+    peers: &mut HashMap<String, Peer>,
+    entry: kv::Entry,
+) -> Option<(String, Vec<String>)> {
     if entry.key == shared.worker_id {
-        return;
+        return None;
     }
     if entry.operation != kv::Operation::Put {
-        // It stopped and said so: everything it held ended.
-        peers.remove(&entry.key);
+        let gone = peers.remove(&entry.key);
         shared.peer_slots.forget(&entry.key);
         shared.tenant_counts.peer_gone(&entry.key);
-        return;
+        return gone
+            .filter(|peer| !peer.running.is_empty())
+            .map(|peer| (entry.key, peer.running));
     }
     let Ok(heartbeat) = serde_json::from_slice::<Heartbeat>(&entry.value) else {
-        return;
+        return None;
     };
     shared.tenant_counts.peer_seen(&entry.key);
     if !peers.contains_key(&entry.key) && peers.len() >= MAX_PEERS {
-        return;
+        return None;
     }
     shared
         .peer_slots
@@ -306,6 +325,26 @@ fn note(shared: &Shared, peers: &mut HashMap<String, Peer>, entry: kv::Entry) {
             seen: Instant::now(),
         },
     );
+    None
+}
+
+/// Takes up what a peer that stopped handed off (each request whose record still names it and
+/// holds a checkpoint; one of the live workers wins each).
+async fn take_up_all(shared: &Shared, worker: &str, held: Vec<String>, reason: MoveReason) {
+    if shared.capacity.borrow().free() == 0 {
+        // A worker with a free slot can start them at once: it goes first.
+        tokio::time::sleep(FULL_WORKER_WAITS).await;
+    }
+    for request_id in held {
+        match super::resume::take_up(shared, &request_id, worker, reason).await {
+            Ok(outcome) => {
+                tracing::debug!(message = "a stopped peer's request", request_id = %request_id, ?outcome)
+            }
+            Err(error) => {
+                tracing::debug!(message = "cannot take up a stopped peer's request", %error, request_id = %request_id)
+            }
+        }
+    }
 }
 
 /// The late peers (a heartbeat half an interval overdue) whose connection is gone: the server

@@ -316,8 +316,8 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message, place: Option
             tenant,
         },
         continuity: crate::engine::Continuity {
-            store: None,
             from: resume_from,
+            ..Default::default()
         },
         ..Placement::default()
     };

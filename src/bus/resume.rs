@@ -215,12 +215,12 @@ async fn run_here(
             accepted_at: Some(accepted_at),
         },
         continuity: Continuity {
-            store: None,
             from: Some(Arc::new(Resume {
                 progress,
                 from_worker,
                 reason,
             })),
+            ..Continuity::default()
         },
         ..Placement::default()
     };

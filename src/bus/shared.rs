@@ -58,6 +58,36 @@ pub(super) struct Shared {
     /// Heartbeats asked for and counted: a request's first checkpoint waits until a heartbeat
     /// lists it (see [`Listing`]).
     pub(super) listing: Arc<Listing>,
+    /// The requests this worker handed off as it drained, listed in its last heartbeats.
+    pub(super) handed_off: HandedOff,
+}
+
+/// The requests a draining worker handed off (each with whether it is durable): its last
+/// heartbeat lists them, and its peers take them up when its entry goes.
+#[derive(Default)]
+pub(super) struct HandedOff(std::sync::Mutex<Vec<(String, bool)>>);
+
+impl HandedOff {
+    pub(super) fn add(&self, request_id: String, durable: bool) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((request_id, durable));
+    }
+
+    pub(super) fn has_any(&self) -> bool {
+        !self.0.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
+    }
+
+    /// The durable ones and the interactive ones.
+    pub(super) fn list(&self) -> (Vec<String>, Vec<String>) {
+        let handed = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let (durable, running): (Vec<_>, Vec<_>) = handed.iter().partition(|(_, d)| *d);
+        (
+            durable.into_iter().map(|(id, _)| id.clone()).collect(),
+            running.into_iter().map(|(id, _)| id.clone()).collect(),
+        )
+    }
 }
 
 /// A request is taken up when its worker goes only if that worker's heartbeat listed it, so

@@ -203,6 +203,7 @@ async fn serve(
         metrics: metrics.clone(),
         tenant_stats: super::tenants::TenantStats::new(metrics.clone()),
         listing: Default::default(),
+        handed_off: Default::default(),
         fencing: super::shared::Fencing::new(std::time::Duration::from_millis(
             settings.worker.lost_after_ms,
         )),

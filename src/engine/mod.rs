@@ -32,7 +32,7 @@ pub use chain::ChainState;
 pub use events::{Coalescing, EventEmitter, EventSink};
 pub use history::{DecisionHistory, NoHistory};
 pub use loop_detect::LoopDetectionConfig;
-pub use progress::{CheckpointError, Checkpoints, Continuity, Resume};
+pub use progress::{CheckpointError, Checkpoints, Continuity, HANDED_OFF, Resume};
 pub use signals::SignalLimits;
 
 /// The engine's settings, taken from [`Settings`] once.

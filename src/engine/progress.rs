@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
 
 use crate::protocol::{MoveReason, Progress};
 
@@ -38,19 +39,27 @@ pub struct Resume {
     pub reason: MoveReason,
 }
 
-/// A request's continuity across workers: where its checkpoints go (none: it writes none), and
-/// the checkpoint it goes on from (none: it starts afresh).
+/// A request's continuity across workers: where its checkpoints go (none: it writes none), the
+/// checkpoint it goes on from (none: it starts afresh), and the token that asks it to hand off.
 #[derive(Clone, Default)]
 pub struct Continuity {
     pub store: Option<Arc<dyn Checkpoints>>,
     pub from: Option<Arc<Resume>>,
+    /// Cancelled to hand the request off (a drain, a preemption): it writes a checkpoint at the
+    /// first point it can and stops there with [`HANDED_OFF`], for another run to go on from.
+    pub hand_off: CancellationToken,
 }
+
+/// The detail of the CANCELLED result a generation that handed off ends with. It is never
+/// stored: the run that goes on from its checkpoint stores the request's result.
+pub const HANDED_OFF: &str = "handed off to go on from its checkpoint";
 
 impl std::fmt::Debug for Continuity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Continuity")
             .field("checkpoints", &self.store.is_some())
             .field("from", &self.from)
+            .field("hand_off", &self.hand_off.is_cancelled())
             .finish()
     }
 }

@@ -52,6 +52,14 @@ impl Proc {
         let _ = self.child.wait();
     }
 
+    /// SIGTERM, without waiting: the process drains while the test goes on (an in-process
+    /// backend it still calls keeps answering).
+    pub fn ask_to_stop(&self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status();
+    }
+
     /// Resident memory (VmRSS) in KiB, from /proc.
     pub fn rss_kib(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))

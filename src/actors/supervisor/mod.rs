@@ -41,7 +41,7 @@ use crate::protocol::{
     RequestState, WireError,
 };
 use crate::schedule::{SlotPolicy, Slots, TenantLimit};
-use crate::settings::{ReservedSlots, Settings};
+use crate::settings::{DrainHandOff, ReservedSlots, Settings};
 
 /// Messages the Supervisor's mailbox holds before `send` callers wait.
 pub const MAILBOX_CAPACITY: usize = 256;
@@ -60,6 +60,8 @@ pub struct SupervisorConfig {
     pub reserved: ReservedSlots,
     /// Running requests of one tenant at most (0: no limit).
     pub tenant_max_running: u32,
+    /// What a drain does with the requests still running.
+    pub drain_handoff: DrainHandOff,
 }
 
 impl SupervisorConfig {
@@ -73,6 +75,7 @@ impl SupervisorConfig {
             limits: request_limits(settings),
             reserved: settings.worker.reserved_slots,
             tenant_max_running: settings.worker.tenants.max_running,
+            drain_handoff: settings.worker.drain_handoff,
         }
     }
 
@@ -317,7 +320,14 @@ impl<T: Ticket> Supervisor<T> {
             request_id.to_string(),
             self.sink.clone(),
             self.engine.config().coalescing,
-            Arc::new(AtomicU64::new(0)),
+            // One that was to go on from a checkpoint numbers on from it.
+            Arc::new(AtomicU64::new(
+                placement
+                    .continuity
+                    .from
+                    .as_ref()
+                    .map_or(0, |resume| resume.progress.next_seq),
+            )),
         );
         announce_finished(emitter, result.clone());
         self.record_result(result, Vec::new(), placement.ticket, Some(by));

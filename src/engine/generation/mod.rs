@@ -99,6 +99,7 @@ impl<'e> Generation<'e> {
             ctx.continuity.store.clone(),
             config.checkpoint_every,
             engine.continues_turns(&request),
+            ctx.continuity.hand_off.clone(),
         );
         Generation {
             checkpoints,

@@ -16,8 +16,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio_util::sync::CancellationToken;
+
 use crate::engine::text_calls::TextCallParser;
-use crate::engine::{CheckpointError, Checkpoints, Resume};
+use crate::engine::{CheckpointError, Checkpoints, HANDED_OFF, Resume};
 use crate::protocol::{Message, Progress, Reason};
 
 use super::Generation;
@@ -32,6 +34,8 @@ pub(super) struct Checkpointing {
     last: Option<Instant>,
     /// A turn may be checkpointed while it streams.
     mid_turn: bool,
+    /// Asks for a checkpoint at the first point one can be written, then the end of this run.
+    hand_off: CancellationToken,
 }
 
 impl Checkpointing {
@@ -39,6 +43,7 @@ impl Checkpointing {
         store: Option<Arc<dyn Checkpoints>>,
         every: Option<Duration>,
         mid_turn: bool,
+        hand_off: CancellationToken,
     ) -> Self {
         Checkpointing {
             store: every.and(store),
@@ -46,14 +51,25 @@ impl Checkpointing {
             started: Instant::now(),
             last: None,
             mid_turn,
+            hand_off,
         }
     }
 
+    fn handing_off(&self) -> bool {
+        self.store.is_some() && self.hand_off.is_cancelled()
+    }
+
     fn due(&self, mid_turn: bool) -> bool {
+        if mid_turn && !self.mid_turn {
+            return false;
+        }
+        if self.handing_off() {
+            return true;
+        }
         if self.store.is_none() || self.started.elapsed() < self.every {
             return false;
         }
-        !mid_turn || (self.mid_turn && self.last.is_none_or(|t| t.elapsed() >= self.every))
+        !mid_turn || self.last.is_none_or(|t| t.elapsed() >= self.every)
     }
 }
 
@@ -107,6 +123,11 @@ impl Generation<'_> {
         };
         self.checkpoints.last = Some(Instant::now());
         match saved {
+            Ok(()) if self.checkpoints.handing_off() => {
+                // Everything the caller was sent is in it: another run goes on from here.
+                self.events.release().await;
+                Err(Stop::new(Reason::Cancelled, HANDED_OFF))
+            }
             Ok(()) => {
                 self.events.hold();
                 self.events.release().await;
