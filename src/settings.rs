@@ -181,6 +181,11 @@ pub struct WorkerSettings {
     /// What a drain does with the requests still running: hand them off to live peers (at its
     /// deadline, or at once) or cancel them at its deadline.
     pub drain_handoff: DrainHandOff,
+    /// A request of a higher band that finds no free slot takes the slot of the newest running
+    /// request of a lower band, which writes a checkpoint, waits and goes on later.
+    pub preempt: bool,
+    /// How many times one request may be preempted (then it runs to its end).
+    pub max_preemptions: u32,
     pub cancel_wait_ms: u64,
     pub max_retained_results: usize,
     pub heartbeat_ms: u64,

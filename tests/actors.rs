@@ -246,6 +246,8 @@ fn config(slots: u32) -> SupervisorConfig {
         reserved: ReservedSlots::default(),
         tenant_max_running: 0,
         drain_handoff: genfleet::settings::DrainHandOff::Deadline,
+        preempt: false,
+        max_preemptions: 2,
     }
 }
 

@@ -434,3 +434,86 @@ async fn a_drain_hands_its_running_requests_off_and_none_is_cancelled_or_restart
     assert!(moved >= on_leaving.len() as u64, "{moved} continuations");
     fleet::wait_queue_empty(client.nats(), "default", SETTLE).await;
 }
+
+#[tokio::test]
+async fn a_high_request_preempts_a_low_one_which_goes_on_later_with_the_same_output() {
+    let long = words(100);
+    let script = format!(
+        "[[rules]]\nwhen_last_user_contains = \"urgent\"\nreply = \"done at once\"\n\n\
+         [[rules]]\nreply = \"{long}\"\ndelay_ms = 25\n"
+    );
+    let f = RESUMING
+        .into_iter()
+        .fold(
+            Fleet::builder().default_settings().script(&script),
+            |builder, (key, value)| builder.worker_env(key, value),
+        )
+        .worker_env("GENFLEET__WORKER__PREEMPT", "true")
+        .worker_env("RUST_LOG", "info")
+        .worker_processes(["solo"])
+        .slots(2)
+        .start()
+        .await;
+    let client = f.client.clone();
+    let nats = client.nats().clone();
+    let mut following = Vec::new();
+    let lows = ["low-0", "low-1"];
+    for id in lows {
+        let events = nats
+            .subscribe(client.subjects().events(id))
+            .await
+            .expect("subscribed");
+        following.push(tokio::spawn(events_until_finished(events)));
+        let mut asked = request(id, "take your time");
+        asked.priority = Some(genfleet::protocol::Priority::Low);
+        client.submit("default", &asked).await.expect("accepted");
+    }
+    // Both slots run `low` work.
+    for id in lows {
+        wait::until(&format!("{id} to stream"), SETTLE, || async {
+            match fleet::record(&nats, id).await {
+                Some(record) if record["live"]["state"] == "RUNNING" => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    }
+    let high_events = nats
+        .subscribe(client.subjects().events("high-0"))
+        .await
+        .expect("subscribed");
+    let high_following = tokio::spawn(events_until_finished(high_events));
+    let mut urgent = request("high-0", "urgent");
+    urgent.priority = Some(genfleet::protocol::Priority::High);
+    client
+        .submit("default", &urgent)
+        .await
+        .expect("a high request is accepted with every slot busy");
+    let (high_seen, _) = followed(&f, ["solo", "solo"], high_following).await;
+    let high = fleet::take_exactly_once(&client, "high-0").await;
+    assert_eq!(high.output, "done at once", "{high:?}");
+    assert_eq!(high_seen.last().map(|e| e.body.name()), Some("finished"));
+
+    let mut preempted = 0;
+    for (id, following) in lows.iter().zip(following) {
+        let (seen, _) = followed(&f, ["solo", "solo"], following).await;
+        assert_gapless(&seen);
+        assert_eq!(deltas(&seen), long, "{id}: the deltas join into the answer");
+        let result = fleet::take_exactly_once(&client, id).await;
+        assert_eq!(
+            (result.state, result.output.as_str()),
+            (RequestState::Completed, long.as_str()),
+            "{id}: the same output it would have had"
+        );
+        if let Some(moved) = result.resumed.first() {
+            assert_eq!(moved.reason, MoveReason::Preempted, "{id}: {moved:?}");
+            assert_eq!(
+                (moved.from_worker.as_str(), moved.to_worker.as_str()),
+                ("solo", "solo")
+            );
+            preempted += 1;
+        }
+    }
+    // One slot was wanted: one `low` request gave it up (the newer one).
+    assert_eq!(preempted, 1, "one low request was preempted");
+}

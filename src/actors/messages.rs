@@ -42,6 +42,9 @@ pub enum Canceller {
     /// The worker's drain asked it to hand off: it writes a checkpoint and a live peer goes on
     /// from it (its end here is not the request's; see [`crate::engine::HANDED_OFF`]).
     HandOff,
+    /// A request of a higher band took its slot: it writes a checkpoint and waits here to go
+    /// on from it.
+    Preempted,
 }
 
 /// Where a request stands in its decision chain and in its caller's trace; the defaults

@@ -126,6 +126,33 @@ async fn finish(shared: &Shared, mut event: Event) {
         tracing::info!(message = "handed a request off", request_id = %result.request_id);
         return;
     }
+    if let Some(hold) = &hold
+        && cancelled_by == Some(Canceller::Preempted)
+        && result.reason == crate::protocol::Reason::Cancelled
+        && result.detail.as_deref() == Some(crate::engine::HANDED_OFF)
+        && hold.has_progress()
+    {
+        // Preempted: it waits here, in its own band, to go on from the checkpoint it just
+        // wrote (its record moves to its next attempt, the move listed).
+        shared.metrics.preempted.inc();
+        let live = hold.live_now(RequestState::Running);
+        match super::resume::take_up_record(
+            shared,
+            live,
+            hold.revision(),
+            crate::protocol::MoveReason::Preempted,
+        )
+        .await
+        {
+            Ok(outcome) => {
+                tracing::info!(message = "a preempted request waits to go on", request_id = %result.request_id, ?outcome)
+            }
+            Err(error) => {
+                tracing::warn!(message = "a preempted request could not be queued again; a peer takes it up if this worker goes", request_id = %result.request_id, %error)
+            }
+        }
+        return;
+    }
     let fenced =
         shared.fencing.ended(&result.request_id) || cancelled_by == Some(Canceller::Fenced);
     if fenced {

@@ -220,6 +220,11 @@ async fn run_here(
                 from_worker,
                 reason,
             })),
+            preemptions: live
+                .resumed
+                .iter()
+                .filter(|moved| moved.reason == MoveReason::Preempted)
+                .count() as u32,
             ..Continuity::default()
         },
         ..Placement::default()

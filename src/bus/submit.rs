@@ -208,14 +208,19 @@ async fn handle_submit(shared: Arc<Shared>, message: async_nats::Message, route:
             }
         }
     }
+    let preempting = shared.settings.worker.preempt && shared.settings.generation.checkpoint_ms > 0;
     if forwarding && shared.capacity.borrow().free() == 0 {
         // Full (or draining): not decoded here, but to read its key.
         let refused = match forward(&shared, &message, told.as_ref()).await {
             Ok(()) => return,
             Err(refused) => refused,
         };
-        respond::<Accepted>(&shared.client, &message, Err(refused)).await;
-        return;
+        if !preempting || shared.capacity.borrow().draining {
+            respond::<Accepted>(&shared.client, &message, Err(refused)).await;
+            return;
+        }
+        // No peer has a free slot: a request of a higher band may take one of a lower band's
+        // here (worker.preempt).
     }
     let reply = guarded(submit(&shared, &message, route, decoded, told.clone())).await;
     if forwarding

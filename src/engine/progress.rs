@@ -48,6 +48,8 @@ pub struct Continuity {
     /// Cancelled to hand the request off (a drain, a preemption): it writes a checkpoint at the
     /// first point it can and stops there with [`HANDED_OFF`], for another run to go on from.
     pub hand_off: CancellationToken,
+    /// How many times the request was preempted so far (bounded by `worker.max_preemptions`).
+    pub preemptions: u32,
 }
 
 /// The detail of the CANCELLED result a generation that handed off ends with. It is never

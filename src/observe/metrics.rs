@@ -81,6 +81,8 @@ pub struct Metrics {
     pub chain_headers_dropped: Counter,
     /// Requests this worker took up from another worker's checkpoint.
     pub resumed: Counter,
+    /// Requests preempted here by a request of a higher band.
+    pub preempted: Counter,
 }
 
 /// Seconds, from 5 ms to about 20 minutes.
@@ -231,6 +233,12 @@ impl Metrics {
             "Requests this worker took up from their last checkpoint after their worker was lost, drained or preempted",
             resumed.clone(),
         );
+        let preempted = Counter::default();
+        registry.register(
+            "preempted_requests",
+            "Requests that gave their slot to a request of a higher band here (worker.preempt), to go on from their checkpoint later",
+            preempted.clone(),
+        );
         let chain_headers_dropped = Counter::default();
         registry.register(
             "chain_headers_dropped",
@@ -240,6 +248,7 @@ impl Metrics {
         Metrics {
             registry,
             resumed,
+            preempted,
             chain_headers_dropped,
             submits_forwarded,
             submits_placed,

@@ -8,7 +8,9 @@ use actix::prelude::*;
 
 use super::records::{Record, Running, Waiting};
 use super::{Supervisor, announce_finished, lost_result};
-use crate::actors::messages::{Release, Released, SlotDone, SlotReleased, Submit, Ticket};
+use crate::actors::messages::{
+    Canceller, Release, Released, SlotDone, SlotReleased, Submit, Ticket,
+};
 use crate::engine::EventEmitter;
 use crate::protocol::ids::new_id;
 use crate::protocol::{Accepted, ErrorCode, GenerationResult, RequestState, WireError};
@@ -42,9 +44,10 @@ impl<T: Ticket> Handler<Submit<T>> for Supervisor<T> {
                 format!("request {request_id} is already known to this worker"),
             ));
         }
+        let worker_id = self.config.worker_id.clone();
         let accepted = |state| Accepted {
             request_id: request_id.clone(),
-            worker_id: self.config.worker_id.clone(),
+            worker_id: worker_id.clone(),
             state,
         };
         let free = self.config.slots.saturating_sub(self.busy);
@@ -67,6 +70,18 @@ impl<T: Ticket> Handler<Submit<T>> for Supervisor<T> {
             // Started at once: nobody waits to hear it.
             placement.on_start = None;
             self.start_in_slot(request, placement, ctx);
+            self.publish_capacity();
+            return Ok(accepted);
+        }
+        if free == 0 && !at_limit && self.preempt_for(placement.scheduling.band) {
+            // A slot frees as soon as the preempted request has written its checkpoint: this
+            // one waits for it, ahead of any other waiting request of its band.
+            let accepted = accepted(RequestState::Queued);
+            self.waiting.push_front(request_id.clone());
+            self.records.insert(
+                request_id,
+                Record::Waiting(Box::new(Waiting { request, placement })),
+            );
             self.publish_capacity();
             return Ok(accepted);
         }
@@ -93,6 +108,45 @@ impl<T: Ticket> Handler<Submit<T>> for Supervisor<T> {
             ErrorCode::NoSlotAvailable,
             format!("all {} slots are busy", self.config.slots),
         ))
+    }
+}
+
+impl<T: Ticket> Supervisor<T> {
+    /// With `worker.preempt`, asks the newest running request of a band below `band` (one not
+    /// yet preempted `worker.max_preemptions` times, nor already handing off) to hand its slot
+    /// over: it writes a checkpoint at its next chance and stops. Whether one was asked. A
+    /// request already asked is not asked again: each preemption frees one slot, for the one
+    /// request that asked it.
+    fn preempt_for(&mut self, band: crate::protocol::Priority) -> bool {
+        if !self.config.preempt || self.draining {
+            return false;
+        }
+        let victim = self
+            .records
+            .iter_mut()
+            .filter_map(|(_, record)| match record {
+                Record::Running(running)
+                    if running.band > band
+                        && running.cancelled_by.is_none()
+                        && running.context.continuity.preemptions < self.config.max_preemptions =>
+                {
+                    Some(running)
+                }
+                _ => None,
+            })
+            .max_by_key(|running| running.started_at);
+        let Some(victim) = victim else {
+            return false;
+        };
+        victim.context.continuity.hand_off.cancel();
+        victim.cancelled_by = Some(Canceller::Preempted);
+        tracing::info!(
+            message = "preempting a request of a lower band",
+            request_id = %victim.context.request_id,
+            band = victim.band.as_str(),
+            for_band = band.as_str()
+        );
+        true
     }
 }
 

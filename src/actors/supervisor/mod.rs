@@ -62,6 +62,9 @@ pub struct SupervisorConfig {
     pub tenant_max_running: u32,
     /// What a drain does with the requests still running.
     pub drain_handoff: DrainHandOff,
+    /// A higher band takes the slot of a lower one's newest request when none is free.
+    pub preempt: bool,
+    pub max_preemptions: u32,
 }
 
 impl SupervisorConfig {
@@ -76,6 +79,8 @@ impl SupervisorConfig {
             reserved: settings.worker.reserved_slots,
             tenant_max_running: settings.worker.tenants.max_running,
             drain_handoff: settings.worker.drain_handoff,
+            preempt: settings.worker.preempt && settings.generation.checkpoint_ms > 0,
+            max_preemptions: settings.worker.max_preemptions,
         }
     }
 
@@ -246,6 +251,7 @@ impl<T: Ticket> Supervisor<T> {
                 ticket: placement.ticket,
                 band: placement.scheduling.band,
                 tenant: placement.scheduling.tenant,
+                started_at: std::time::Instant::now(),
             })),
         );
         let guard = SlotGuard {

@@ -46,6 +46,8 @@ pub(super) struct Running<T> {
     pub(super) ticket: Option<T>,
     pub(super) band: Priority,
     pub(super) tenant: Option<String>,
+    /// When it took its slot (the newest of a band is preempted first).
+    pub(super) started_at: std::time::Instant,
 }
 
 /// An ended request, until its result is read or released.
