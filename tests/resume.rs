@@ -517,3 +517,93 @@ async fn a_high_request_preempts_a_low_one_which_goes_on_later_with_the_same_out
     // One slot was wanted: one `low` request gave it up (the newer one).
     assert_eq!(preempted, 1, "one low request was preempted");
 }
+
+#[tokio::test]
+async fn a_structured_output_request_takes_its_cut_turn_again_instead_of_continuing_it() {
+    let fields = words(60);
+    let answer = format!("{{\\\"summary\\\": \\\"{fields}\\\"}}");
+    let expected = format!("{{\"summary\": \"{fields}\"}}");
+    // A tool first (a boundary the request checkpoints at), then the JSON answer, slowly.
+    let script = format!(
+        "[[rules]]\nwhen_last_user_contains = \"probe\"\nreply = \"ready\"\n\n\
+         [[rules]]\nwhen_last_role = \"tool\"\nreply = \"{answer}\"\ndelay_ms = 40\n\n\
+         [[rules]]\ntool_calls = [{{ name = \"tally\", arguments = {{}} }}]\n"
+    );
+    let ids = ["north", "south"];
+    let mut f = fleet_on(ids, &script).await;
+    let tally = serde_json::from_value::<genfleet::tools::ToolDefinition>(serde_json::json!({
+        "name": "tally", "brief": "Count the calls", "schema": {"type": "object"}
+    }))
+    .expect("a definition");
+    let _service = genfleet::client::tool_service::ToolService::start(
+        f.client.nats().clone(),
+        &f.settings,
+        tally,
+        // Slow enough that the request has run past its checkpoint interval at the boundary.
+        |_, _| async {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            Ok(serde_json::json!({ "calls": 1 }))
+        },
+    )
+    .await
+    .expect("the tool service starts");
+    let client = f.client.clone();
+    let nats = client.nats().clone();
+    let id = "resume-json";
+    let events = nats
+        .subscribe(client.subjects().events(id))
+        .await
+        .expect("subscribed");
+    let following = tokio::spawn(events_until_finished(events));
+    let mut asked = request(id, "summarise as JSON");
+    asked.tools = vec!["tally".into()];
+    asked.options.insert(
+        "response_format".into(),
+        serde_json::json!({"type": "json_object"}),
+    );
+    let accepted = fleet::submit_when_tools_known(&client, &asked).await;
+    // Once the tool's boundary is checkpointed and the JSON turn has begun, its worker dies.
+    wait::until(
+        "the JSON turn under way after a checkpoint",
+        SETTLE,
+        || async {
+            let record = fleet::record(&nats, id).await;
+            let checkpointed = record.as_ref().is_some_and(|r| {
+                r["live"]["progress"]["conversation"]
+                    .as_array()
+                    .is_some_and(|c| c.len() >= 2)
+            });
+            let answering = f.mock().requests().len() >= 2;
+            if checkpointed && answering {
+                Ok(())
+            } else {
+                Err(format!("{record:?}"))
+            }
+        },
+    )
+    .await;
+    let index = ids
+        .iter()
+        .position(|w| *w == accepted.worker_id)
+        .expect("a worker of the fleet");
+    f.processes[index].kill();
+
+    let (seen, _) = followed(&f, ids, following).await;
+    assert_gapless(&seen);
+    // None of the cut turn had been sent: its text waited for the turn's end, so the turn
+    // taken again repeats nothing.
+    assert_eq!(deltas(&seen), expected);
+    let result = fleet::take_exactly_once(&client, id).await;
+    assert_eq!(result.state, RequestState::Completed, "{result:?}");
+    assert_eq!(result.output, expected);
+    assert_eq!(result.resumed.len(), 1, "{:?}", result.resumed);
+    // Taken again from the tool boundary: the backend was never asked to continue it.
+    assert_eq!(f.mock().generated_stats().continuations, 0);
+    assert!(
+        f.mock()
+            .requests()
+            .iter()
+            .all(|r| r.get("continue_final_message").is_none()),
+        "no continuation was asked"
+    );
+}
