@@ -33,6 +33,19 @@ fn words(n: usize) -> String {
         .join(" ")
 }
 
+/// Follows `id`'s events from now until its `finished` (see [`events_until_finished`]).
+async fn follow(
+    client: &genfleet::client::Client,
+    id: &str,
+) -> tokio::task::JoinHandle<(Vec<Event>, Option<Instant>)> {
+    let events = client
+        .nats()
+        .subscribe(client.subjects().events(id))
+        .await
+        .expect("subscribed to the events");
+    tokio::spawn(events_until_finished(events))
+}
+
 /// Worker processes `ids` with two slots each, on a mock running `script`.
 async fn fleet_on(ids: [&str; 2], script: &str) -> Fleet {
     RESUMING
@@ -154,13 +167,8 @@ async fn a_streamed_request_whose_worker_is_killed_goes_on_on_another_from_its_c
     let reply = words(120);
     let mut f = fleet_answering(["left", "right"], &reply, 25).await;
     let client = f.client.clone();
-    let nats = client.nats().clone();
     let id = "resume-me";
-    let events = nats
-        .subscribe(client.subjects().events(id))
-        .await
-        .expect("subscribed to the events");
-    let following = tokio::spawn(events_until_finished(events));
+    let following = follow(&client, id).await;
     let accepted = client
         .submit("default", &request(id, "go"))
         .await
@@ -298,12 +306,7 @@ async fn a_durable_request_with_tools_whose_worker_is_killed_goes_on_without_cal
         .await;
     }
     let id = "resume-durable";
-    let events = client
-        .nats()
-        .subscribe(client.subjects().events(id))
-        .await
-        .expect("subscribed to the events");
-    let following = tokio::spawn(events_until_finished(events));
+    let following = follow(&client, id).await;
     let mut asked = request(id, "tally, then tell me");
     asked.tools = vec!["tally".into()];
     client.enqueue("default", &asked).await.expect("queued");
@@ -358,12 +361,7 @@ async fn a_drain_hands_its_running_requests_off_and_none_is_cancelled_or_restart
     let mut asked = Vec::new();
     for n in 0..4 {
         let id = format!("drain-{n}");
-        let events = client
-            .nats()
-            .subscribe(client.subjects().events(&id))
-            .await
-            .expect("subscribed to the events");
-        following.push(tokio::spawn(events_until_finished(events)));
+        following.push(follow(&client, &id).await);
         if n % 2 == 0 {
             client
                 .submit("default", &request(&id, "go"))
@@ -459,11 +457,7 @@ async fn a_high_request_preempts_a_low_one_which_goes_on_later_with_the_same_out
     let mut following = Vec::new();
     let lows = ["low-0", "low-1"];
     for id in lows {
-        let events = nats
-            .subscribe(client.subjects().events(id))
-            .await
-            .expect("subscribed");
-        following.push(tokio::spawn(events_until_finished(events)));
+        following.push(follow(&client, id).await);
         let mut asked = request(id, "take your time");
         asked.priority = Some(genfleet::protocol::Priority::Low);
         client.submit("default", &asked).await.expect("accepted");
@@ -478,11 +472,7 @@ async fn a_high_request_preempts_a_low_one_which_goes_on_later_with_the_same_out
         })
         .await;
     }
-    let high_events = nats
-        .subscribe(client.subjects().events("high-0"))
-        .await
-        .expect("subscribed");
-    let high_following = tokio::spawn(events_until_finished(high_events));
+    let high_following = follow(&client, "high-0").await;
     let mut urgent = request("high-0", "urgent");
     urgent.priority = Some(genfleet::protocol::Priority::High);
     client
@@ -550,11 +540,7 @@ async fn a_structured_output_request_takes_its_cut_turn_again_instead_of_continu
     let client = f.client.clone();
     let nats = client.nats().clone();
     let id = "resume-json";
-    let events = nats
-        .subscribe(client.subjects().events(id))
-        .await
-        .expect("subscribed");
-    let following = tokio::spawn(events_until_finished(events));
+    let following = follow(&client, id).await;
     let mut asked = request(id, "summarise as JSON");
     asked.tools = vec!["tally".into()];
     asked.options.insert(
