@@ -444,3 +444,75 @@ async fn a_tool_call_written_as_text_by_the_real_model_is_parsed_and_run() {
         "{result:?}"
     );
 }
+
+#[tokio::test]
+async fn a_half_done_generation_goes_on_from_its_checkpoint_on_the_real_server() {
+    let Some(f) = fleet(1, |_| {}).await else {
+        return;
+    };
+    let prompt = "Describe a calm lake at dawn in three sentences.";
+    let asked = |id: &str| {
+        request(
+            id,
+            json!({"messages": [{"role": "user", "content": prompt}],
+                   "max_tokens": 64, "temperature": 0}),
+        )
+    };
+    // The uninterrupted answer (greedy: the same every time).
+    let (whole, _, _) = run(&f, asked("lake-whole")).await;
+    let answer = whole.output.clone();
+    // Cut before a word about half way, as a checkpoint taken while it streamed would hold it.
+    let cut = answer[..answer.len() / 2]
+        .rfind(' ')
+        .filter(|at| *at > 0)
+        .expect("an answer of several words");
+    let done = &answer[..cut];
+    // The record a worker killed there leaves: it names a worker that no longer beats.
+    let id = "lake-resumed";
+    let record = json!({"live": {
+        "request_id": id, "state": "RUNNING", "worker_id": "gone-worker", "attempt": 1,
+        "durable": false,
+        "progress": {
+            "request": serde_json::to_value(asked(id)).unwrap(),
+            "conversation": [], "partial": done, "partial_visible": done, "output": done,
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0},
+            "tool_iterations_used": 0, "tool_iterations_left": 4, "next_seq": 5,
+            "elapsed_ms": 100, "root_request_id": id, "chain_position": 1
+        }
+    }});
+    let nats = f.fleet.client.nats();
+    let results = async_nats::jetstream::new(nats.clone())
+        .get_key_value("GENFLEET_RESULTS")
+        .await
+        .unwrap();
+    results
+        .put(
+            format!("res.{id}"),
+            serde_json::to_vec(&record).unwrap().into(),
+        )
+        .await
+        .unwrap();
+    // Asking after it finds its worker gone: the live worker goes on from the checkpoint.
+    let _ = f.fleet.client.status(id).await;
+    let result = fleet::terminal(&f.fleet.client, id, REQUEST_TIMEOUT).await;
+    assert_eq!(result.state, RequestState::Completed, "{result:?}");
+    assert_eq!(result.resumed.len(), 1, "{result:?}");
+    assert!(
+        !result.resumed[0].turn_restarted,
+        "llama-server continues a final assistant message (prefill): {result:?}"
+    );
+    assert!(
+        result.output.starts_with(done),
+        "the output goes on from the checkpoint: {:?}",
+        result.output
+    );
+    // The server continued the cut answer: greedy decoding picks up where the whole answer
+    // went on (compared over its next words, not to the end).
+    let went_on: String = result.output[cut..].chars().take(16).collect();
+    let whole_went_on: String = answer[cut..].chars().take(16).collect();
+    assert_eq!(
+        went_on, whole_went_on,
+        "cut at {cut}: resumed {:?}, whole {answer:?}",
+        result.output
+    );
+}

@@ -220,22 +220,22 @@ impl Generation<'_> {
         true
     }
 
-    /// The first turn of a resumed run asks the backend to continue the turn that was cut.
+    /// The first turn of a resumed run asks the backend to continue the turn that was cut;
+    /// the text it continues, if it does.
     pub(super) fn carry_into(
         &mut self,
         chat: &mut crate::llm::ChatRequest,
         turn: &mut Turn,
         parser: &mut TextCallParser,
-    ) {
-        let Some(carried) = self.carried.take() else {
-            return;
-        };
+    ) -> Option<String> {
+        let carried = self.carried.take()?;
         chat.messages.push(Message::assistant(carried.raw.clone()));
         chat.continue_final = true;
         // The parser is brought to where it stood at the cut; what it shows again was shown.
         let mut shown = String::new();
         parser.push(&carried.raw, &mut shown);
-        turn.raw = carried.raw;
+        turn.raw = carried.raw.clone();
         turn.visible = carried.visible;
+        Some(carried.raw)
     }
 }

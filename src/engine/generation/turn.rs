@@ -126,7 +126,11 @@ impl Generation<'_> {
             parsed: Vec::new(),
             finish: FinishReason::Stop,
         };
-        self.carry_into(&mut chat, &mut turn, &mut parser);
+        // A server may stream the text it was asked to continue before the continuation
+        // (llama.cpp's does): that echo is not new text.
+        let mut echo = self
+            .carry_into(&mut chat, &mut turn, &mut parser)
+            .map(|prefix| (prefix, String::new()));
         let mut stream = self.engine.backend.chat_stream(chat);
         let mut finish = None;
         let mut any_token = false;
@@ -176,6 +180,25 @@ impl Generation<'_> {
             }
             match event {
                 StreamEvent::Text(text) => {
+                    let text = match echo.as_mut() {
+                        Some((prefix, seen)) => {
+                            seen.push_str(&text);
+                            if seen.len() < prefix.len() && prefix.starts_with(seen.as_str()) {
+                                // Maybe the echo, maybe not yet: wait for more.
+                                continue;
+                            }
+                            let new = match seen.strip_prefix(prefix.as_str()) {
+                                Some(rest) => rest.to_string(),
+                                None => std::mem::take(seen),
+                            };
+                            echo = None;
+                            if new.is_empty() {
+                                continue;
+                            }
+                            new
+                        }
+                        None => text,
+                    };
                     push_capped(&mut turn.raw, &text, cap, &mut self.transcript.truncated);
                     visible.clear();
                     parser.push(&text, &mut visible);
