@@ -530,7 +530,7 @@ async fn end_live(
     {
         return Ok(None);
     }
-    super::finish::recorded(shared, &result);
+    super::recorded::recorded(shared, &result);
     tracing::warn!(message = "ended the request of a lost worker", request_id = %live.request_id, lost_worker = %worker);
     Ok(Some(result))
 }

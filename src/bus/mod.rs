@@ -5,7 +5,7 @@
 //!
 //! The worker's modules, one job each: `wiring` builds a worker and starts its named tasks;
 //! `worker` runs and drains it; `admission` is the one path into the Supervisor, used by
-//! `submit` and `queue`; `finish` stores results and publishes events; `lookup` answers status,
+//! `submit` and `queue`; `finish` stores results and publishes events, and `recorded` tells what a stored result tells (metrics, the failure signal); `lookup` answers status,
 //! result and cancel; `decide` records decisions and takes answers; `heartbeat` beats and finds
 //! lost workers; `upkeep` keeps held requests' records and deliveries alive; `service` is the
 //! NATS service API; `tenant_limit` keeps the pool's count of each tenant's running requests.
@@ -24,6 +24,7 @@ pub mod history;
 mod lookup;
 pub mod pull;
 pub mod queue;
+mod recorded;
 mod resume;
 mod service;
 mod shared;

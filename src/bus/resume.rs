@@ -97,7 +97,7 @@ pub(super) async fn take_up_record(
             .store_result(&result, Over::Claim(revision))
             .await
         {
-            super::finish::recorded(shared, &result);
+            super::recorded::recorded(shared, &result);
         }
     }
     Ok(TakenUp::Here)
