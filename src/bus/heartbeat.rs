@@ -8,9 +8,9 @@
 //! request.
 //!
 //! Every live worker follows the heartbeats. A peer is gone when its heartbeat has not come for
-//! `worker.lost_after_ms` and its entry is gone, or sooner, when its heartbeat is half an
+//! `worker.lost_after_ms` and its entry is gone, or sooner, when its heartbeat is a tenth of an
 //! interval late and the server has no subscriber on the peer's own `capacity` subject twice in
-//! a row, half a second apart (its connection is closed: the process died). The interactive
+//! a row, a quarter second apart (its connection is closed: the process died). The interactive
 //! requests a gone peer last listed are taken up by a live worker from their last checkpoint
 //! (see `resume`), and those with none are ended FAILED `worker_lost`, each by a
 //! compare-and-set on its record, so of all the live workers that act one wins. Durable requests are left to the queue, which redelivers
@@ -44,7 +44,10 @@ const PROBE_WAIT: Duration = Duration::from_secs(1);
 /// How long a worker with no free slot lets its peers take a gone worker's requests first.
 const FULL_WORKER_WAITS: Duration = Duration::from_millis(500);
 /// Between the two probes that find a late peer's connection gone.
-const PROBE_AGAIN_AFTER: Duration = Duration::from_millis(500);
+const PROBE_AGAIN_AFTER: Duration = Duration::from_millis(250);
+/// How often the peers are looked at (for late and lost ones), at most: a killed worker's
+/// requests wait for the first look after its heartbeat is late.
+const LOOK_AT_MOST_EVERY: Duration = Duration::from_millis(250);
 
 /// A heartbeat could not be written or read.
 #[derive(Debug, thiserror::Error)]
@@ -231,6 +234,8 @@ struct Peer {
     running: Vec<String>,
     /// When its last heartbeat reached this worker.
     seen: Instant,
+    /// When it was last probed for being late.
+    probed: Option<Instant>,
 }
 
 /// Follows the peers' heartbeats and ends the requests of those that stop beating.
@@ -247,7 +252,7 @@ async fn follow_peers(shared: &Shared, every: Duration) {
                 continue;
             }
         };
-        let mut look = tokio::time::interval(every);
+        let mut look = tokio::time::interval(every.min(LOOK_AT_MOST_EVERY));
         look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -271,7 +276,7 @@ async fn follow_peers(shared: &Shared, every: Duration) {
                             shared.peer_slots.forget(id);
                         }
                     }
-                    let gone = probe_late(shared, &peers, every).await;
+                    let gone = probe_late(shared, &mut peers, every).await;
                     if let Err(error) = reap(shared, &mut peers, lost_after, &gone).await {
                         tracing::debug!(message = "looking for lost workers failed", %error);
                     }
@@ -323,6 +328,7 @@ fn note(
         Peer {
             running,
             seen: Instant::now(),
+            probed: None,
         },
     );
     None
@@ -347,24 +353,32 @@ async fn take_up_all(shared: &Shared, worker: &str, held: Vec<String>, reason: M
     }
 }
 
-/// The late peers (a heartbeat half an interval overdue) whose connection is gone: the server
-/// has no subscriber on the peer's own `capacity` subject, twice in a row. A live worker keeps
-/// that subscription while it runs, so "no responders" is the server's word that the process
-/// is gone, not a guess from a clock; a peer that is only slow answers, or times out, and is
-/// left to `worker.lost_after_ms`.
+/// The late peers (a heartbeat a tenth of an interval overdue) whose connection is gone: the
+/// server has no subscriber on the peer's own `capacity` subject, twice in a row, a quarter
+/// second apart. A live worker keeps that subscription while it runs, so "no responders" is the
+/// server's word that the process is gone, not a guess from a clock; a peer that is only slow
+/// answers, or times out, and is left to `worker.lost_after_ms` (probed again at most once an
+/// interval).
 async fn probe_late(
     shared: &Shared,
-    peers: &HashMap<String, Peer>,
+    peers: &mut HashMap<String, Peer>,
     every: Duration,
 ) -> Vec<String> {
-    let late: Vec<&String> = peers
-        .iter()
-        .filter(|(_, peer)| peer.seen.elapsed() >= every + every / 2 && !peer.running.is_empty())
-        .map(|(id, _)| id)
+    let late: Vec<String> = peers
+        .iter_mut()
+        .filter(|(_, peer)| {
+            peer.seen.elapsed() >= every + every / 10
+                && !peer.running.is_empty()
+                && peer.probed.is_none_or(|at| at.elapsed() >= every)
+        })
+        .map(|(id, peer)| {
+            peer.probed = Some(Instant::now());
+            id.clone()
+        })
         .collect();
     let mut gone = Vec::new();
     for worker in late {
-        let subject = shared.subjects.worker_capacity(worker);
+        let subject = shared.subjects.worker_capacity(&worker);
         let mut absent = true;
         for attempt in 0..2 {
             if attempt > 0 {
@@ -381,7 +395,7 @@ async fn probe_late(
         }
         if absent {
             tracing::info!(message = "a late peer's connection is gone: taking it for lost", worker = %worker);
-            gone.push(worker.clone());
+            gone.push(worker);
         }
     }
     gone
