@@ -51,6 +51,11 @@ const GRACE: Duration = Duration::from_secs(2);
 /// worker died before replying) submits again.
 const SUBMIT_PAUSE: Duration = Duration::from_millis(100);
 
+/// Between two looks at the stored result of a request whose `finished` event has not come.
+const RESULT_POLL: Duration = Duration::from_secs(2);
+/// How many lost (or otherwise odd) request ids a report lists.
+const IDS_LISTED: usize = 10;
+
 #[derive(Debug, Clone)]
 pub struct ChurnSpec {
     pub workers: u32,
@@ -105,6 +110,11 @@ pub struct ChurnReport {
     pub lost: u64,
     /// Accepted requests whose `finished` event never came but whose result is stored.
     pub finished_event_missed: u64,
+    /// The first few lost requests (with what a status lookup says of each after the run),
+    /// and those whose `finished` event was missed, to look up.
+    pub lost_ids: Vec<String>,
+    pub lost_status: Vec<String>,
+    pub finished_event_missed_ids: Vec<String>,
     /// Requests with a second `finished` event.
     pub finished_twice: u64,
     /// Requests whose events' `seq` did not run 0, 1, 2, ... as the callers saw them.
@@ -357,6 +367,9 @@ pub async fn run(
         failed_other: 0,
         lost: 0,
         finished_event_missed: 0,
+        lost_ids: Vec::new(),
+        lost_status: Vec::new(),
+        finished_event_missed_ids: Vec::new(),
         finished_twice: 0,
         requests_with_seq_faults: 0,
         missing_events: 0,
@@ -383,6 +396,9 @@ pub async fn run(
             None => match lookup.result(id, false).await {
                 Ok(result) => {
                     report.finished_event_missed += 1;
+                    if report.finished_event_missed_ids.len() < IDS_LISTED {
+                        report.finished_event_missed_ids.push(id.clone());
+                    }
                     Some(result)
                 }
                 Err(_) => None,
@@ -399,6 +415,9 @@ pub async fn run(
         report.repeated_events += repeated;
         let Some(result) = result else {
             report.lost += 1;
+            if report.lost_ids.len() < IDS_LISTED {
+                report.lost_ids.push(id.clone());
+            }
             continue;
         };
         report.output_chars += result.output.chars().count() as u64;
@@ -439,6 +458,12 @@ pub async fn run(
         }
         report.interrupted += u64::from(interrupted);
     }
+    for id in &report.lost_ids {
+        report.lost_status.push(match lookup.status(id).await {
+            Ok(status) => serde_json::to_string(&status).unwrap_or_default(),
+            Err(error) => error.to_string(),
+        });
+    }
     report.kill_to_resumed_ms = kill_to_resumed.summary();
     report.regenerated_pct = (report.output_chars > 0).then(|| {
         (report.generated_chars as f64 - report.output_chars as f64) / report.output_chars as f64
@@ -477,8 +502,8 @@ async fn caller(
             .await
         {
             Ok(_) => {
+                wait_for_end(&client, &id, finished, settle).await;
                 tally.accepted.push(id);
-                let _ = tokio::time::timeout(settle, finished).await;
             }
             Err(error) => {
                 let kind = error
@@ -490,6 +515,27 @@ async fn caller(
         }
     }
     tally
+}
+
+/// Waits for `id`'s first `finished` event, at most `settle`. Its stored result is looked at
+/// every [`RESULT_POLL`] too: a request that ended without a `finished` event reaching the
+/// caller (the report counts them) does not hold the caller for the whole `settle`.
+async fn wait_for_end(
+    client: &Client,
+    id: &str,
+    mut finished: oneshot::Receiver<()>,
+    settle: Duration,
+) {
+    let until = Instant::now() + settle;
+    while Instant::now() < until {
+        if tokio::time::timeout(RESULT_POLL, &mut finished)
+            .await
+            .is_ok()
+            || client.result(id, false).await.is_ok()
+        {
+            return;
+        }
+    }
 }
 
 /// The result the first `finished` event carried.
@@ -752,6 +798,14 @@ pub fn targets(r: &ChurnReport) -> Vec<TargetCheck> {
             value: count(r.requests_with_seq_faults),
             unit: "",
             met: Some(r.requests_with_seq_faults == 0),
+            conditions_met: killed,
+        },
+        TargetCheck {
+            name: "ended without a finished event",
+            target: "0 requests (the caller's stream ends with the request)",
+            value: count(r.finished_event_missed),
+            unit: "",
+            met: Some(r.finished_event_missed == 0),
             conditions_met: killed,
         },
         TargetCheck {
