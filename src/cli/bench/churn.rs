@@ -28,7 +28,7 @@ use tokio::sync::oneshot;
 
 use super::latency::{Samples, Summary};
 use super::local::{LocalFleet, LocalOptions};
-use super::report::{Table, yes_no};
+use super::report::{Table, targets_table};
 use super::target::Target;
 use super::target_check::TargetCheck;
 use super::workload;
@@ -934,19 +934,7 @@ pub fn table(r: &ChurnReport) -> String {
             p.low_preemptions
         );
     }
-    let mut targets =
-        Table::new(&["target", "goal", "value", "met", "run had its conditions"]).text_columns(2);
-    for t in &r.targets {
-        targets.row(vec![
-            t.name.to_string(),
-            t.target.to_string(),
-            t.value
-                .map_or("not measured".into(), |v| format!("{v:.2} {}", t.unit)),
-            yes_no(t.met),
-            yes_no(t.conditions_met),
-        ]);
-    }
-    let _ = writeln!(out, "\n{}", targets.render());
+    let _ = writeln!(out, "\n{}", targets_table(&r.targets));
     for note in &r.notes {
         let _ = writeln!(out, "note: {note}");
     }
