@@ -115,6 +115,10 @@ pub struct ChurnReport {
     pub lost_ids: Vec<String>,
     pub lost_status: Vec<String>,
     pub finished_event_missed_ids: Vec<String>,
+    /// The first few requests with a sequence fault or a text mismatch: the id, the `seq`
+    /// numbers and event names in the order the callers saw them, and the moves its result
+    /// lists.
+    pub faulty: Vec<String>,
     /// Requests with a second `finished` event.
     pub finished_twice: u64,
     /// Requests whose events' `seq` did not run 0, 1, 2, ... as the callers saw them.
@@ -370,6 +374,7 @@ pub async fn run(
         lost_ids: Vec::new(),
         lost_status: Vec::new(),
         finished_event_missed_ids: Vec::new(),
+        faulty: Vec::new(),
         finished_twice: 0,
         requests_with_seq_faults: 0,
         missing_events: 0,
@@ -421,12 +426,15 @@ pub async fn run(
             continue;
         };
         report.output_chars += result.output.chars().count() as u64;
+        let mismatch =
+            result.state == RequestState::Completed && deltas(&seen.events) != result.output;
+        if (mismatch || missing + repeated > 0) && report.faulty.len() < IDS_LISTED {
+            report.faulty.push(faulty(id, &seen.events, &result));
+        }
         match (result.state, result.reason) {
             (RequestState::Completed, _) => {
                 report.completed += 1;
-                if deltas(&seen.events) != result.output {
-                    report.delta_mismatches += 1;
-                }
+                report.delta_mismatches += u64::from(mismatch);
             }
             (RequestState::Failed, Reason::WorkerLost) => report.failed_worker_lost += 1,
             _ => report.failed_other += 1,
@@ -536,6 +544,30 @@ async fn wait_for_end(
             return;
         }
     }
+}
+
+/// A request with a sequence fault or a text mismatch, told for a reader.
+fn faulty(id: &str, events: &[(Event, Instant)], result: &GenerationResult) -> String {
+    let seen: Vec<String> = events
+        .iter()
+        .map(|(event, _)| format!("{}:{}", event.seq, event.body.name()))
+        .collect();
+    let moves: Vec<String> = result
+        .resumed
+        .iter()
+        .map(|m| {
+            format!(
+                "{}→{} {:?} at {} bytes",
+                m.from_worker, m.to_worker, m.reason, m.at_output_bytes
+            )
+        })
+        .collect();
+    format!(
+        "{id}: events [{}]; moves [{}]; output {} chars",
+        seen.join(" "),
+        moves.join(", "),
+        result.output.chars().count()
+    )
 }
 
 /// The result the first `finished` event carried.
