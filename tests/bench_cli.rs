@@ -362,6 +362,66 @@ async fn the_fairness_phase_reports_both_tenants_waits_and_both_throughputs() {
 }
 
 #[tokio::test]
+async fn the_churn_phase_kills_workers_and_every_request_ends_once_without_a_gap() {
+    let output = run(&[
+        "--local",
+        "--mode",
+        "churn",
+        "--churn-seconds",
+        "8",
+        "--kill-every-secs",
+        "3",
+        "--churn-concurrency",
+        "4",
+        "--churn-heartbeat-ms",
+        "300",
+        "--churn-lost-after-ms",
+        "1500",
+        "--preempt-samples",
+        "2",
+        "--timeout-secs",
+        "30",
+        "--json",
+    ])
+    .await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("stdout is one JSON object ({e}); stderr:\n{stderr}"));
+    assert_eq!(field(&report, "/heartbeat_from"), "flags", "{report}");
+    assert_eq!(number(&report, "/heartbeat_ms"), 300.0);
+    assert!(number(&report, "/kills") >= 1.0, "{report}");
+    // Whatever the timing: each accepted request ended once, in one of the ways counted,
+    // and its callers saw its events without a gap or a repeat and its text as the result's.
+    let accepted = number(&report, "/accepted");
+    assert!(accepted > 0.0, "{report}");
+    let ended: f64 = [
+        "/completed",
+        "/failed_worker_lost",
+        "/failed_other",
+        "/lost",
+    ]
+    .iter()
+    .map(|key| number(&report, key))
+    .sum();
+    same(ended, accepted, "every accepted request is counted once");
+    for key in [
+        "/lost",
+        "/finished_twice",
+        "/requests_with_seq_faults",
+        "/missing_events",
+        "/repeated_events",
+        "/delta_mismatches",
+    ] {
+        assert_eq!(number(&report, key), 0.0, "{key}: {report}");
+    }
+    assert!(number(&report, "/generated_chars") >= number(&report, "/output_chars"));
+    assert!(number(&report, "/preemption/samples") == 2.0, "{report}");
+    let targets = field(&report, "/targets").as_array().expect("a list");
+    assert!(targets.len() >= 8, "{report}");
+}
+
+#[tokio::test]
 async fn the_gateway_phase_reports_the_gateway_beside_the_bus_and_the_mock() {
     let output = run(&[
         "--local",
@@ -505,6 +565,7 @@ async fn flags_that_need_another_kind_of_run_are_refused() {
         (vec!["--mode", "memory"], "--local"),
         (vec!["--mode", "scheduling"], "--local"),
         (vec!["--mode", "gateway"], "--local"),
+        (vec!["--mode", "churn"], "--local"),
         (vec!["--baseline", this], "--baseline needs --local"),
         (
             vec!["--local", "--baseline", "/nonexistent/genfleet"],

@@ -28,7 +28,7 @@ use super::latency::Summary;
 use super::local::{LocalFleet, LocalGateway};
 use super::meter::Meter;
 use super::procstat::{ProcessUsage, Watched};
-use super::report::{Table, yes_no};
+use super::report::{Table, targets_table};
 use super::target_check::TargetCheck;
 use super::workload;
 use crate::client::Client;
@@ -488,19 +488,7 @@ pub fn table(report: &GatewayReport) -> String {
         }
     }
     let _ = writeln!(out, "\n{}", cpu.render());
-    let mut targets =
-        Table::new(&["target", "goal", "value", "met", "run had its conditions"]).text_columns(2);
-    for t in &report.targets {
-        targets.row(vec![
-            t.name.to_string(),
-            t.target.to_string(),
-            t.value
-                .map_or("not measured".into(), |v| format!("{v:.2} {}", t.unit)),
-            yes_no(t.met),
-            yes_no(t.conditions_met),
-        ]);
-    }
-    let _ = writeln!(out, "{}", targets.render());
+    let _ = writeln!(out, "{}", targets_table(&report.targets));
     for note in &report.notes {
         let _ = writeln!(out, "note: {note}");
     }

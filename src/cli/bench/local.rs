@@ -34,6 +34,9 @@ pub struct LocalOptions {
     pub workers: u32,
     pub slots: u32,
     pub token_delay_ms: u64,
+    /// Settings every worker of the fleet gets on top of the configuration, as
+    /// `GENFLEET__...` variables (the churn phase's heartbeats, preemption).
+    pub worker_env: Vec<(String, String)>,
 }
 
 pub struct LocalFleet {
@@ -82,6 +85,12 @@ impl LocalWorker {
             }
         }
         // Kills and waits for the process to end.
+        let _ = self.child.kill().await;
+    }
+
+    /// Kills the worker at once (SIGKILL: no drain, no goodbye on the bus, as a crash or a
+    /// lost node) and returns once its process is gone.
+    pub async fn kill(mut self) {
         let _ = self.child.kill().await;
     }
 }
@@ -272,6 +281,7 @@ impl LocalFleet {
         if let Some(config) = &self.options.config {
             command.arg("--config").arg(config);
         }
+        command.envs(self.options.worker_env.iter().map(|(k, v)| (k, v)));
         let child = command
             .arg("worker")
             .env("GENFLEET__NATS__URL", &self.nats_url)

@@ -19,6 +19,7 @@
 //! explains the figures and holds the project's own.
 
 mod budget;
+mod churn;
 mod closed_loop;
 mod durable;
 mod fairness;
@@ -178,6 +179,31 @@ pub struct BenchArgs {
     /// leaves it out. --requests, when given, bounds it.
     #[arg(long, default_value_t = 3000, value_name = "N")]
     pub hop_samples: u64,
+    /// Churn phase: how long the callers keep submitting.
+    #[arg(long, default_value_t = 30, value_name = "SECS")]
+    pub churn_seconds: u64,
+    /// Churn phase: concurrent callers, each following its requests' events.
+    #[arg(long, default_value_t = 8)]
+    pub churn_concurrency: usize,
+    /// Churn phase: worker processes (the pool's size, kept as they are killed).
+    #[arg(long, default_value_t = 3)]
+    pub churn_workers: u32,
+    /// Churn phase: slots per worker.
+    #[arg(long, default_value_t = 4)]
+    pub churn_slots: u32,
+    /// Churn phase: between two kills (SIGKILL of the oldest worker, a new one started).
+    #[arg(long, default_value_t = 6, value_name = "SECS")]
+    pub kill_every_secs: u64,
+    /// Churn phase: the workers' worker.heartbeat_ms [default: the configuration's].
+    #[arg(long, value_name = "MS")]
+    pub churn_heartbeat_ms: Option<u64>,
+    /// Churn phase: the workers' worker.lost_after_ms [default: the configuration's].
+    #[arg(long, value_name = "MS")]
+    pub churn_lost_after_ms: Option<u64>,
+    /// Churn phase: `high` requests timed on an idle worker with worker.preempt and beside a
+    /// flood of `low` ones; 0 leaves the preemption measurement out.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub preempt_samples: u64,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -198,6 +224,9 @@ pub enum Mode {
     /// client, and straight to the mock, at concurrency 1 and --concurrency; `--local` only,
     /// run on its own (not part of `all`).
     Gateway,
+    /// Streaming load while workers are killed (SIGKILL) and replaced, then preemption by
+    /// band; `--local` only, run on its own (not part of `all`).
+    Churn,
     All,
 }
 
@@ -219,9 +248,9 @@ pub async fn run(
         args.local
             || !matches!(
                 args.mode,
-                Mode::Memory | Mode::RealBackend | Mode::Scheduling | Mode::Gateway
+                Mode::Memory | Mode::RealBackend | Mode::Scheduling | Mode::Gateway | Mode::Churn
             ),
-        "--mode memory, real-backend, scheduling and gateway need --local (the bench starts the workers it measures)"
+        "--mode memory, real-backend, scheduling, gateway and churn need --local (the bench starts the workers it measures)"
     );
     anyhow::ensure!(
         args.scheduling_chains > 0 && args.scheduling_turns > 0,
@@ -267,6 +296,9 @@ async fn bench(
         .pool
         .clone()
         .unwrap_or_else(|| settings.worker.pool.clone());
+    if args.mode == Mode::Churn {
+        return churn_phase(&settings, config, args, pool, load_average_before).await;
+    }
     let mut fleet = if args.local {
         eprintln!(
             "starting a local fleet: nats-server, genfleet mock-llm, {} worker(s) × {} slots",
@@ -279,6 +311,7 @@ async fn bench(
             workers: args.workers.max(1),
             slots: args.slots.max(1),
             token_delay_ms: args.token_delay_ms,
+            worker_env: Vec::new(),
         })
         .await?;
         eprintln!(
@@ -615,6 +648,65 @@ async fn bench(
     }
     drop(fleet);
     nothing_completed(&report)
+}
+
+/// The churn phase on its own, on fleets of its own: run, report, and fail the run when no
+/// request completed.
+async fn churn_phase(
+    settings: &Settings,
+    config: Option<PathBuf>,
+    args: &BenchArgs,
+    pool: String,
+    load_average_before: Option<f64>,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.churn_workers >= 2 && args.churn_concurrency > 0 && args.kill_every_secs > 0,
+        "--mode churn needs --churn-workers of at least 2 (a request of a killed worker goes on \
+         on another), --churn-concurrency and --kill-every-secs of at least 1"
+    );
+    let spec = churn::ChurnSpec {
+        workers: args.churn_workers,
+        slots: args.churn_slots.max(1),
+        concurrency: args.churn_concurrency,
+        duration: Duration::from_secs(args.churn_seconds),
+        kill_every: Duration::from_secs(args.kill_every_secs),
+        heartbeat_ms: args.churn_heartbeat_ms,
+        lost_after_ms: args.churn_lost_after_ms,
+        preempt_samples: args.preempt_samples,
+        settle: Duration::from_secs(args.timeout_secs),
+    };
+    let options = LocalOptions {
+        nats_server: args.nats_server.clone(),
+        config,
+        pool,
+        workers: spec.workers,
+        slots: spec.slots,
+        token_delay_ms: churn::TOKEN_DELAY_MS,
+        worker_env: Vec::new(),
+    };
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut notes = run_notes(load_average_before, cpus);
+    notes.push(
+        "the callers run inside the bench process; nats-server, the mock and each worker are \
+         processes of their own"
+            .into(),
+    );
+    let info = churn::RunInfo {
+        load_average_before,
+        notes,
+    };
+    let report = churn::run(settings, options, &spec, info).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", churn::table(&report));
+    }
+    anyhow::ensure!(
+        report.completed > 0,
+        "no request of the churn phase completed: {:?}",
+        report.submit_error_kinds
+    );
+    Ok(())
 }
 
 /// The gateway phase on its own: run, report, and fail the run when a path completed nothing.

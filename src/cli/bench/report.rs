@@ -555,21 +555,7 @@ impl Report {
             opt(r.added_latency_p50_ms, 3),
             pct(r.streaming_tokens_vs_backend)
         );
-        let mut targets = Table::new(&["target", "goal", "value", "met", "run had its conditions"])
-            .text_columns(2);
-        for t in &self.targets {
-            targets.row(vec![
-                t.name.to_string(),
-                t.target.to_string(),
-                match t.value {
-                    Some(v) => format!("{v:.2} {}", t.unit),
-                    None => "not measured".into(),
-                },
-                yes_no(t.met),
-                yes_no(t.conditions_met),
-            ]);
-        }
-        let _ = writeln!(out, "\n{}", targets.render());
+        let _ = writeln!(out, "\n{}", targets_table(&self.targets));
         for note in &self.notes {
             let _ = writeln!(out, "note: {note}");
         }
@@ -849,6 +835,23 @@ pub(super) fn yes_no(value: Option<bool>) -> String {
         Some(false) => "no".into(),
         None => "-".into(),
     }
+}
+
+/// The targets a run measured, one row each.
+pub(super) fn targets_table(checks: &[TargetCheck]) -> String {
+    let mut targets =
+        Table::new(&["target", "goal", "value", "met", "run had its conditions"]).text_columns(2);
+    for t in checks {
+        targets.row(vec![
+            t.name.to_string(),
+            t.target.to_string(),
+            t.value
+                .map_or("not measured".into(), |v| format!("{v:.2} {}", t.unit)),
+            yes_no(t.met),
+            yes_no(t.conditions_met),
+        ]);
+    }
+    targets.render()
 }
 
 /// A plain-text table: columns as wide as their widest cell, text columns left-aligned and
