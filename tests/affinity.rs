@@ -653,3 +653,64 @@ async fn a_keys_worker_that_crashed_costs_its_keys_nothing_but_their_cache() {
         }
     }
 }
+
+/// A key's worker whose own subject takes the submit and never answers (a node lost without
+/// closing its connections keeps its subscriptions for minutes): the following client waits a
+/// moment for it, then the pool runs the request, and the record says the key's worker was
+/// passed over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_worker_that_never_answers_is_passed_over_for_the_pool() {
+    let (f, _mocks, _workers) = fleet_of_four(SLOTS, 0.0, &[]).await;
+    let pool = f.settings.worker.pool.clone();
+    let client = &f.client;
+    // "ghost": a heartbeat with free slots, and a subscriber on its own submit subject that
+    // never answers.
+    let mut silent = client
+        .nats()
+        .subscribe(client.subjects().worker_submit("ghost", None))
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(client.nats().clone());
+    let bucket = js
+        .get_key_value(genfleet::client::streams::WORKERS_BUCKET)
+        .await
+        .unwrap();
+    let heartbeat = genfleet::client::fleet::Heartbeat {
+        worker_id: "ghost".into(),
+        pool: pool.clone(),
+        slots: 8,
+        busy: 0,
+        draining: false,
+        paused: false,
+        ts: genfleet::protocol::ids::now_rfc3339(),
+        running: Vec::new(),
+        durable: Some(Vec::new()),
+    };
+    bucket
+        .put("ghost", serde_json::to_vec(&heartbeat).unwrap().into())
+        .await
+        .unwrap();
+    let mut with_ghost = ids(WORKERS);
+    with_ghost.push("ghost".into());
+    with_ghost.sort();
+    client_sees(client, &pool, &with_ghost).await;
+    let key = (0..500)
+        .map(|i| format!("ghost-{i}"))
+        .find(|key| key_worker(key, &with_ghost) == "ghost")
+        .expect("a key of ghost's");
+    let result = client
+        .run(&pool, keyed(&key, vec![Message::user("hello")]), WAIT)
+        .await
+        .unwrap();
+    assert_eq!(result.reason, Reason::Stop, "{result:?}");
+    assert_ne!(result.worker_id, "ghost");
+    let record = result.affinity.expect("a keyed request has a record");
+    assert_eq!(record.preferred_worker.as_deref(), Some("ghost"));
+    assert!(!record.held);
+    assert_eq!(record.fallback.as_deref(), Some("busy"));
+    // The submit did reach ghost's subject first.
+    let reached = silent.next().await.expect("ghost's subject got the submit");
+    let sent: GenerationRequest = serde_json::from_slice(&reached.payload).unwrap();
+    assert_eq!(sent.request_id, Some(result.request_id.clone()));
+    let _ = bucket.delete("ghost").await;
+}

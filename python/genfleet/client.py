@@ -58,6 +58,12 @@ CONNECT_TRY_WAIT = 0.5
 _log = logging.getLogger("genfleet")
 
 
+# How long a submit sent straight to a worker's own subject waits for its answer before it goes
+# to the pool (seconds): a worker answers there at once, and one that does not is taken for gone
+# (killed a moment ago, or on a node lost without closing its connections).
+DIRECT_SUBMIT_WAIT = 2.0
+
+
 def new_id() -> str:
     """A fresh request id (32 hex digits: unguessable, as ids are capabilities)."""
     return uuid.uuid4().hex
@@ -337,14 +343,21 @@ class Client:
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
-    async def _call(self, subject: str, body: Any = None, headers: Optional[Dict[str, str]] = None) -> Any:
+    async def _call(
+        self,
+        subject: str,
+        body: Any = None,
+        headers: Optional[Dict[str, str]] = None,
+        timeout: Optional[float] = None,
+    ) -> Any:
         payload = b"" if body is None else json.dumps(body).encode()
+        wait = self.timeout if timeout is None else timeout
         try:
-            message = await self.nc.request(subject, payload, timeout=self.timeout, headers=headers)
+            message = await self.nc.request(subject, payload, timeout=wait, headers=headers)
         except NoRespondersError:
             raise NoWorker(subject) from None
         except NatsTimeout:
-            raise GenfleetError("TIMEOUT", f"no answer on {subject} within {self.timeout} s") from None
+            raise GenfleetError("TIMEOUT", f"no answer on {subject} within {wait} s") from None
         reply = json.loads(message.data)
         error = GenfleetError.from_reply(reply)
         if error:
@@ -357,24 +370,30 @@ class Client:
         Refused with NO_SLOT_AVAILABLE when every slot is busy (after a few tries); use
         :meth:`enqueue` to wait for one instead. A request with an `affinity_key` goes first to
         the worker the placement rule chooses, once the client follows the heartbeats
-        (:meth:`placement_ready`); when that worker has no slot or is gone, to the pool at
-        once.
+        (:meth:`placement_ready`); when that worker has no slot, is gone, or does not answer
+        within 2 s, to the pool at once.
         """
         body = _as_request(given)
         pool = pool or self.pool
         tenant = f".{self.tenant}" if self.tenant else ""
         headers: Optional[Dict[str, str]] = None
+        # The chosen worker, when its own subject did not answer in time: it may have started
+        # the request all the same.
+        unanswered: Optional[str] = None
         choice = self._place(body, pool)
         if choice is not None and self._heartbeats is not None:
             headers = {PREFERRED_WORKER_HEADER: choice.key_worker}
             if choice.fallback:
                 headers[AFFINITY_FALLBACK_HEADER] = choice.fallback
+            subject = f"gen.worker.{choice.worker}.submit{tenant}"
             try:
-                return await self._call(f"gen.worker.{choice.worker}.submit{tenant}", body, headers)
+                return await self._call(subject, body, headers, min(self.timeout, DIRECT_SUBMIT_WAIT))
             except NoWorker:
                 pass  # gone meanwhile
             except GenfleetError as error:
-                if error.code != "NO_SLOT_AVAILABLE":
+                if error.code == "TIMEOUT":
+                    unanswered = choice.worker
+                elif error.code != "NO_SLOT_AVAILABLE":
                     raise
             headers = {PREFERRED_WORKER_HEADER: choice.key_worker, AFFINITY_FALLBACK_HEADER: "busy"}
         subject = f"gen.submit.{pool}{tenant}"
@@ -382,6 +401,15 @@ class Client:
             try:
                 return await self._call(subject, body, headers)
             except GenfleetError as error:
+                if error.code == "DUPLICATE_REQUEST_ID" and unanswered is not None:
+                    # The chosen worker started it after all, and answered late.
+                    status = await self.status(body["request_id"])
+                    if status.get("worker_id") == unanswered:
+                        return {
+                            "request_id": status["request_id"],
+                            "state": status["state"],
+                            "worker_id": unanswered,
+                        }
                 if error.code != "NO_SLOT_AVAILABLE" or attempt == SUBMIT_RETRIES:
                     raise
             await asyncio.sleep(0.05 * (attempt + 1))

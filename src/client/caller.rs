@@ -28,6 +28,13 @@ use crate::settings::{PlacementSettings, Settings};
 /// may be free by then).
 const SUBMIT_RETRIES: u32 = 3;
 
+/// How long a submit sent straight to a worker's own subject waits for its answer before it goes
+/// to the pool. A worker answers its own subject at once (it starts the request or refuses it);
+/// one that does not is taken for gone: a process killed a moment ago whose connection the
+/// server has not closed yet, or a node lost without closing its connections, whose
+/// subscriptions stay until the server's pings give up on it, minutes later.
+const DIRECT_SUBMIT_WAIT: Duration = Duration::from_secs(2);
+
 /// How long the first worker's answer to `$SRV.INFO` is waited for (a busy worker answers
 /// late; with no worker at all this is the whole wait).
 const POOLS_FIRST_ANSWER: Duration = Duration::from_secs(1);
@@ -241,6 +248,19 @@ impl Client {
         extra: async_nats::HeaderMap,
         is_submit: bool,
     ) -> Result<R, ClientError> {
+        self.call_within(subject, body, extra, is_submit, self.timeout)
+            .await
+    }
+
+    /// [`Client::call_with`], waiting at most `wait` for the answer.
+    async fn call_within<B: Serialize, R: DeserializeOwned>(
+        &self,
+        subject: String,
+        body: &B,
+        extra: async_nats::HeaderMap,
+        is_submit: bool,
+        wait: Duration,
+    ) -> Result<R, ClientError> {
         let (mut headers, payload) = encode_reply::<&B>(self.encoding, &Ok(body));
         if self.encoding == Encoding::MsgPack {
             headers.insert(CONTENT_TYPE_HEADER, self.encoding.content_type());
@@ -254,7 +274,7 @@ impl Client {
         let request = async_nats::Request::new()
             .headers(headers)
             .payload(payload)
-            .timeout(Some(self.timeout));
+            .timeout(Some(wait));
         let reply = self
             .nats
             .send_request(subject.clone(), request)
@@ -272,7 +292,7 @@ impl Client {
                 async_nats::RequestErrorKind::NoResponders => ClientError::Transport(format!(
                     "no worker answers on {subject}: is a genfleet worker connected?"
                 )),
-                async_nats::RequestErrorKind::TimedOut => ClientError::Timeout(self.timeout),
+                async_nats::RequestErrorKind::TimedOut => ClientError::Timeout(wait),
                 _ => ClientError::Transport(error.to_string()),
             })?;
         let encoding = crate::client::reply::encoding_of(&reply);
@@ -318,11 +338,22 @@ impl Client {
         retries: u32,
     ) -> Result<Accepted, ClientError> {
         let mut headers = async_nats::HeaderMap::new();
+        // The worker chosen for the key, when its own subject did not answer in time: it may
+        // have started the request all the same.
+        let mut unanswered = None;
+        let mut named;
+        let mut request = request;
         if let Some(choice) = request
             .affinity_key
             .as_deref()
             .and_then(|key| self.place(pool, key))
         {
+            if request.request_id.is_none() {
+                // Named here, so that a worker that starts it but answers late is found by it.
+                named = request.clone();
+                named.request_id = Some(crate::protocol::ids::new_id());
+                request = &named;
+            }
             // Straight to the worker the fleet's rule chose; the pool if it has no slot after
             // all (or is gone), telling the pool's worker not to place it again.
             headers.insert(PREFERRED_WORKER_HEADER, choice.key_worker.as_str());
@@ -332,9 +363,17 @@ impl Client {
             let direct = self
                 .subjects
                 .worker_submit(&choice.worker, self.tenant.as_deref());
-            match self.call_with(direct, request, headers.clone(), true).await {
+            let wait = self.timeout.min(DIRECT_SUBMIT_WAIT);
+            match self
+                .call_within(direct, request, headers.clone(), true, wait)
+                .await
+            {
                 Err(ClientError::Wire(error)) if error.code == ErrorCode::NoSlotAvailable => {
                     headers.insert(AFFINITY_FALLBACK_HEADER, "busy");
+                }
+                Err(ClientError::Timeout(_)) => {
+                    headers.insert(AFFINITY_FALLBACK_HEADER, "busy");
+                    unanswered = Some(choice.worker);
                 }
                 done => return done,
             }
@@ -357,9 +396,31 @@ impl Client {
                 Err(ClientError::Wire(error)) if is_no_responders(&error) => {
                     return Err(ClientError::Wire(self.no_worker_of(pool).await));
                 }
+                Err(ClientError::Wire(error))
+                    if error.code == ErrorCode::DuplicateRequestId && unanswered.is_some() =>
+                {
+                    let worker = unanswered.as_deref().unwrap_or_default();
+                    let id = request.request_id.as_deref().unwrap_or_default();
+                    return self
+                        .started_by(worker, id)
+                        .await
+                        .ok_or(ClientError::Wire(error));
+                }
                 other => return other,
             }
         }
+    }
+
+    /// The acceptance of request `request_id` when `worker` (whose own subject did not answer
+    /// a submit in time) started it after all, as its status tells; `None` when another
+    /// worker runs or ran it (an id in use before this submit).
+    async fn started_by(&self, worker: &str, request_id: &str) -> Option<Accepted> {
+        let status = self.status(request_id).await.ok()?;
+        (status.worker_id.as_deref() == Some(worker)).then(|| Accepted {
+            request_id: status.request_id,
+            worker_id: worker.to_string(),
+            state: status.state,
+        })
     }
 
     /// Where a request with `key` goes in `pool` by the fleet's rule, as the heartbeats this
