@@ -9,8 +9,11 @@
 //!
 //! Every live worker follows the heartbeats. A peer is gone when its heartbeat has not come for
 //! `worker.lost_after_ms` and its entry is gone, or sooner, when its heartbeat is a tenth of an
-//! interval late and the server has no subscriber on the peer's own `capacity` subject twice in
-//! a row, a quarter second apart (its connection is closed: the process died). The interactive
+//! interval late and the server has had no subscriber on the peer's own `capacity` subject at
+//! every probe for a second (probed four times a second): its connection is closed, and stayed
+//! closed longer than a live worker takes to reconnect, so the process died. A live worker that
+//! lost its connection longer than that all the same (its NATS node died and it found another
+//! late) checks its requests' records as it reconnects, and stops those the fleet took. The interactive
 //! requests a gone peer last listed are taken up by a live worker from their last checkpoint
 //! (see `resume`), and those with none are ended FAILED `worker_lost`, each by a
 //! compare-and-set on its record, so of all the live workers that act one wins. Durable requests are left to the queue, which redelivers
@@ -20,6 +23,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::kv;
@@ -28,7 +32,8 @@ use futures_util::StreamExt;
 use super::BusError;
 use super::shared::{Shared, held_requests};
 use super::store::{LiveRecord, Over, RequestRecord, StoreError, Stored, ensure_bucket};
-use crate::protocol::{GenerationResult, MoveReason, Reason, RequestState};
+use crate::protocol::event::SEQ_AFTER_LOST;
+use crate::protocol::{Event, EventBody, GenerationResult, MoveReason, Reason, RequestState};
 
 pub use crate::client::streams::WORKERS_BUCKET;
 
@@ -43,8 +48,10 @@ const MAX_PEERS: usize = 10_000;
 const PROBE_WAIT: Duration = Duration::from_secs(1);
 /// How long a worker with no free slot lets its peers take a gone worker's requests first.
 const FULL_WORKER_WAITS: Duration = Duration::from_millis(500);
-/// Between the two probes that find a late peer's connection gone.
-const PROBE_AGAIN_AFTER: Duration = Duration::from_millis(250);
+/// How long a late peer's own subject must have had no subscriber, at every probe, before the
+/// peer is taken for gone: longer than a live worker whose NATS node died takes to reconnect to
+/// another, so a reconnect is not taken for a death.
+const ABSENT_FOR: Duration = Duration::from_secs(1);
 /// How often the peers are looked at (for late and lost ones), at most: a killed worker's
 /// requests wait for the first look after its heartbeat is late.
 const LOOK_AT_MOST_EVERY: Duration = Duration::from_millis(250);
@@ -200,6 +207,7 @@ pub(super) async fn last_beat(shared: &Shared) {
 pub(super) async fn run(shared: Arc<Shared>) {
     let every = Duration::from_millis(shared.settings.worker.heartbeat_ms);
     let beating = async {
+        let mut connected = shared.client.statistics().connects.load(Ordering::Relaxed);
         let mut ticker = tokio::time::interval(every);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticker.tick().await;
@@ -210,7 +218,11 @@ pub(super) async fn run(shared: Arc<Shared>) {
                 // answers every request that asked meanwhile).
                 _ = shared.listing.asked() => {}
             }
-            let stale = shared.fencing.stale();
+            // After a reconnect too: while this worker was cut off, its peers may have taken
+            // it for gone.
+            let connects = shared.client.statistics().connects.load(Ordering::Relaxed);
+            let stale = shared.fencing.stale() || connects != connected;
+            connected = connects;
             // A heartbeat slower than the interval is left behind for the next one.
             match tokio::time::timeout(every, beat(&shared)).await {
                 Ok(Ok(())) if stale => {
@@ -236,6 +248,8 @@ struct Peer {
     seen: Instant,
     /// When it was last probed for being late.
     probed: Option<Instant>,
+    /// Since when every probe found no subscriber on its own subject.
+    absent_since: Option<Instant>,
 }
 
 /// Follows the peers' heartbeats and ends the requests of those that stop beating.
@@ -329,6 +343,7 @@ fn note(
             running,
             seen: Instant::now(),
             probed: None,
+            absent_since: None,
         },
     );
     None
@@ -354,11 +369,12 @@ async fn take_up_all(shared: &Shared, worker: &str, held: Vec<String>, reason: M
 }
 
 /// The late peers (a heartbeat a tenth of an interval overdue) whose connection is gone: the
-/// server has no subscriber on the peer's own `capacity` subject, twice in a row, a quarter
-/// second apart. A live worker keeps that subscription while it runs, so "no responders" is the
-/// server's word that the process is gone, not a guess from a clock; a peer that is only slow
-/// answers, or times out, and is left to `worker.lost_after_ms` (probed again at most once an
-/// interval).
+/// server has had no subscriber on the peer's own `capacity` subject at every probe for
+/// [`ABSENT_FOR`]. A live worker keeps that subscription while it is connected, so "no
+/// responders" is the server's word that the connection is closed, not a guess from a clock;
+/// lasting longer than a reconnect takes, it is a process that died. A peer that answers, or
+/// is only slow (the probe times out), starts over, and is left to `worker.lost_after_ms` if
+/// it stays late. Late peers are probed side by side, each at most once a look.
 async fn probe_late(
     shared: &Shared,
     peers: &mut HashMap<String, Peer>,
@@ -369,31 +385,37 @@ async fn probe_late(
         .filter(|(_, peer)| {
             peer.seen.elapsed() >= every + every / 10
                 && !peer.running.is_empty()
-                && peer.probed.is_none_or(|at| at.elapsed() >= every)
+                && peer
+                    .probed
+                    .is_none_or(|at| at.elapsed() >= LOOK_AT_MOST_EVERY / 2)
         })
         .map(|(id, peer)| {
             peer.probed = Some(Instant::now());
             id.clone()
         })
         .collect();
+    let probes = late.into_iter().map(|worker| async move {
+        let asked = shared.client.request(
+            shared.subjects.worker_capacity(&worker),
+            bytes::Bytes::new(),
+        );
+        let absent = matches!(
+            tokio::time::timeout(PROBE_WAIT, asked).await,
+            Ok(Err(error)) if error.kind() == async_nats::RequestErrorKind::NoResponders
+        );
+        (worker, absent)
+    });
     let mut gone = Vec::new();
-    for worker in late {
-        let subject = shared.subjects.worker_capacity(&worker);
-        let mut absent = true;
-        for attempt in 0..2 {
-            if attempt > 0 {
-                tokio::time::sleep(PROBE_AGAIN_AFTER).await;
-            }
-            let asked = shared.client.request(subject.clone(), bytes::Bytes::new());
-            absent = matches!(
-                tokio::time::timeout(PROBE_WAIT, asked).await,
-                Ok(Err(error)) if error.kind() == async_nats::RequestErrorKind::NoResponders
-            );
-            if !absent {
-                break;
-            }
+    for (worker, absent) in futures_util::future::join_all(probes).await {
+        let Some(peer) = peers.get_mut(&worker) else {
+            continue;
+        };
+        if !absent {
+            peer.absent_since = None;
+            continue;
         }
-        if absent {
+        let since = *peer.absent_since.get_or_insert_with(Instant::now);
+        if since.elapsed() >= ABSENT_FOR {
             tracing::info!(message = "a late peer's connection is gone: taking it for lost", worker = %worker);
             gone.push(worker);
         }
@@ -545,6 +567,20 @@ async fn end_live(
         return Ok(None);
     }
     super::recorded::recorded(shared, &result);
+    // Its followers hear of the end too (numbered past whatever the lost worker sent).
+    let event = Event {
+        request_id: live.request_id.clone(),
+        seq: SEQ_AFTER_LOST,
+        ts: crate::protocol::ids::now_rfc3339(),
+        body: EventBody::Finished {
+            result: Box::new(result.clone()),
+        },
+    };
+    let subject = shared.subjects.events(&live.request_id);
+    let body = serde_json::to_vec(&event).expect("events serialize");
+    if let Err(error) = shared.client.publish(subject, body.into()).await {
+        tracing::warn!(message = "could not publish an event", %error, request_id = %live.request_id);
+    }
     tracing::warn!(message = "ended the request of a lost worker", request_id = %live.request_id, lost_worker = %worker);
     Ok(Some(result))
 }
