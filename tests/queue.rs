@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use common::fleet::{self, Fleet, FleetBuilder, request};
 use common::wait;
+use futures_util::StreamExt;
 use genfleet::client::Client;
-use genfleet::protocol::{ErrorCode, GenerationRequest, Reason, RequestState};
+use genfleet::protocol::event::SEQ_AFTER_LOST;
+use genfleet::protocol::{ErrorCode, Event, EventBody, GenerationRequest, Reason, RequestState};
 
 /// One slot a worker, a short drain and a short ack wait (for worker processes too); the test
 /// starts the workers unless it says otherwise.
@@ -410,6 +412,12 @@ async fn a_request_the_lost_worker_listed_in_its_heartbeat_is_ended_with_nobody_
             .is_some_and(|running| running.iter().any(|id| id == "listed"))
     })
     .await;
+    let mut events = f
+        .client
+        .nats()
+        .subscribe(f.client.subjects().events("listed"))
+        .await
+        .unwrap();
     f.processes[0].kill();
     // Read from the bucket, not through a worker: only the heartbeat's follower can end it.
     let record = wait::until("the request's record to be a result", WITHIN, || async {
@@ -425,6 +433,24 @@ async fn a_request_the_lost_worker_listed_in_its_heartbeat_is_ended_with_nobody_
         (record["state"].as_str(), record["reason"].as_str()),
         (Some("FAILED"), Some("worker_lost")),
         "{record}"
+    );
+    // Its followers hear of the end from the worker that ended it, numbered past whatever the
+    // lost worker sent.
+    let finished = tokio::time::timeout(WITHIN, async {
+        while let Some(message) = events.next().await {
+            let event: Event = serde_json::from_slice(&message.payload).unwrap();
+            if let EventBody::Finished { result } = event.body {
+                return (event.seq, *result);
+            }
+        }
+        panic!("the events ended")
+    })
+    .await
+    .expect("a finished event");
+    assert_eq!(finished.0, SEQ_AFTER_LOST);
+    assert_eq!(
+        (finished.1.state, finished.1.reason),
+        (RequestState::Failed, Reason::WorkerLost)
     );
 }
 

@@ -9,6 +9,12 @@ use serde::{Deserialize, Serialize};
 use super::result::GenerationResult;
 use super::signal::{DecisionOutcome, Signal};
 
+/// The `seq` of a `finished` event published by a worker other than the request's, which ended
+/// it after its worker was lost: it cannot know how many events the lost worker sent, so it
+/// numbers this one past any (2^53 − 1, the largest integer a JSON number holds exactly). A
+/// follower sees the gap, and the event carries the whole result.
+pub const SEQ_AFTER_LOST: u64 = (1 << 53) - 1;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     pub request_id: String,
