@@ -138,8 +138,9 @@ fn deltas(seen: &[Event]) -> String {
         .collect()
 }
 
-/// The events of a request, in the order they came, up to its `finished`, and when its
-/// `resumed` event came.
+/// The events of a request as a follower takes them, in the order they came, up to its
+/// `finished`, and when its `resumed` event came. An event sent again after a move (its
+/// number seen already) must be the same event; it is dropped.
 async fn events_until_finished(
     mut events: async_nats::Subscriber,
 ) -> (Vec<Event>, Option<Instant>) {
@@ -151,6 +152,12 @@ async fn events_until_finished(
             .expect("the request finishes")
             .expect("the event subscription stays open");
         let event: Event = serde_json::from_slice(&message.payload).expect("an event");
+        if let Some(first) = seen.iter().find(|e: &&Event| e.seq == event.seq) {
+            // Sent again after a move (docs/protocol.md, Resume): as it was, and a follower
+            // drops it.
+            assert_eq!(first, &event, "a number sent again with other content");
+            continue;
+        }
         let finished = matches!(event.body, EventBody::Finished { .. });
         if matches!(event.body, EventBody::Resumed { .. }) {
             resumed_at.get_or_insert_with(Instant::now);
@@ -592,4 +599,67 @@ async fn a_structured_output_request_takes_its_cut_turn_again_instead_of_continu
             .all(|r| r.get("continue_final_message").is_none()),
         "no continuation was asked"
     );
+}
+
+/// A worker that stored a checkpoint and died before the events it let go went out: the run
+/// that takes the request up sends them again, as they were, ahead of its `resumed` event, so
+/// a follower that never got them misses nothing (and one that did drops them by number). The
+/// record is written as such a worker leaves it: naming a worker with no heartbeat, its
+/// checkpoint cut mid-turn, holding the two deltas it let go.
+#[tokio::test]
+async fn the_events_a_checkpoint_let_go_are_sent_again_by_the_run_that_takes_it_up() {
+    let reply = words(40);
+    let f = fleet_answering(["left", "right"], &reply, 10).await;
+    let client = f.client.clone();
+    let id = "resent";
+    let shown = "w000 w001 w002";
+    let released: Vec<Event> = [(1, "w000 w001"), (2, " w002")]
+        .into_iter()
+        .map(|(seq, text)| Event {
+            request_id: id.into(),
+            seq,
+            ts: "2026-11-28T00:00:00Z".into(),
+            body: EventBody::Delta { text: text.into() },
+        })
+        .collect();
+    let record = serde_json::json!({"live": {
+        "request_id": id, "state": "RUNNING", "worker_id": "died-after-its-checkpoint",
+        "attempt": 1, "durable": false,
+        "progress": {
+            "request": {"request_id": id, "messages": [{"role": "user", "content": "go"}]},
+            "conversation": [], "partial": shown, "partial_visible": shown, "output": shown,
+            "usage": {"prompt_tokens": 1, "completion_tokens": 3},
+            "tool_iterations_used": 0, "tool_iterations_left": 4, "next_seq": 3,
+            "released": released,
+            "elapsed_ms": 400, "first_token_ms": 10, "root_request_id": id, "chain_position": 1
+        }
+    }});
+    let following = follow(&client, id).await;
+    let js = async_nats::jetstream::new(client.nats().clone());
+    js.get_key_value("GENFLEET_RESULTS")
+        .await
+        .unwrap()
+        .put(
+            format!("res.{id}"),
+            serde_json::to_vec(&record).unwrap().into(),
+        )
+        .await
+        .unwrap();
+    // Whoever asks about it finds its worker gone; a live worker takes it up.
+    let _ = client.status(id).await;
+    let (seen, _) = following.await.unwrap();
+    // The follower subscribed after the `started` event: it sees the two deltas sent again,
+    // then the move, then the rest.
+    assert_eq!(seen[..2], released[..], "{seen:?}");
+    assert!(
+        matches!(seen[2].body, EventBody::Resumed { .. }) && seen[2].seq == 3,
+        "{:?}",
+        seen[2]
+    );
+    let seqs: Vec<u64> = seen.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=seen.len() as u64).collect::<Vec<_>>());
+    let result = client.result(id, true).await.unwrap();
+    assert_eq!(result.state, RequestState::Completed, "{result:?}");
+    assert_eq!(result.output, reply);
+    assert_eq!(deltas(&seen), reply);
 }

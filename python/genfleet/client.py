@@ -649,6 +649,8 @@ class _Follow:
         if event.get("request_id") != self.current:
             return
         seq = event.get("seq", self.next_seq)
+        if seq < self.next_seq:
+            return  # sent again after a move (docs/protocol.md, Resume): seen already
         if seq != self.next_seq and not self.gapped:
             _log.debug("an event of %s was missed: the text comes from the result", self.current)
             self.gapped = True

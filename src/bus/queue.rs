@@ -259,6 +259,9 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message, place: Option
         }) => match take_over(shared, &message, &mut live, &worker_id, revision).await {
             TakeOver::Taken(revision) => {
                 resume_from = super::resume::carried(&live, &worker_id);
+                if let Some(resume) = &resume_from {
+                    super::resume::resend_released(shared, &resume.progress).await;
+                }
                 revision
             }
             TakeOver::Ended => {

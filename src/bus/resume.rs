@@ -76,6 +76,7 @@ pub(super) async fn take_up_record(
     };
     // The request is this worker's now: it runs here, or ends here.
     shared.metrics.resumed.inc();
+    resend_released(shared, &progress).await;
     tracing::info!(
         message = "took up a request from its last checkpoint",
         request_id = %next.request_id,
@@ -142,6 +143,20 @@ pub(super) async fn carry_over(shared: &Shared, live: &mut LiveRecord, holder: &
     if let Some(progress) = &held.progress {
         live.resumed = moved(shared, &held, progress, MoveReason::WorkerLost);
         live.progress = held.progress.clone();
+    }
+}
+
+/// Sends again, as they were, the events the checkpoint let go: its worker may have died
+/// after storing it and before they went out. They go straight out (not through the worker's
+/// event publisher, which would publish a signal again on its own subject), ahead of every event
+/// of the run that goes on; a follower that has them drops them by their numbers.
+pub(super) async fn resend_released(shared: &Shared, progress: &Progress) {
+    for event in &progress.released {
+        let subject = shared.subjects.events(&event.request_id);
+        let body = serde_json::to_vec(event).expect("events serialize");
+        if let Err(error) = shared.client.publish(subject, body.into()).await {
+            tracing::warn!(message = "could not publish an event", %error, request_id = %event.request_id);
+        }
     }
 }
 

@@ -169,6 +169,11 @@ impl Follow {
         if event.request_id != self.current {
             return;
         }
+        if event.seq < self.next_seq {
+            // Sent again after a move (the run that took the request up cannot know whether
+            // its predecessor sent it): seen already.
+            return;
+        }
         if event.seq != self.next_seq && !self.gapped {
             tracing::debug!(
                 message = "an event was missed: the text comes from the result",

@@ -5,6 +5,7 @@
 //! first token a caller sees is the model's, not the coalescing interval. Nothing is ever dropped here: the sink is a bounded
 //! channel, and a slow consumer slows the generation rather than losing text.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -40,7 +41,15 @@ pub struct EventEmitter {
     /// resumed run would not know it was sent.
     holding: bool,
     held: Vec<Event>,
+    /// Whether the events since the last checkpoint are kept ([`EventEmitter::keep_recent`]).
+    keeping: bool,
+    /// The events numbered since the last checkpoint, sent or held (at most [`MAX_RECENT`]):
+    /// the next checkpoint carries them, for a run that takes the request up to send again.
+    recent: VecDeque<Event>,
 }
+
+/// Events kept for the next checkpoint at most; past it the oldest go (sent long before).
+const MAX_RECENT: usize = 1024;
 
 impl EventEmitter {
     pub fn new(request_id: String, sink: EventSink, coalescing: Coalescing) -> Self {
@@ -64,7 +73,15 @@ impl EventEmitter {
             first_delta_sent: false,
             holding: false,
             held: Vec::new(),
+            keeping: false,
+            recent: VecDeque::new(),
         }
+    }
+
+    /// From now on the events since the last checkpoint are kept (a run that writes
+    /// checkpoints): see [`EventEmitter::recent`].
+    pub fn keep_recent(&mut self) {
+        self.keeping = true;
     }
 
     /// Adds visible text; sends it once enough has gathered.
@@ -114,6 +131,12 @@ impl EventEmitter {
             ts: now_rfc3339(),
             body,
         };
+        if self.keeping && !finished {
+            if self.recent.len() >= MAX_RECENT {
+                self.recent.pop_front();
+            }
+            self.recent.push_back(event.clone());
+        }
         if self.holding && !finished {
             self.held.push(event);
             return;
@@ -146,6 +169,18 @@ impl EventEmitter {
         for event in std::mem::take(&mut self.held) {
             self.deliver(event).await;
         }
+    }
+
+    /// The events numbered since the last checkpoint ([`EventEmitter::checkpointed`]), sent
+    /// already or held, in order: a worker that dies right after storing a checkpoint may not
+    /// have sent them all yet.
+    pub fn recent(&self) -> Vec<Event> {
+        self.recent.iter().cloned().collect()
+    }
+
+    /// A checkpoint holding [`EventEmitter::recent`] is stored.
+    pub fn checkpointed(&mut self) {
+        self.recent.clear();
     }
 
     /// Drops the events held and sends no more: the request is no longer this run's.

@@ -7,11 +7,13 @@
 //! of the turn in progress, the output shown so far, the counts (tokens, tool iterations) and
 //! the next event's sequence number. Every event a caller was sent is covered by the last
 //! checkpoint written (the worker holds the events after a checkpoint until the next one is
-//! stored), so a resumed run goes on from exactly what the caller saw.
+//! stored), so a resumed run goes on from exactly what the caller saw. The events a checkpoint
+//! lets go are in it too: a worker that dies after storing it and before they went out leaves
+//! them to the run that takes it up, which sends them again under their own numbers.
 
 use serde::{Deserialize, Serialize};
 
-use super::{GenerationRequest, Message, Signal, Usage};
+use super::{Event, GenerationRequest, Message, Signal, Usage};
 
 /// A generation's progress, written into its live record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -44,6 +46,11 @@ pub struct Progress {
     pub signals_dropped: u32,
     /// The sequence number the next event carries.
     pub next_seq: u64,
+    /// The events this checkpoint lets go (held since the one before it, numbered up to
+    /// `next_seq`): sent again by the run that takes the request up, since its worker may have
+    /// died before they went out. A follower drops a number it has seen.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub released: Vec<Event>,
     /// How long the request had run (since it was accepted) when this was written.
     pub elapsed_ms: u64,
     /// From acceptance to its first token, if one came.

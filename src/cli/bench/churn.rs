@@ -33,6 +33,7 @@ use super::target::Target;
 use super::target_check::TargetCheck;
 use super::workload;
 use crate::client::Client;
+use crate::protocol::event::SEQ_AFTER_LOST;
 use crate::protocol::{
     Event, EventBody, GenerationResult, MoveReason, Priority, Reason, RequestState,
 };
@@ -124,7 +125,10 @@ pub struct ChurnReport {
     /// Requests whose events' `seq` did not run 0, 1, 2, ... as the callers saw them.
     pub requests_with_seq_faults: u64,
     pub missing_events: u64,
+    /// Numbers seen again with other content (a follower keeps the first).
     pub repeated_events: u64,
+    /// Events sent again as they were after a move, which a follower drops (not faults).
+    pub resent_events: u64,
     /// COMPLETED requests whose deltas, joined, differ from their result's output.
     pub delta_mismatches: u64,
     /// Results that list a move for a lost worker (their worker was killed mid-stream).
@@ -379,6 +383,7 @@ pub async fn run(
         requests_with_seq_faults: 0,
         missing_events: 0,
         repeated_events: 0,
+        resent_events: 0,
         delta_mismatches: 0,
         interrupted: 0,
         resumed_unseen: 0,
@@ -412,12 +417,14 @@ pub async fn run(
         if seen.finished > 1 {
             report.finished_twice += 1;
         }
-        let (missing, repeated) = seq_faults(&seen.events);
+        let followed = Followed::of(&seen.events);
+        let (missing, repeated) = (followed.missing, followed.conflicting);
         if missing + repeated > 0 {
             report.requests_with_seq_faults += 1;
         }
         report.missing_events += missing;
         report.repeated_events += repeated;
+        report.resent_events += followed.resent;
         let Some(result) = result else {
             report.lost += 1;
             if report.lost_ids.len() < IDS_LISTED {
@@ -427,7 +434,7 @@ pub async fn run(
         };
         report.output_chars += result.output.chars().count() as u64;
         let mismatch =
-            result.state == RequestState::Completed && deltas(&seen.events) != result.output;
+            result.state == RequestState::Completed && followed.deltas() != result.output;
         if (mismatch || missing + repeated > 0) && report.faulty.len() < IDS_LISTED {
             report.faulty.push(faulty(id, &seen.events, &result));
         }
@@ -578,27 +585,55 @@ fn finished_result(seen: &Seen) -> Option<GenerationResult> {
     })
 }
 
-/// Numbers missing from `0..=max seq`, and numbers seen more than once.
-fn seq_faults(events: &[(Event, Instant)]) -> (u64, u64) {
-    let mut seqs: Vec<u64> = events.iter().map(|(e, _)| e.seq).collect();
-    let Some(max) = seqs.iter().max().copied() else {
-        return (0, 0);
-    };
-    seqs.sort_unstable();
-    let all = seqs.len() as u64;
-    seqs.dedup();
-    let distinct = seqs.len() as u64;
-    (max + 1 - distinct, all - distinct)
+/// A request's events as a follower takes them (docs/protocol.md): an event numbered below
+/// the next one expected was seen already and is dropped; a number past it is a gap (except
+/// the `finished` event a live worker sends for a lost one, numbered past everything).
+struct Followed<'a> {
+    kept: Vec<&'a Event>,
+    /// Numbers skipped.
+    missing: u64,
+    /// Numbers seen again with other content.
+    conflicting: u64,
+    /// Numbers seen again as they were.
+    resent: u64,
 }
 
-fn deltas(events: &[(Event, Instant)]) -> String {
-    events
-        .iter()
-        .filter_map(|(event, _)| match &event.body {
-            EventBody::Delta { text } => Some(text.as_str()),
-            _ => None,
-        })
-        .collect()
+impl<'a> Followed<'a> {
+    fn of(events: &'a [(Event, Instant)]) -> Followed<'a> {
+        let mut followed = Followed {
+            kept: Vec::new(),
+            missing: 0,
+            conflicting: 0,
+            resent: 0,
+        };
+        let mut next = 0;
+        for (event, _) in events {
+            if event.seq < next {
+                match followed.kept.iter().find(|kept| kept.seq == event.seq) {
+                    Some(kept) if *kept == event => followed.resent += 1,
+                    _ => followed.conflicting += 1,
+                }
+                continue;
+            }
+            if event.seq != SEQ_AFTER_LOST {
+                followed.missing += event.seq - next;
+                next = event.seq + 1;
+            }
+            followed.kept.push(event);
+        }
+        followed
+    }
+
+    /// The text of the deltas kept, joined.
+    fn deltas(&self) -> String {
+        self.kept
+            .iter()
+            .filter_map(|event| match &event.body {
+                EventBody::Delta { text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 /// The mock's `/mock/stats`: what it generated since the last reset.
@@ -990,16 +1025,32 @@ mod tests {
     }
 
     #[test]
-    fn sequence_faults_count_gaps_and_repeats() {
-        for (seqs, expected) in [
-            (vec![], (0, 0)),
-            (vec![0, 1, 2], (0, 0)),
-            (vec![0, 2], (1, 0)),
-            (vec![0, 1, 1, 2], (0, 1)),
-            (vec![1, 1, 3], (2, 1)),
+    fn a_follower_counts_gaps_drops_what_was_sent_again_and_flags_conflicts() {
+        // (seqs, missing, conflicting, resent); every event here has the same body, so a
+        // number seen again is sent again as it was.
+        for (seqs, missing, resent) in [
+            (vec![], 0, 0),
+            (vec![0, 1, 2], 0, 0),
+            (vec![0, 2], 1, 0),
+            (vec![0, 1, 1, 2], 0, 1),
+            (vec![1, 1, 3], 2, 1),
+            (vec![0, 1, 2, 1, 2, 3], 0, 2),
+            (vec![0, 1, SEQ_AFTER_LOST], 0, 0),
         ] {
             let events: Vec<_> = seqs.iter().map(|s| event(*s)).collect();
-            assert_eq!(seq_faults(&events), expected, "{seqs:?}");
+            let followed = Followed::of(&events);
+            assert_eq!(
+                (followed.missing, followed.conflicting, followed.resent),
+                (missing, 0, resent),
+                "{seqs:?}"
+            );
         }
+        // The same number with other text is a conflict, and the first stands.
+        let mut other = event(1);
+        other.0.body = EventBody::Delta { text: "y".into() };
+        let events = vec![event(0), event(1), other];
+        let followed = Followed::of(&events);
+        assert_eq!((followed.conflicting, followed.resent), (1, 0));
+        assert_eq!(followed.deltas(), "xx");
     }
 }

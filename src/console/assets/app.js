@@ -4,6 +4,8 @@
 'use strict';
 
 (() => {
+  // The seq of a finished event sent by the worker that ended a request whose own worker was lost.
+  const SEQ_AFTER_LOST = 9007199254740991;
   const SESSION_KEY = 'genfleet.console.session';
   const main = document.getElementById('main');
 
@@ -961,7 +963,10 @@
       const event = JSON.parse(e.data);
       refreshTimelineSoon();
       if (event.event === 'continued' || event.event === 'chain_ended') { waitingDecision = false; refreshControls(); }
-      if (lastSeq !== null && event.seq > lastSeq + 1) addActivity('gap', 'missed ' + (event.seq - lastSeq - 1) + ' events; the result has all of it');
+      // Sent again after a move (the run that took the request up cannot know what was sent): seen already.
+      if (lastSeq !== null && event.seq <= lastSeq) return;
+      // A request whose worker was lost is ended by another, numbered past anything sent.
+      if (lastSeq !== null && event.seq > lastSeq + 1 && event.seq !== SEQ_AFTER_LOST) addActivity('gap', 'missed ' + (event.seq - lastSeq - 1) + ' events; the result has all of it');
       // The request shows itself: what was said before (not known, queued, no answer) goes.
       if (!finished && el.dataset.state !== 'RUNNING' && event.event !== 'finished') {
         setState('RUNNING');

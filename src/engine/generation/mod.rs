@@ -101,6 +101,10 @@ impl<'e> Generation<'e> {
             engine.continues_turns(&request),
             ctx.continuity.hand_off.clone(),
         );
+        let mut events = events;
+        if checkpoints.writes() {
+            events.keep_recent();
+        }
         Generation {
             checkpoints,
             carried: None,

@@ -55,6 +55,11 @@ impl Checkpointing {
         }
     }
 
+    /// Whether this run writes checkpoints at all.
+    pub(super) fn writes(&self) -> bool {
+        self.store.is_some()
+    }
+
     fn handing_off(&self) -> bool {
         self.store.is_some() && self.hand_off.is_cancelled()
     }
@@ -122,6 +127,9 @@ impl Generation<'_> {
             saved = store.save(progress) => saved,
         };
         self.checkpoints.last = Some(Instant::now());
+        if saved.is_ok() {
+            self.events.checkpointed();
+        }
         match saved {
             Ok(()) if self.checkpoints.handing_off() => {
                 // Everything the caller was sent is in it: another run goes on from here.
@@ -173,6 +181,7 @@ impl Generation<'_> {
             signals: self.signals.signals().to_vec(),
             signals_dropped: self.signals.dropped(),
             next_seq: self.events.next_seq(),
+            released: self.events.recent(),
             elapsed_ms: self.ctx.accepted_at.elapsed().as_millis() as u64,
             first_token_ms: self.meter.first_token_ms(),
             root_request_id: self.ctx.root_request_id.clone(),
