@@ -184,6 +184,10 @@ pub struct WorkerSettings {
     /// A request of a higher band that finds no free slot takes the slot of the newest running
     /// request of a lower band, which writes a checkpoint, waits and goes on later.
     pub preempt: bool,
+    /// A request of a tenant under its fair share of a worker's slots that finds none free
+    /// takes the slot of the newest running request of a tenant far over its share.
+    #[serde(default)]
+    pub preempt_fair_share: bool,
     /// How many times one request may be preempted (then it runs to its end).
     pub max_preemptions: u32,
     pub cancel_wait_ms: u64,

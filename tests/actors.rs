@@ -247,6 +247,7 @@ fn config(slots: u32) -> SupervisorConfig {
         tenant_max_running: 0,
         drain_handoff: genfleet::settings::DrainHandOff::Deadline,
         preempt: false,
+        preempt_fair_share: false,
         max_preemptions: 2,
     }
 }

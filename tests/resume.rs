@@ -663,3 +663,84 @@ async fn the_events_a_checkpoint_let_go_are_sent_again_by_the_run_that_takes_it_
     assert_eq!(result.output, reply);
     assert_eq!(deltas(&seen), reply);
 }
+
+/// Fair share (`worker.preempt_fair_share`): a tenant whose durable requests fill every slot
+/// of the only worker gives one up to another tenant's request, which starts without waiting
+/// for a slot to free; the request that gave it goes on later with the same output.
+#[tokio::test]
+async fn a_tenant_under_its_share_takes_a_slot_of_the_tenant_far_over_it() {
+    let long = words(200);
+    let script = format!(
+        "[[rules]]\nwhen_last_user_contains = \"light\"\nreply = \"done at once\"\n\n\
+         [[rules]]\nreply = \"{long}\"\ndelay_ms = 25\n"
+    );
+    let f = RESUMING
+        .into_iter()
+        .fold(
+            Fleet::builder().default_settings().script(&script),
+            |builder, (key, value)| builder.worker_env(key, value),
+        )
+        .worker_env("GENFLEET__WORKER__PREEMPT_FAIR_SHARE", "true")
+        .worker_env("RUST_LOG", "info")
+        .worker_processes(["solo"])
+        .slots(2)
+        .start()
+        .await;
+    let flood = f.client.clone().with_tenant("flood").unwrap();
+    let light = f.client.clone().with_tenant("light").unwrap();
+    let nats = f.client.nats().clone();
+    let floods: Vec<String> = (0..3).map(|i| format!("flood-{i}")).collect();
+    let mut following = Vec::new();
+    for id in &floods {
+        following.push(follow(&flood, &flood.on_bus(id)).await);
+        flood
+            .enqueue("default", &request(id, "take your time"))
+            .await
+            .expect("queued");
+    }
+    // The flooding tenant holds both slots; its third request waits in the queue.
+    wait::until("the flood to hold both slots", SETTLE, || async {
+        let mut running = 0;
+        for id in &floods {
+            if let Some(record) = fleet::record(&nats, &format!("flood.{id}")).await
+                && record["live"]["state"] == "RUNNING"
+            {
+                running += 1;
+            }
+        }
+        (running == 2).then_some(()).ok_or(running)
+    })
+    .await;
+    light
+        .enqueue("default", &request("light-0", "light work"))
+        .await
+        .expect("queued");
+    let done = fleet::terminal(&light, "light-0", SETTLE).await;
+    assert_eq!(
+        (done.state, done.output.as_str()),
+        (RequestState::Completed, "done at once"),
+        "{done:?}"
+    );
+    let mut preempted = Vec::new();
+    for (id, following) in floods.iter().zip(following) {
+        let (seen, _) = followed(&f, ["solo", "solo"], following).await;
+        assert_gapless(&seen);
+        assert_eq!(deltas(&seen), long, "{id}: the deltas join into the answer");
+        let result = fleet::take_exactly_once(&flood, id).await;
+        assert_eq!(
+            (result.state, result.output.as_str()),
+            (RequestState::Completed, long.as_str()),
+            "{id}: the same output it would have had"
+        );
+        for moved in &result.resumed {
+            assert_eq!(moved.reason, MoveReason::Preempted, "{id}: {moved:?}");
+            preempted.push(id.clone());
+        }
+    }
+    // One slot was wanted: one of the two running flood requests gave it up, once.
+    assert_eq!(preempted.len(), 1, "{preempted:?}");
+    assert_ne!(
+        preempted[0], "flood-2",
+        "the one still queued had no slot to give"
+    );
+}

@@ -253,6 +253,53 @@ impl Scheduler {
     }
 }
 
+impl Scheduler {
+    /// With `worker.preempt_fair_share` and every one of the worker's `slots` busy: one
+    /// message of a queue whose tenant is under its fair share here while another is far over
+    /// it ([`Turns::share_pull`]), to take that tenant's slot. Empty when none is known to wait.
+    pub(super) async fn next_for_share(
+        &mut self,
+        slots: u32,
+        load: &TenantLoad,
+    ) -> Vec<(jetstream::Message, Option<TenantPermit>)> {
+        let policy = SlotPolicy::from_settings(&self.shared.settings);
+        let known = self
+            .queues
+            .iter()
+            .filter(|(_, q)| q.maybe_pending && q.heard)
+            .map(|(k, _)| k);
+        let Some(key) = Turns::share_pull(&policy, slots, known, load) else {
+            return Vec::new();
+        };
+        let Some(queue) = self.queues.get_mut(&key) else {
+            return Vec::new();
+        };
+        let late = self.shared.fencing.stale();
+        let mut place = match self
+            .shared
+            .tenant_counts
+            .take(&key.tenant, 1, Refusal::Copy, late)
+            .await
+        {
+            Ok(place) => place,
+            Err(error) => {
+                tracing::debug!(message = "a tenant's queue passed over", %error);
+                return Vec::new();
+            }
+        };
+        let messages = fetch(&queue.consumer, 1).await;
+        if messages.is_empty() {
+            queue.maybe_pending = false;
+            queue.heard = false;
+            return Vec::new();
+        }
+        messages
+            .into_iter()
+            .map(|message| (message, place.as_mut().and_then(Vec::pop)))
+            .collect()
+    }
+}
+
 /// How long one pull may take: a pull whose answer is lost (its server died, a leader is
 /// being elected) must not hold the scheduler. A message delivered to a pull given up is
 /// redelivered after the ack wait.

@@ -82,8 +82,23 @@ pub(super) async fn serve_queue(
 ) {
     let mut starting = tokio::task::JoinSet::new();
     let mut tick = tokio::time::Instant::now() + TRY_ALL_EVERY;
+    let fair_share =
+        shared.settings.worker.preempt_fair_share && shared.settings.generation.checkpoint_ms > 0;
     loop {
         while starting.try_join_next().is_some() {}
+        if fair_share && capacity.borrow().free() == 0 {
+            // Full: a tenant under its fair share may still take a slot from one far over it
+            // (one message at a time, none while another waits for its slot here).
+            take_for_share(
+                &shared,
+                &mut scheduler,
+                &mut capacity,
+                &mut starting,
+                &mut tick,
+            )
+            .await;
+            continue;
+        }
         if capacity.wait_for(|c| c.free() > 0).await.is_err() {
             return;
         }
@@ -120,6 +135,47 @@ pub(super) async fn serve_queue(
             let shared = shared.clone();
             starting.spawn(async move { handle(&shared, message, place).await });
         }
+    }
+}
+
+/// A full worker's turn with `worker.preempt_fair_share`: pulls one message of a tenant under
+/// its fair share of the slots while another is far over it, which takes a slot of that tenant
+/// as it is admitted (the Supervisor preempts), when no request waits for a slot here already
+/// and none is being started; otherwise waits for a slot to free, a queue to be heard of, or
+/// the next try of every queue.
+async fn take_for_share(
+    shared: &Arc<Shared>,
+    scheduler: &mut Scheduler,
+    capacity: &mut watch::Receiver<Capacity>,
+    starting: &mut tokio::task::JoinSet<()>,
+    tick: &mut tokio::time::Instant,
+) {
+    let now = *capacity.borrow_and_update();
+    if now.waiting == 0 && starting.is_empty() && !now.draining && !now.paused {
+        scheduler.absorb().await;
+        if tokio::time::Instant::now() >= *tick {
+            scheduler.try_all();
+            *tick = tokio::time::Instant::now() + TRY_ALL_EVERY;
+        }
+        let load = tenant_load(shared).await;
+        let messages = scheduler.next_for_share(now.total, &load).await;
+        if !messages.is_empty() {
+            for (message, place) in messages {
+                let shared = shared.clone();
+                starting.spawn(async move { handle(&shared, message, place).await });
+            }
+            return;
+        }
+    }
+    let wait = tick.saturating_duration_since(tokio::time::Instant::now());
+    tokio::select! {
+        _ = scheduler.wait_heard(wait) => {}
+        _ = capacity.changed() => {}
+        _ = starting.join_next(), if !starting.is_empty() => {}
+    }
+    if tokio::time::Instant::now() >= *tick {
+        scheduler.try_all();
+        *tick = tokio::time::Instant::now() + TRY_ALL_EVERY;
     }
 }
 

@@ -208,7 +208,8 @@ async fn handle_submit(shared: Arc<Shared>, message: async_nats::Message, route:
             }
         }
     }
-    let preempting = shared.settings.worker.preempt && shared.settings.generation.checkpoint_ms > 0;
+    let preempting = (shared.settings.worker.preempt || shared.settings.worker.preempt_fair_share)
+        && shared.settings.generation.checkpoint_ms > 0;
     if forwarding && shared.capacity.borrow().free() == 0 {
         // Full (or draining): not decoded here, but to read its key.
         let refused = match forward(&shared, &message, told.as_ref()).await {
@@ -220,7 +221,8 @@ async fn handle_submit(shared: Arc<Shared>, message: async_nats::Message, route:
             return;
         }
         // No peer has a free slot: a request of a higher band may take one of a lower band's
-        // here (worker.preempt).
+        // here (worker.preempt), or one of a tenant under its fair share one of a tenant far
+        // over it (worker.preempt_fair_share).
     }
     let reply = guarded(submit(&shared, &message, route, decoded, told.clone())).await;
     if forwarding

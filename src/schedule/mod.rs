@@ -56,7 +56,7 @@ pub use placement::{
 };
 pub use pool_limit::{PoolAdmission, PoolLimit, total_running, with_own_count};
 pub use queues::{Pull, QueueKey, Turns};
-pub use tenants::{Slots, TenantLimit, TenantLoad, tenant_name};
+pub use tenants::{Slots, TenantLimit, TenantLoad, over_share, tenant_name};
 
 use crate::settings::{ReservedSlots, Settings};
 

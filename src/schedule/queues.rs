@@ -83,6 +83,29 @@ impl Turns {
         pulls
     }
 
+    /// With `worker.preempt_fair_share`, the queue a worker with every one of its `slots` busy
+    /// pulls one message from anyway: the first (highest band, then by name) whose tenant is
+    /// under its fair share there while another is far over it ([`super::over_share`]), so that
+    /// the message takes that tenant's slot. Queues of tenants at their limit (on the worker or
+    /// across the pool) are skipped, as for a free slot.
+    pub fn share_pull<'a>(
+        policy: &SlotPolicy,
+        slots: u32,
+        pending: impl IntoIterator<Item = &'a QueueKey>,
+        load: &TenantLoad,
+    ) -> Option<QueueKey> {
+        let mut pending: Vec<&QueueKey> = pending
+            .into_iter()
+            .filter(|k| !policy.tenant_limit.reached(load.of(&k.tenant)))
+            .filter(|k| load.pool_room(&k.tenant) != Some(0))
+            .collect();
+        pending.sort();
+        pending
+            .into_iter()
+            .find(|k| super::over_share(slots, load.running(), &k.tenant).is_some())
+            .cloned()
+    }
+
     /// A pull from `queue` brought messages.
     pub fn served(&mut self, queue: QueueKey) {
         self.served.insert(queue.band, queue);
@@ -120,6 +143,41 @@ mod tests {
             tenant: tenant.into(),
             v1: false,
         }
+    }
+
+    #[test]
+    fn a_full_worker_pulls_for_the_tenant_under_its_share_only() {
+        let policy = SlotPolicy {
+            reserved: ReservedSlots::default(),
+            tenant_limit: TenantLimit(0),
+        };
+        let flood = TenantLoad::from_slots([("flood".to_string(), Priority::Normal, 4)]);
+        let queues = [key(Priority::Low, "light"), key(Priority::Normal, "flood")];
+        // The flooding tenant's own queue never preempts it; the light one's does.
+        assert_eq!(
+            Turns::share_pull(&policy, 4, &queues, &flood),
+            Some(key(Priority::Low, "light"))
+        );
+        // Once both hold their part, nobody pulls.
+        let even = TenantLoad::from_slots([
+            ("flood".to_string(), Priority::Normal, 2),
+            ("light".to_string(), Priority::Low, 2),
+        ]);
+        assert_eq!(Turns::share_pull(&policy, 4, &queues, &even), None);
+        // A tenant at its limit is not pulled for.
+        let limited = SlotPolicy {
+            tenant_limit: TenantLimit(1),
+            ..policy
+        };
+        let light_one = TenantLoad::from_slots([
+            ("flood".to_string(), Priority::Normal, 3),
+            ("light".to_string(), Priority::Low, 1),
+        ]);
+        assert_eq!(
+            Turns::share_pull(&policy, 4, &queues, &light_one),
+            Some(key(Priority::Low, "light"))
+        );
+        assert_eq!(Turns::share_pull(&limited, 4, &queues, &light_one), None);
     }
 
     #[test]

@@ -72,6 +72,11 @@ impl TenantLoad {
         self
     }
 
+    /// The slots each tenant holds.
+    pub fn running(&self) -> &HashMap<String, u32> {
+        &self.running
+    }
+
     /// The slots `tenant` holds.
     pub fn of(&self, tenant: &str) -> u32 {
         self.running.get(tenant).copied().unwrap_or(0)
@@ -95,6 +100,30 @@ impl TenantLimit {
     pub fn reached(self, running: u32) -> bool {
         self.0 > 0 && running >= self.0
     }
+}
+
+/// Fair-share preemption (`worker.preempt_fair_share`): the tenant that gives a slot up to a
+/// request of `tenant` finding every one of a worker's `slots` busy, if any. `counts` holds
+/// what each tenant has there: its running requests that are not leaving already, and for
+/// `tenant` its requests waiting for a slot too.
+///
+/// A worker's fair share is an equal part of its slots for each tenant that has work there
+/// (the ones in `counts`, and `tenant`). `tenant` takes a slot only while it has less than
+/// its part (rounded down: where there are more tenants than slots, nobody takes), from the
+/// tenant that has the most (the first by name among equals), and only when that one has
+/// more than its part (rounded up) and at least two more than `tenant`: the move leaves it
+/// no poorer than the taker, so a slot never goes back and forth.
+pub fn over_share(slots: u32, counts: &HashMap<String, u32>, tenant: &str) -> Option<String> {
+    let mine = counts.get(tenant).copied().unwrap_or(0);
+    let tenants = counts.len() as u32 + u32::from(!counts.contains_key(tenant));
+    if tenants < 2 || mine >= slots / tenants {
+        return None;
+    }
+    let (richest, most) = counts
+        .iter()
+        .filter(|(name, _)| name.as_str() != tenant)
+        .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))?;
+    (*most > slots.div_ceil(tenants) && *most >= mine + 2).then(|| richest.clone())
 }
 
 /// The name of a tenant (`None`: the default tenant).
@@ -121,6 +150,40 @@ mod tests {
         );
         slots.free("b");
         assert_eq!(slots.of(Some("acme")), 1);
+    }
+
+    #[test]
+    fn a_tenant_under_its_share_takes_a_slot_from_the_one_far_over_it_until_both_hold_theirs() {
+        // (slots, what each tenant has, the taker, who gives a slot up)
+        type Case<'a> = (u32, &'a [(&'a str, u32)], &'a str, Option<&'a str>);
+        let cases: &[Case] = &[
+            // Alone on the worker, or asking for itself: nobody to take from.
+            (4, &[("flood", 4)], "flood", None),
+            (4, &[("flood", 1)], "flood", None),
+            // Four slots, two tenants: a part of two each, reached one slot at a time.
+            (4, &[("flood", 4)], "light", Some("flood")),
+            (4, &[("light", 0), ("flood", 4)], "light", Some("flood")),
+            (4, &[("light", 1), ("flood", 3)], "light", Some("flood")),
+            (4, &[("light", 2), ("flood", 2)], "light", None),
+            // Holding its part already (its waiting requests count).
+            (8, &[("light", 4), ("flood", 4)], "light", None),
+            // Over its part, but only one more than the taker would have: no back and forth.
+            (3, &[("light", 1), ("flood", 2)], "light", None),
+            // More tenants than slots: no part to claim.
+            (2, &[("a", 1), ("b", 1)], "c", None),
+            // The one with the most gives, the first by name among equals.
+            (9, &[("a", 4), ("b", 4), ("c", 1)], "c", Some("a")),
+            (9, &[("a", 2), ("b", 6), ("c", 1)], "c", Some("b")),
+        ];
+        for (slots, pairs, taker, expected) in cases {
+            let counts: HashMap<String, u32> =
+                pairs.iter().map(|(t, n)| (t.to_string(), *n)).collect();
+            assert_eq!(
+                over_share(*slots, &counts, taker).as_deref(),
+                *expected,
+                "{slots} slots, {pairs:?}, for {taker}"
+            );
+        }
     }
 
     #[test]

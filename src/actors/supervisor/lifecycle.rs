@@ -1,6 +1,7 @@
 //! A request's life on the record: submitted (started in a free slot, or waiting for one),
 //! ended by its slot, its slot freed, released by its owner.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
@@ -73,9 +74,12 @@ impl<T: Ticket> Handler<Submit<T>> for Supervisor<T> {
             self.publish_capacity();
             return Ok(accepted);
         }
-        if free == 0 && !at_limit && self.preempt_for(placement.scheduling.band) {
+        if free == 0
+            && !at_limit
+            && (self.preempt_for(placement.scheduling.band) || self.preempt_for_share(tenant))
+        {
             // A slot frees as soon as the preempted request has written its checkpoint: this
-            // one waits for it, ahead of any other waiting request of its band.
+            // one waits for it, ahead of any other waiting request.
             let accepted = accepted(RequestState::Queued);
             self.waiting.push_front(request_id.clone());
             self.records.insert(
@@ -145,6 +149,63 @@ impl<T: Ticket> Supervisor<T> {
             request_id = %victim.context.request_id,
             band = victim.band.as_str(),
             for_band = band.as_str()
+        );
+        true
+    }
+
+    /// With `worker.preempt_fair_share`, asks the newest running request of the tenant far
+    /// over its fair share of this worker's slots ([`crate::schedule::over_share`]) to hand
+    /// its slot over to a request of `tenant`, under its share, that finds none free: as
+    /// [`Supervisor::preempt_for`], bounded by `worker.max_preemptions` the same way. A tenant's
+    /// requests already asked to leave count as gone; the taker's waiting ones as its own.
+    fn preempt_for_share(&mut self, tenant: Option<&str>) -> bool {
+        if !self.config.preempt_fair_share || self.draining {
+            return false;
+        }
+        let taker = tenant_name(tenant);
+        let mut counts: HashMap<String, u32> = HashMap::new();
+        for record in self.records.values() {
+            let holder = match record {
+                Record::Running(running) if running.cancelled_by.is_none() => {
+                    tenant_name(running.tenant.as_deref())
+                }
+                Record::Waiting(waiting)
+                    if tenant_name(waiting.placement.scheduling.tenant.as_deref()) == taker =>
+                {
+                    taker
+                }
+                _ => continue,
+            };
+            *counts.entry(holder.to_string()).or_default() += 1;
+        }
+        let Some(giver) = crate::schedule::over_share(self.config.slots, &counts, taker) else {
+            return false;
+        };
+        let max_preemptions = self.config.max_preemptions;
+        let victim = self
+            .records
+            .values_mut()
+            .filter_map(|record| match record {
+                Record::Running(running)
+                    if tenant_name(running.tenant.as_deref()) == giver
+                        && running.cancelled_by.is_none()
+                        && running.context.continuity.preemptions < max_preemptions =>
+                {
+                    Some(running)
+                }
+                _ => None,
+            })
+            .max_by_key(|running| running.started_at);
+        let Some(victim) = victim else {
+            return false;
+        };
+        victim.context.continuity.hand_off.cancel();
+        victim.cancelled_by = Some(Canceller::Preempted);
+        tracing::info!(
+            message = "preempting a request of a tenant over its fair share",
+            request_id = %victim.context.request_id,
+            tenant = %giver,
+            for_tenant = %taker
         );
         true
     }

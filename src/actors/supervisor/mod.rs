@@ -64,6 +64,9 @@ pub struct SupervisorConfig {
     pub drain_handoff: DrainHandOff,
     /// A higher band takes the slot of a lower one's newest request when none is free.
     pub preempt: bool,
+    /// A tenant under its fair share takes the slot of the newest request of a tenant far over
+    /// its share when none is free.
+    pub preempt_fair_share: bool,
     pub max_preemptions: u32,
 }
 
@@ -80,6 +83,8 @@ impl SupervisorConfig {
             tenant_max_running: settings.worker.tenants.max_running,
             drain_handoff: settings.worker.drain_handoff,
             preempt: settings.worker.preempt && settings.generation.checkpoint_ms > 0,
+            preempt_fair_share: settings.worker.preempt_fair_share
+                && settings.generation.checkpoint_ms > 0,
             max_preemptions: settings.worker.max_preemptions,
         }
     }
