@@ -571,6 +571,7 @@ async fn flags_that_need_another_kind_of_run_are_refused() {
         (vec!["--mode", "gateway"], "--local"),
         (vec!["--mode", "churn"], "--local"),
         (vec!["--baseline", this], "--baseline needs --local"),
+        (vec!["--fair-preempt"], "--fair-preempt needs --local"),
         (
             vec!["--local", "--baseline", "/nonexistent/genfleet"],
             "no such file",

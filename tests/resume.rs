@@ -669,6 +669,20 @@ async fn the_events_a_checkpoint_let_go_are_sent_again_by_the_run_that_takes_it_
 /// for a slot to free; the request that gave it goes on later with the same output.
 #[tokio::test]
 async fn a_tenant_under_its_share_takes_a_slot_of_the_tenant_far_over_it() {
+    fair_share(true).await;
+}
+
+/// The same with interactive submits: the light tenant's submit is accepted QUEUED on the full
+/// worker and starts as soon as the flooding tenant's newest request has written its checkpoint.
+#[tokio::test]
+async fn an_interactive_submit_under_its_share_takes_a_slot_of_the_tenant_far_over_it() {
+    fair_share(false).await;
+}
+
+/// Requests of tenant `flood` on both slots of the only worker (and one more waiting on the
+/// durable queue), then one of tenant `light`: queued on the durable queue (`durable`) or
+/// submitted.
+async fn fair_share(durable: bool) {
     let long = words(200);
     let script = format!(
         "[[rules]]\nwhen_last_user_contains = \"light\"\nreply = \"done at once\"\n\n\
@@ -689,14 +703,19 @@ async fn a_tenant_under_its_share_takes_a_slot_of_the_tenant_far_over_it() {
     let flood = f.client.clone().with_tenant("flood").unwrap();
     let light = f.client.clone().with_tenant("light").unwrap();
     let nats = f.client.nats().clone();
-    let floods: Vec<String> = (0..3).map(|i| format!("flood-{i}")).collect();
+    // Interactive submits find no slot past the two: the third is the durable queue's.
+    let floods: Vec<String> = (0..if durable { 3 } else { 2 })
+        .map(|i| format!("flood-{i}"))
+        .collect();
     let mut following = Vec::new();
     for id in &floods {
         following.push(follow(&flood, &flood.on_bus(id)).await);
-        flood
-            .enqueue("default", &request(id, "take your time"))
-            .await
-            .expect("queued");
+        let asked = request(id, "take your time");
+        if durable {
+            flood.enqueue("default", &asked).await.expect("queued");
+        } else {
+            flood.submit("default", &asked).await.expect("accepted");
+        }
     }
     // The flooding tenant holds both slots; its third request waits in the queue.
     wait::until("the flood to hold both slots", SETTLE, || async {
@@ -711,10 +730,16 @@ async fn a_tenant_under_its_share_takes_a_slot_of_the_tenant_far_over_it() {
         (running == 2).then_some(()).ok_or(running)
     })
     .await;
-    light
-        .enqueue("default", &request("light-0", "light work"))
-        .await
-        .expect("queued");
+    let asked = request("light-0", "light work");
+    if durable {
+        light.enqueue("default", &asked).await.expect("queued");
+    } else {
+        let accepted = light
+            .submit("default", &asked)
+            .await
+            .expect("a light request is accepted with every slot busy");
+        assert_eq!(accepted.state, RequestState::Queued);
+    }
     let done = fleet::terminal(&light, "light-0", SETTLE).await;
     assert_eq!(
         (done.state, done.output.as_str()),

@@ -204,6 +204,10 @@ pub struct BenchArgs {
     /// flood of `low` ones; 0 leaves the preemption measurement out.
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub preempt_samples: u64,
+    /// With --local: the workers run with worker.preempt_fair_share (the fairness phase
+    /// measures the light tenant's wait with it).
+    #[arg(long)]
+    pub fair_preempt: bool,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -267,6 +271,10 @@ pub async fn run(
         !(args.local && args.nats_monitor.is_some()),
         "--nats-monitor is for a fleet the bench did not start; --local reads its own server's"
     );
+    anyhow::ensure!(
+        !args.fair_preempt || args.local,
+        "--fair-preempt needs --local (it is a setting of the workers the bench starts)"
+    );
     if let Some(baseline) = &args.baseline {
         anyhow::ensure!(
             args.local,
@@ -311,7 +319,14 @@ async fn bench(
             workers: args.workers.max(1),
             slots: args.slots.max(1),
             token_delay_ms: args.token_delay_ms,
-            worker_env: Vec::new(),
+            worker_env: if args.fair_preempt {
+                vec![(
+                    "GENFLEET__WORKER__PREEMPT_FAIR_SHARE".to_string(),
+                    "true".to_string(),
+                )]
+            } else {
+                Vec::new()
+            },
         })
         .await?;
         eprintln!(
