@@ -220,6 +220,8 @@ class FakeWorker:
         self.nc = nc
         self.worker_id = worker_id
         self.answer: Optional[Dict[str, Any]] = None
+        # Takes the submit and never answers (a node lost without closing its connections).
+        self.silent = False
         self.got: List[Dict[str, Any]] = []
         self.subscription = None
 
@@ -227,6 +229,8 @@ class FakeWorker:
         async def on_submit(message):
             body = json.loads(message.data)
             self.got.append({"subject": message.subject, "headers": dict(message.headers or {}), "body": body})
+            if self.silent:
+                return
             answer = self.answer or {"request_id": body["request_id"], "worker_id": self.worker_id, "state": "RUNNING"}
             await message.respond(json.dumps(answer).encode())
 
@@ -270,6 +274,17 @@ async def check_fallbacks(url: str, workers: List[str]) -> None:
             await eventually("the ghost's heartbeat to be followed", lambda: load_of(fleet, ghost) == WorkerLoad(ghost, 4, 0))
             result = await fleet.run(genfleet.request("Its worker is gone", affinity_key=key))
             check(result["affinity"] == {"key": key, "preferred_worker": ghost, "held": False, "fallback": "busy"}, f"{result['affinity']}")
+
+            # Silent (its subscription there, nothing answers): to the pool after a moment.
+            fake = await FakeWorker(admin.nc, ghost).start()
+            fake.silent = True
+            await kv.put(ghost, heartbeat(ghost, slots=4))
+            await eventually("the ghost's heartbeat to be followed", lambda: load_of(fleet, ghost) == WorkerLoad(ghost, 4, 0))
+            result = await fleet.run(genfleet.request("Its worker does not answer", affinity_key=key))
+            check(len(fake.got) == 1 and fake.got[0]["body"]["request_id"] == result["request_id"], f"{fake.got}")
+            check(result["worker_id"] in workers, f"{result['worker_id']}")
+            check(result["affinity"] == {"key": key, "preferred_worker": ghost, "held": False, "fallback": "busy"}, f"{result['affinity']}")
+            await fake.stop()
 
             # Any other answer is final: an acceptance, or a refusal of another kind.
             fake = await FakeWorker(admin.nc, ghost).start()
@@ -342,7 +357,7 @@ async def check_fallbacks(url: str, workers: List[str]) -> None:
         await fake.stop()
         await fake_other.stop()
         await kv.purge(ghost)
-    print("ok: a refusal or a gone worker sends the keyed submit to the pool at once, saying busy; other answers are final; the load bound holds and a full key's worker is passed over")
+    print("ok: a refusal, a gone worker or one that does not answer sends the keyed submit to the pool at once, saying busy; other answers are final; the load bound holds and a full key's worker is passed over")
 
 
 async def main(vectors: str, url: str, lost_after_ms: str, *workers: str) -> None:
