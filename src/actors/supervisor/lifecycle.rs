@@ -78,14 +78,12 @@ impl<T: Ticket> Handler<Submit<T>> for Supervisor<T> {
             && !at_limit
             && (self.preempt_for(placement.scheduling.band) || self.preempt_for_share(tenant))
         {
-            // A slot frees as soon as the preempted request has written its checkpoint: this
-            // one waits for it, ahead of any other waiting request.
-            let accepted = accepted(RequestState::Queued);
-            self.waiting.push_front(request_id.clone());
-            self.records.insert(
-                request_id,
-                Record::Waiting(Box::new(Waiting { request, placement })),
-            );
+            // It starts at once: the preempted request gives its slot back as soon as it has
+            // written its checkpoint (normally at its next piece of text), and until then this
+            // worker runs one request more than its slots.
+            let accepted = accepted(RequestState::Running);
+            placement.on_start = None;
+            self.start_in_slot(request, placement, ctx);
             self.publish_capacity();
             return Ok(accepted);
         }

@@ -969,6 +969,10 @@ pub fn table(r: &ChurnReport) -> String {
             "requests with seq gaps or repeats",
             r.requests_with_seq_faults.to_string(),
         ),
+        (
+            "events sent again after a move (dropped by followers)",
+            r.resent_events.to_string(),
+        ),
         ("delta mismatches", r.delta_mismatches.to_string()),
         ("interrupted by a kill, resumed", r.interrupted.to_string()),
         ("resumed event not seen", r.resumed_unseen.to_string()),

@@ -24,15 +24,14 @@ const LIGHT: &str = "bench-light";
 const FLOOD: &str = "bench-flood";
 const TAGGED: &str = "bench-tenant";
 
-/// Between two of the light tenant's requests.
-const LIGHT_EVERY: Duration = Duration::from_millis(20);
-
 /// Publishes of the flood waiting for their acknowledgement at once.
 const PUBLISHES_IN_FLIGHT: usize = 256;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct FairnessReport {
     pub light_requests: u64,
+    /// Between two of the light tenant's requests.
+    pub light_every_ms: u64,
     pub flood_requests: u64,
     /// The light tenant's p50 queue wait on an idle fleet.
     pub idle_wait_p50_ms: f64,
@@ -51,6 +50,8 @@ pub struct FairnessReport {
 
 pub struct FairnessSpec {
     pub light: u64,
+    /// Between two of the light tenant's requests.
+    pub light_every: Duration,
     pub flood: u64,
     pub reply_tokens: usize,
     pub concurrency: usize,
@@ -141,6 +142,7 @@ pub async fn run(target: &Target, spec: &FairnessSpec) -> anyhow::Result<Fairnes
     let flooded_p50 = p50(flooded).unwrap_or(0.0);
     Ok(FairnessReport {
         light_requests: spec.light,
+        light_every_ms: spec.light_every.as_millis() as u64,
         flood_requests: spec.flood,
         idle_wait_p50_ms: idle_p50,
         flooded_wait_p50_ms: flooded_p50,
@@ -160,7 +162,7 @@ pub async fn run(target: &Target, spec: &FairnessSpec) -> anyhow::Result<Fairnes
     })
 }
 
-/// The light tenant's requests, one every [`LIGHT_EVERY`], each followed to its end: their
+/// The light tenant's requests, one every `spec.light_every`, each followed to its end: their
 /// queue waits in ms.
 async fn light_waits(
     target: &Target,
@@ -200,7 +202,7 @@ async fn light_waits(
             let started = started?;
             (finished.state == RequestState::Completed).then_some(started.as_secs_f64() * 1000.0)
         });
-        tokio::time::sleep(LIGHT_EVERY).await;
+        tokio::time::sleep(spec.light_every).await;
     }
     let mut waits = Vec::new();
     while let Some(done) = runs.join_next().await {
@@ -271,9 +273,7 @@ pub fn table(r: &FairnessReport) -> String {
     [
         format!(
             "fair share: light tenant ({} requests, one every {} ms) beside a flood of {}",
-            r.light_requests,
-            LIGHT_EVERY.as_millis(),
-            r.flood_requests
+            r.light_requests, r.light_every_ms, r.flood_requests
         ),
         format!(
             "  light p50 queue wait, idle fleet:    {:.2} ms",

@@ -204,6 +204,10 @@ pub struct BenchArgs {
     /// flood of `low` ones; 0 leaves the preemption measurement out.
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub preempt_samples: u64,
+    /// Fairness phase: between two of the light tenant's requests (keep its requests at once
+    /// under its share of the slots for its wait to say what fair share does).
+    #[arg(long, default_value_t = 20, value_name = "MS")]
+    pub light_every_ms: u64,
     /// With --local: the workers run with worker.preempt_fair_share (the fairness phase
     /// measures the light tenant's wait with it).
     #[arg(long)]
@@ -362,6 +366,7 @@ async fn bench(
     if args.mode == Mode::Fairness {
         let spec = fairness::FairnessSpec {
             light: 20,
+            light_every: Duration::from_millis(args.light_every_ms.max(1)),
             flood: requests.unwrap_or(args.burst),
             reply_tokens: args.reply_tokens,
             concurrency: args.concurrency,
