@@ -46,7 +46,8 @@ const PLACED_WHILE_LATE_BY: u32 = 3;
 const MAX_PEERS: usize = 10_000;
 /// How long a probe of a late peer's own subject waits for its answer.
 const PROBE_WAIT: Duration = Duration::from_secs(1);
-/// How long a worker with no free slot lets its peers take a gone worker's requests first.
+/// How long a worker with no free slot lets its peers take a gone worker's requests first, when
+/// one of them has a free slot (when none has, waiting helps no one).
 const FULL_WORKER_WAITS: Duration = Duration::from_millis(500);
 /// How long a late peer's own subject must have had no subscriber, at every probe, before the
 /// peer is taken for gone: longer than a live worker whose NATS node died takes to reconnect to
@@ -272,7 +273,7 @@ async fn follow_peers(shared: &Shared, every: Duration) {
             tokio::select! {
                 entry = watch.next() => match entry {
                     Some(Ok(entry)) => {
-                        if let Some((worker, held)) = note(shared, &mut peers, entry) {
+                        if let Some((worker, held)) = note(shared, &mut peers, entry, lost_after) {
                             take_up_all(shared, &worker, held, MoveReason::Drained).await;
                         }
                     }
@@ -306,6 +307,7 @@ fn note(
     shared: &Shared,
     peers: &mut HashMap<String, Peer>,
     entry: kv::Entry,
+    lost_after: Duration,
 ) -> Option<(String, Vec<String>)> {
     if entry.key == shared.worker_id {
         return None;
@@ -341,7 +343,7 @@ fn note(
         entry.key,
         Peer {
             running,
-            seen: Instant::now(),
+            seen: beaten_at(&heartbeat.ts, lost_after),
             probed: None,
             absent_since: None,
         },
@@ -349,14 +351,29 @@ fn note(
     None
 }
 
+/// When a heartbeat stamped `ts` (by its worker's clock) was written, on this worker's
+/// monotonic clock: now less its age, at most `lost_after` (a clock ahead, or a stamp that
+/// cannot be read, counts as now). A worker that starts reads its peers' last heartbeats from
+/// the bucket's history: dated so, the heartbeat of a peer that died before this worker
+/// started is late as soon as it is, not an interval after this worker read it. Clocks that
+/// disagree only make a peer late sooner or later here, which costs a probe of its connection,
+/// never a false alarm.
+fn beaten_at(ts: &str, lost_after: Duration) -> Instant {
+    let now = Instant::now();
+    let age = humantime::parse_rfc3339_weak(ts)
+        .ok()
+        .and_then(|at| std::time::SystemTime::now().duration_since(at).ok())
+        .unwrap_or_default()
+        .min(lost_after);
+    now.checked_sub(age).unwrap_or(now)
+}
+
 /// Takes up what a peer that stopped handed off (each request whose record still names it and
 /// holds a checkpoint; one of the live workers wins each).
 async fn take_up_all(shared: &Shared, worker: &str, held: Vec<String>, reason: MoveReason) {
-    if shared.capacity.borrow().free() == 0 {
-        // A worker with a free slot can start them at once: it goes first.
-        tokio::time::sleep(FULL_WORKER_WAITS).await;
-    }
+    let mut waited = false;
     for request_id in held {
+        make_way(shared, &mut waited).await;
         match super::resume::take_up(shared, &request_id, worker, reason).await {
             Ok(outcome) => {
                 tracing::debug!(message = "a stopped peer's request", request_id = %request_id, ?outcome)
@@ -368,13 +385,24 @@ async fn take_up_all(shared: &Shared, worker: &str, held: Vec<String>, reason: M
     }
 }
 
+/// Before a gone worker's next request is taken up here: once this worker has no free slot
+/// left (the requests it took so far took them) while a peer has one, it lets its peers take
+/// the rest first, once ([`FULL_WORKER_WAITS`]); what they did not take it takes after, to wait
+/// here for a slot.
+async fn make_way(shared: &Shared, waited: &mut bool) {
+    if !*waited && shared.capacity.borrow().free() == 0 && shared.peer_slots.any_free() {
+        *waited = true;
+        tokio::time::sleep(FULL_WORKER_WAITS).await;
+    }
+}
+
 /// The late peers (a heartbeat a tenth of an interval overdue) whose connection is gone: the
 /// server has had no subscriber on the peer's own `capacity` subject at every probe for
 /// [`ABSENT_FOR`]. A live worker keeps that subscription while it is connected, so "no
 /// responders" is the server's word that the connection is closed, not a guess from a clock;
 /// lasting longer than a reconnect takes, it is a process that died. A peer that answers, or
-/// is only slow (the probe times out), starts over, and is left to `worker.lost_after_ms` if
-/// it stays late. Late peers are probed side by side, each at most once a look.
+/// is only slow (the probe times out), starts over, is probed again an interval later, and is
+/// left to `worker.lost_after_ms` if it stays late. Late peers are probed side by side.
 async fn probe_late(
     shared: &Shared,
     peers: &mut HashMap<String, Peer>,
@@ -383,11 +411,16 @@ async fn probe_late(
     let late: Vec<String> = peers
         .iter_mut()
         .filter(|(_, peer)| {
+            // A peer found absent is probed at every look; one that answered, again after an
+            // interval (a live peer that is only late, or whose clock is behind).
+            let again = if peer.absent_since.is_some() {
+                LOOK_AT_MOST_EVERY / 2
+            } else {
+                every
+            };
             peer.seen.elapsed() >= every + every / 10
                 && !peer.running.is_empty()
-                && peer
-                    .probed
-                    .is_none_or(|at| at.elapsed() >= LOOK_AT_MOST_EVERY / 2)
+                && peer.probed.is_none_or(|at| at.elapsed() >= again)
         })
         .map(|(id, peer)| {
             peer.probed = Some(Instant::now());
@@ -450,11 +483,9 @@ async fn reap(
             continue;
         };
         tracing::info!(message = "a peer is gone; taking up or ending what it held", worker = %worker, requests = peer.running.len());
-        if !peer.running.is_empty() && shared.capacity.borrow().free() == 0 {
-            // A worker with a free slot can start them at once: it goes first.
-            tokio::time::sleep(FULL_WORKER_WAITS).await;
-        }
+        let mut waited = false;
         for request_id in peer.running {
+            make_way(shared, &mut waited).await;
             match super::resume::take_up(shared, &request_id, &worker, MoveReason::WorkerLost).await
             {
                 Ok(super::resume::TakenUp::NoCheckpoint) => {}

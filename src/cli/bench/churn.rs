@@ -39,6 +39,8 @@ use crate::protocol::{
 };
 use crate::settings::Settings;
 
+/// The slowest moves the report lists.
+const MOVES_LISTED: usize = 3;
 /// Words of each churn request's reply; with [`TOKEN_DELAY_MS`] a request streams ~3 s.
 pub const REPLY_WORDS: usize = 150;
 /// The mock's delay before each word.
@@ -137,6 +139,9 @@ pub struct ChurnReport {
     pub resumed_unseen: u64,
     /// From a kill to the caller's `resumed` event, for every move off a killed worker.
     pub kill_to_resumed_ms: Option<Summary>,
+    /// The slowest moves off a killed worker: the request, the two workers, and when after the
+    /// kill the taker wrote the move and the caller saw its `resumed` event.
+    pub slowest_moves: Vec<String>,
     /// Characters of the results' output, and of content the mock streamed over the run.
     pub output_chars: u64,
     pub generated_chars: u64,
@@ -388,6 +393,7 @@ pub async fn run(
         interrupted: 0,
         resumed_unseen: 0,
         kill_to_resumed_ms: None,
+        slowest_moves: Vec::new(),
         output_chars: 0,
         generated_chars: generated.content_chars,
         continuations: generated.continuations,
@@ -399,6 +405,7 @@ pub async fn run(
         notes: info.notes,
     };
     let mut kill_to_resumed = Samples::default();
+    let mut slowest: Vec<(Duration, String)> = Vec::new();
     for id in &tally.accepted {
         let seen = book.take(id);
         let result = match finished_result(&seen) {
@@ -466,7 +473,30 @@ pub async fn run(
                 });
             match (kills.get(&moved.from_worker), seen_at) {
                 (Some(killed), Some(seen_at)) => {
-                    kill_to_resumed.push(seen_at.saturating_duration_since(*killed))
+                    let took = seen_at.saturating_duration_since(*killed);
+                    kill_to_resumed.push(took);
+                    // When the taker wrote the move (its clock, this machine's): the part of
+                    // the wait that was finding the worker gone, and the part that was starting
+                    // the request where it went.
+                    let taken_up = humantime::parse_rfc3339_weak(&moved.at)
+                        .ok()
+                        .and_then(|at| std::time::SystemTime::now().duration_since(at).ok())
+                        .and_then(|ago| Instant::now().checked_sub(ago))
+                        .map(|at| at.saturating_duration_since(*killed));
+                    slowest.push((
+                        took,
+                        format!(
+                            "{}: {} → {}: kill → taken up {}, → resumed event {:.0} ms",
+                            result.request_id,
+                            moved.from_worker,
+                            moved.to_worker,
+                            taken_up.map_or("-".into(), |t| format!(
+                                "{:.0} ms",
+                                t.as_secs_f64() * 1000.0
+                            )),
+                            took.as_secs_f64() * 1000.0
+                        ),
+                    ));
                 }
                 _ => report.resumed_unseen += 1,
             }
@@ -480,6 +510,12 @@ pub async fn run(
         });
     }
     report.kill_to_resumed_ms = kill_to_resumed.summary();
+    slowest.sort_by_key(|(took, _)| std::cmp::Reverse(*took));
+    report.slowest_moves = slowest
+        .into_iter()
+        .take(MOVES_LISTED)
+        .map(|(_, told)| told)
+        .collect();
     report.regenerated_pct = (report.output_chars > 0).then(|| {
         (report.generated_chars as f64 - report.output_chars as f64) / report.output_chars as f64
             * 100.0
@@ -990,6 +1026,12 @@ pub fn table(r: &ChurnReport) -> String {
         rows.row(vec![name.to_string(), value]);
     }
     out.push_str(&rows.render());
+    if !r.slowest_moves.is_empty() {
+        let _ = writeln!(out, "\nslowest moves off a killed worker:");
+        for told in &r.slowest_moves {
+            let _ = writeln!(out, "  {told}");
+        }
+    }
     if let Some(p) = &r.preemption {
         let _ = writeln!(
             out,
