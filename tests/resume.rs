@@ -61,6 +61,23 @@ async fn fleet_on(ids: [&str; 2], script: &str) -> Fleet {
         .await
 }
 
+/// One worker process, "solo", with two slots on a mock running `script`, and the boolean
+/// setting `switch` (an environment variable) on.
+async fn solo(script: &str, switch: &'static str) -> Fleet {
+    RESUMING
+        .into_iter()
+        .fold(
+            Fleet::builder().default_settings().script(script),
+            |builder, (key, value)| builder.worker_env(key, value),
+        )
+        .worker_env(switch, "true")
+        .worker_env("RUST_LOG", "info")
+        .worker_processes(["solo"])
+        .slots(2)
+        .start()
+        .await
+}
+
 /// Worker processes `ids` on a mock answering `reply` a word every `delay_ms`.
 async fn fleet_answering(ids: [&str; 2], reply: &str, delay_ms: u64) -> Fleet {
     fleet_on(
@@ -447,18 +464,7 @@ async fn a_high_request_preempts_a_low_one_which_goes_on_later_with_the_same_out
         "[[rules]]\nwhen_last_user_contains = \"urgent\"\nreply = \"done at once\"\n\n\
          [[rules]]\nreply = \"{long}\"\ndelay_ms = 25\n"
     );
-    let f = RESUMING
-        .into_iter()
-        .fold(
-            Fleet::builder().default_settings().script(&script),
-            |builder, (key, value)| builder.worker_env(key, value),
-        )
-        .worker_env("GENFLEET__WORKER__PREEMPT", "true")
-        .worker_env("RUST_LOG", "info")
-        .worker_processes(["solo"])
-        .slots(2)
-        .start()
-        .await;
+    let f = solo(&script, "GENFLEET__WORKER__PREEMPT").await;
     let client = f.client.clone();
     let nats = client.nats().clone();
     let mut following = Vec::new();
@@ -688,18 +694,7 @@ async fn fair_share(durable: bool) {
         "[[rules]]\nwhen_last_user_contains = \"light\"\nreply = \"done at once\"\n\n\
          [[rules]]\nreply = \"{long}\"\ndelay_ms = 25\n"
     );
-    let f = RESUMING
-        .into_iter()
-        .fold(
-            Fleet::builder().default_settings().script(&script),
-            |builder, (key, value)| builder.worker_env(key, value),
-        )
-        .worker_env("GENFLEET__WORKER__PREEMPT_FAIR_SHARE", "true")
-        .worker_env("RUST_LOG", "info")
-        .worker_processes(["solo"])
-        .slots(2)
-        .start()
-        .await;
+    let f = solo(&script, "GENFLEET__WORKER__PREEMPT_FAIR_SHARE").await;
     let flood = f.client.clone().with_tenant("flood").unwrap();
     let light = f.client.clone().with_tenant("light").unwrap();
     let nats = f.client.nats().clone();

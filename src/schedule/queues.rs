@@ -34,6 +34,22 @@ pub struct Pull {
     pub take: u32,
 }
 
+/// The queues of `pending` whose tenant may start another request (not at its limit on this
+/// worker, nor across the pool), in order.
+fn takeable<'a>(
+    policy: &SlotPolicy,
+    pending: impl IntoIterator<Item = &'a QueueKey>,
+    load: &TenantLoad,
+) -> Vec<&'a QueueKey> {
+    let mut pending: Vec<&QueueKey> = pending
+        .into_iter()
+        .filter(|k| !policy.tenant_limit.reached(load.of(&k.tenant)))
+        .filter(|k| load.pool_room(&k.tenant) != Some(0))
+        .collect();
+    pending.sort();
+    pending
+}
+
 /// Whose turn it is in each band: the round robin goes on after the queue served last.
 #[derive(Debug, Default)]
 pub struct Turns {
@@ -55,12 +71,7 @@ impl Turns {
         pending: impl IntoIterator<Item = &'a QueueKey>,
         load: &TenantLoad,
     ) -> Vec<Pull> {
-        let mut pending: Vec<&QueueKey> = pending
-            .into_iter()
-            .filter(|k| !policy.tenant_limit.reached(load.of(&k.tenant)))
-            .filter(|k| load.pool_room(&k.tenant) != Some(0))
-            .collect();
-        pending.sort();
+        let pending = takeable(policy, pending, load);
         let mut pulls = Vec::new();
         for band in Priority::ALL {
             let reserve = policy.reserved.above(band);
@@ -94,13 +105,7 @@ impl Turns {
         pending: impl IntoIterator<Item = &'a QueueKey>,
         load: &TenantLoad,
     ) -> Option<QueueKey> {
-        let mut pending: Vec<&QueueKey> = pending
-            .into_iter()
-            .filter(|k| !policy.tenant_limit.reached(load.of(&k.tenant)))
-            .filter(|k| load.pool_room(&k.tenant) != Some(0))
-            .collect();
-        pending.sort();
-        pending
+        takeable(policy, pending, load)
             .into_iter()
             .find(|k| super::over_share(slots, load.running(), &k.tenant).is_some())
             .cloned()

@@ -123,29 +123,12 @@ impl<T: Ticket> Supervisor<T> {
         if !self.config.preempt || self.draining {
             return false;
         }
-        let victim = self
-            .records
-            .iter_mut()
-            .filter_map(|(_, record)| match record {
-                Record::Running(running)
-                    if running.band > band
-                        && running.cancelled_by.is_none()
-                        && running.context.continuity.preemptions < self.config.max_preemptions =>
-                {
-                    Some(running)
-                }
-                _ => None,
-            })
-            .max_by_key(|running| running.started_at);
-        let Some(victim) = victim else {
+        let Some(victim) = self.preempt_newest(|running| running.band > band) else {
             return false;
         };
-        victim.context.continuity.hand_off.cancel();
-        victim.cancelled_by = Some(Canceller::Preempted);
         tracing::info!(
             message = "preempting a request of a lower band",
-            request_id = %victim.context.request_id,
-            band = victim.band.as_str(),
+            request_id = %victim,
             for_band = band.as_str()
         );
         true
@@ -179,13 +162,30 @@ impl<T: Ticket> Supervisor<T> {
         let Some(giver) = crate::schedule::over_share(self.config.slots, &counts, taker) else {
             return false;
         };
+        let Some(victim) =
+            self.preempt_newest(|running| tenant_name(running.tenant.as_deref()) == giver)
+        else {
+            return false;
+        };
+        tracing::info!(
+            message = "preempting a request of a tenant over its fair share",
+            request_id = %victim,
+            tenant = %giver,
+            for_tenant = %taker
+        );
+        true
+    }
+
+    /// Asks the newest running request that `chosen` picks, and that is neither leaving
+    /// already nor preempted `worker.max_preemptions` times, to hand its slot over; its id.
+    fn preempt_newest(&mut self, chosen: impl Fn(&Running<T>) -> bool) -> Option<String> {
         let max_preemptions = self.config.max_preemptions;
         let victim = self
             .records
             .values_mut()
             .filter_map(|record| match record {
                 Record::Running(running)
-                    if tenant_name(running.tenant.as_deref()) == giver
+                    if chosen(running)
                         && running.cancelled_by.is_none()
                         && running.context.continuity.preemptions < max_preemptions =>
                 {
@@ -193,19 +193,10 @@ impl<T: Ticket> Supervisor<T> {
                 }
                 _ => None,
             })
-            .max_by_key(|running| running.started_at);
-        let Some(victim) = victim else {
-            return false;
-        };
+            .max_by_key(|running| running.started_at)?;
         victim.context.continuity.hand_off.cancel();
         victim.cancelled_by = Some(Canceller::Preempted);
-        tracing::info!(
-            message = "preempting a request of a tenant over its fair share",
-            request_id = %victim.context.request_id,
-            tenant = %giver,
-            for_tenant = %taker
-        );
-        true
+        Some(victim.context.request_id.clone())
     }
 }
 
