@@ -285,6 +285,9 @@ async def check_fallbacks(url: str, workers: List[str]) -> None:
             check(result["worker_id"] in workers, f"{result['worker_id']}")
             check(result["affinity"] == {"key": key, "preferred_worker": ghost, "held": False, "fallback": "busy"}, f"{result['affinity']}")
             await fake.stop()
+            # The submit sent it counts against it until its next heartbeat: one with no busy slot.
+            await kv.put(ghost, heartbeat(ghost, slots=4))
+            await eventually("the ghost's heartbeat to be followed", lambda: load_of(fleet, ghost) == WorkerLoad(ghost, 4, 0))
 
             # Any other answer is final: an acceptance, or a refusal of another kind.
             fake = await FakeWorker(admin.nc, ghost).start()
