@@ -695,6 +695,17 @@ fn minimum_of(merged: &serde_json::Value, key: &str) -> Option<String> {
 pub struct SettingsError(pub String);
 
 impl Settings {
+    /// Whether a worker preempts by band (`worker.preempt`): only where requests write
+    /// checkpoints to go on from.
+    pub fn preempts_by_band(&self) -> bool {
+        self.worker.preempt && self.generation.checkpoint_ms > 0
+    }
+
+    /// Whether a worker preempts by fair share (`worker.preempt_fair_share`), likewise.
+    pub fn preempts_by_share(&self) -> bool {
+        self.worker.preempt_fair_share && self.generation.checkpoint_ms > 0
+    }
+
     /// Loads the layers. `file` wins over `GENFLEET_CONFIG`.
     pub fn load(file: Option<&Path>) -> Result<Settings, SettingsError> {
         let env_file = std::env::var_os(CONFIG_ENV).map(std::path::PathBuf::from);

@@ -8,6 +8,7 @@ use async_nats::jetstream::AckKind;
 use tokio::sync::mpsc;
 
 use super::decide::record_decision;
+use super::recorded::publish_event;
 use super::shared::{Hold, Shared};
 use super::store::{Over, Stored};
 use crate::actors::{Canceller, Release};
@@ -268,14 +269,6 @@ pub(super) async fn settle(
 ) {
     if let Err(error) = message.double_ack_with(kind).await {
         tracing::warn!(message = "could not settle a queue message", %error, request_id = %request_id);
-    }
-}
-
-pub(super) async fn publish_event(shared: &Shared, event: &Event) {
-    let subject = shared.subjects.events(&event.request_id);
-    let body = serde_json::to_vec(event).expect("events serialize");
-    if let Err(error) = shared.client.publish(subject, body.into()).await {
-        tracing::warn!(message = "could not publish an event", %error, request_id = %event.request_id);
     }
 }
 

@@ -33,7 +33,7 @@ use super::BusError;
 use super::shared::{Shared, held_requests};
 use super::store::{LiveRecord, Over, RequestRecord, StoreError, Stored, ensure_bucket};
 use crate::protocol::event::SEQ_AFTER_LOST;
-use crate::protocol::{Event, EventBody, GenerationResult, MoveReason, Reason, RequestState};
+use crate::protocol::{GenerationResult, MoveReason, Reason, RequestState};
 
 pub use crate::client::streams::WORKERS_BUCKET;
 
@@ -599,19 +599,7 @@ async fn end_live(
     }
     super::recorded::recorded(shared, &result);
     // Its followers hear of the end too (numbered past whatever the lost worker sent).
-    let event = Event {
-        request_id: live.request_id.clone(),
-        seq: SEQ_AFTER_LOST,
-        ts: crate::protocol::ids::now_rfc3339(),
-        body: EventBody::Finished {
-            result: Box::new(result.clone()),
-        },
-    };
-    let subject = shared.subjects.events(&live.request_id);
-    let body = serde_json::to_vec(&event).expect("events serialize");
-    if let Err(error) = shared.client.publish(subject, body.into()).await {
-        tracing::warn!(message = "could not publish an event", %error, request_id = %live.request_id);
-    }
+    super::recorded::publish_finished(shared, &result, SEQ_AFTER_LOST).await;
     tracing::warn!(message = "ended the request of a lost worker", request_id = %live.request_id, lost_worker = %worker);
     Ok(Some(result))
 }

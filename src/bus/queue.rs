@@ -82,8 +82,7 @@ pub(super) async fn serve_queue(
 ) {
     let mut starting = tokio::task::JoinSet::new();
     let mut tick = tokio::time::Instant::now() + TRY_ALL_EVERY;
-    let fair_share =
-        shared.settings.worker.preempt_fair_share && shared.settings.generation.checkpoint_ms > 0;
+    let fair_share = shared.settings.preempts_by_share();
     loop {
         while starting.try_join_next().is_some() {}
         if fair_share && capacity.borrow().free() == 0 {
@@ -316,7 +315,8 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message, place: Option
             TakeOver::Taken(revision) => {
                 resume_from = super::resume::carried(&live, &worker_id);
                 if let Some(resume) = &resume_from {
-                    super::resume::resend_released(shared, &resume.progress).await;
+                    super::resume::resend_released(shared, &live.request_id, &resume.progress)
+                        .await;
                 }
                 revision
             }

@@ -1,9 +1,12 @@
 //! What the fleet is told of a stored result: the worker's metrics, and for a FAILED one the
 //! `signals.outcome.FAILED` signal (stored in the signals stream) for managers and the console.
-//! Every path that stores a result calls [`recorded`] once it is stored.
+//! Every path that stores a result calls [`recorded`] once it is stored. The events of a
+//! request go out through [`publish_event`] wherever they are published from.
 
 use super::shared::Shared;
-use crate::protocol::{GenerationResult, RequestState, Severity, Signal, SignalSource, SignalType};
+use crate::protocol::{
+    Event, EventBody, GenerationResult, RequestState, Severity, Signal, SignalSource, SignalType,
+};
 
 /// Characters of a failure's detail its signal carries.
 const FAILURE_DETAIL_CHARS: usize = 1000;
@@ -27,6 +30,29 @@ pub(super) fn recorded(shared: &Shared, result: &GenerationResult) {
             }
         });
     }
+}
+
+/// Publishes one of a request's events on `gen.events.<request_id>`.
+pub(super) async fn publish_event(shared: &Shared, event: &Event) {
+    let subject = shared.subjects.events(&event.request_id);
+    let body = serde_json::to_vec(event).expect("events serialize");
+    if let Err(error) = shared.client.publish(subject, body.into()).await {
+        tracing::warn!(message = "could not publish an event", %error, request_id = %event.request_id);
+    }
+}
+
+/// The `finished` event of a result this worker stored for a request that was not running
+/// here (its worker lost, or a take-up that could not go on), numbered `seq`.
+pub(super) async fn publish_finished(shared: &Shared, result: &GenerationResult, seq: u64) {
+    let event = Event {
+        request_id: result.request_id.clone(),
+        seq,
+        ts: crate::protocol::ids::now_rfc3339(),
+        body: EventBody::Finished {
+            result: Box::new(result.clone()),
+        },
+    };
+    publish_event(shared, &event).await;
 }
 
 /// `signals.outcome.FAILED`: a request ended FAILED, with its reason, detail and place in its

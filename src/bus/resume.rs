@@ -76,7 +76,8 @@ pub(super) async fn take_up_record(
     };
     // The request is this worker's now: it runs here, or ends here.
     shared.metrics.resumed.inc();
-    resend_released(shared, &progress).await;
+    resend_released(shared, &next.request_id, &progress).await;
+    let next_seq = progress.next_seq;
     tracing::info!(
         message = "took up a request from its last checkpoint",
         request_id = %next.request_id,
@@ -99,6 +100,8 @@ pub(super) async fn take_up_record(
             .await
         {
             super::recorded::recorded(shared, &result);
+            // Its followers hear of the end, numbered on from the checkpoint.
+            super::recorded::publish_finished(shared, &result, next_seq).await;
         }
     }
     Ok(TakenUp::Here)
@@ -149,14 +152,15 @@ pub(super) async fn carry_over(shared: &Shared, live: &mut LiveRecord, holder: &
 /// Sends again, as they were, the events the checkpoint let go: its worker may have died
 /// after storing it and before they went out. They go straight out (not through the worker's
 /// event publisher, which would publish a signal again on its own subject), ahead of every event
-/// of the run that goes on; a follower that has them drops them by their numbers.
-pub(super) async fn resend_released(shared: &Shared, progress: &Progress) {
-    for event in &progress.released {
-        let subject = shared.subjects.events(&event.request_id);
-        let body = serde_json::to_vec(event).expect("events serialize");
-        if let Err(error) = shared.client.publish(subject, body.into()).await {
-            tracing::warn!(message = "could not publish an event", %error, request_id = %event.request_id);
-        }
+/// of the run that goes on; a follower that has them drops them by their numbers. Only events
+/// of `request_id` itself go out, on its own subject.
+pub(super) async fn resend_released(shared: &Shared, request_id: &str, progress: &Progress) {
+    for event in progress
+        .released
+        .iter()
+        .filter(|event| event.request_id == request_id)
+    {
+        super::recorded::publish_event(shared, event).await;
     }
 }
 

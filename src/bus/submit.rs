@@ -208,8 +208,7 @@ async fn handle_submit(shared: Arc<Shared>, message: async_nats::Message, route:
             }
         }
     }
-    let preempting = (shared.settings.worker.preempt || shared.settings.worker.preempt_fair_share)
-        && shared.settings.generation.checkpoint_ms > 0;
+    let preempting = shared.settings.preempts_by_band() || shared.settings.preempts_by_share();
     if forwarding && shared.capacity.borrow().free() == 0 {
         // Full (or draining): not decoded here, but to read its key.
         let refused = match forward(&shared, &message, told.as_ref()).await {

@@ -41,10 +41,11 @@ pub struct EventEmitter {
     /// resumed run would not know it was sent.
     holding: bool,
     held: Vec<Event>,
-    /// Whether the events since the last checkpoint are kept ([`EventEmitter::keep_recent`]).
+    /// Whether the events sent since the last checkpoint are kept ([`EventEmitter::keep_recent`]).
     keeping: bool,
-    /// The events numbered since the last checkpoint, sent or held (at most [`MAX_RECENT`]):
-    /// the next checkpoint carries them, for a run that takes the request up to send again.
+    /// The events sent, not held, since the last checkpoint (before the first one: once
+    /// events are held, `held` has them), at most [`MAX_RECENT`]: the next checkpoint carries
+    /// them with the held ones, for a run that takes the request up to send again.
     recent: VecDeque<Event>,
 }
 
@@ -131,15 +132,15 @@ impl EventEmitter {
             ts: now_rfc3339(),
             body,
         };
+        if self.holding && !finished {
+            self.held.push(event);
+            return;
+        }
         if self.keeping && !finished {
             if self.recent.len() >= MAX_RECENT {
                 self.recent.pop_front();
             }
             self.recent.push_back(event.clone());
-        }
-        if self.holding && !finished {
-            self.held.push(event);
-            return;
         }
         if finished {
             // The result is the last checkpoint: what it holds goes out before it.
@@ -175,7 +176,7 @@ impl EventEmitter {
     /// already or held, in order: a worker that dies right after storing a checkpoint may not
     /// have sent them all yet.
     pub fn recent(&self) -> Vec<Event> {
-        self.recent.iter().cloned().collect()
+        self.recent.iter().chain(&self.held).cloned().collect()
     }
 
     /// A checkpoint holding [`EventEmitter::recent`] is stored.
@@ -204,6 +205,35 @@ impl EventEmitter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_checkpoint_carries_every_event_numbered_since_the_one_before_it() {
+        let (tx, _rx) = mpsc::channel(64);
+        let mut emitter = EventEmitter::new(
+            "r".into(),
+            Some(tx),
+            Coalescing {
+                bytes: 1,
+                interval: Duration::ZERO,
+            },
+        );
+        emitter.keep_recent();
+        let seqs = |events: Vec<Event>| events.iter().map(|e| e.seq).collect::<Vec<_>>();
+        emitter.delta("a").await;
+        emitter.delta("b").await;
+        // Before the first checkpoint: the events sent.
+        assert_eq!(seqs(emitter.recent()), vec![0, 1]);
+        emitter.checkpointed();
+        emitter.hold();
+        emitter.release().await;
+        emitter.delta("c").await;
+        emitter.delta("d").await;
+        // After it: the events held since, and nothing twice.
+        assert_eq!(seqs(emitter.recent()), vec![2, 3]);
+        emitter.checkpointed();
+        emitter.release().await;
+        assert_eq!(seqs(emitter.recent()), Vec::<u64>::new());
+    }
 
     #[tokio::test]
     async fn sends_the_first_delta_at_once_then_coalesces_and_numbers_without_gaps() {

@@ -82,9 +82,8 @@ impl SupervisorConfig {
             reserved: settings.worker.reserved_slots,
             tenant_max_running: settings.worker.tenants.max_running,
             drain_handoff: settings.worker.drain_handoff,
-            preempt: settings.worker.preempt && settings.generation.checkpoint_ms > 0,
-            preempt_fair_share: settings.worker.preempt_fair_share
-                && settings.generation.checkpoint_ms > 0,
+            preempt: settings.preempts_by_band(),
+            preempt_fair_share: settings.preempts_by_share(),
             max_preemptions: settings.worker.max_preemptions,
         }
     }
