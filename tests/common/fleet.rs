@@ -227,46 +227,56 @@ const BUCKETS_ANSWER_WITHIN: Duration = Duration::from_secs(10);
 
 /// The keys of the results bucket, by kind (`req`, `res`, `idx`, `cont`, ...).
 pub async fn result_keys(nats: &async_nats::Client) -> BTreeMap<String, Vec<String>> {
-    let js = async_nats::jetstream::new(nats.clone());
     wait::until(
         "the keys of the results bucket",
         BUCKETS_ANSWER_WITHIN,
-        || async {
-            let kv = js
-                .get_key_value("GENFLEET_RESULTS")
-                .await
-                .map_err(|e| e.to_string())?;
-            let mut keys = kv.keys().await.map_err(|e| e.to_string())?;
-            let mut by_kind: BTreeMap<String, Vec<String>> = BTreeMap::new();
-            while let Some(Ok(key)) = keys.next().await {
-                let kind = key.split('.').next().unwrap_or_default().to_string();
-                by_kind.entry(kind).or_default().push(key);
-            }
-            Ok::<_, String>(by_kind)
-        },
+        || try_result_keys(nats),
     )
     .await
 }
 
+/// One look at the keys of the results bucket, by kind; an error when the bucket does not
+/// answer (a JetStream cluster still electing a leader).
+async fn try_result_keys(
+    nats: &async_nats::Client,
+) -> Result<BTreeMap<String, Vec<String>>, String> {
+    let kv = async_nats::jetstream::new(nats.clone())
+        .get_key_value("GENFLEET_RESULTS")
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut keys = kv.keys().await.map_err(|e| e.to_string())?;
+    let mut by_kind: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    while let Some(Ok(key)) = keys.next().await {
+        let kind = key.split('.').next().unwrap_or_default().to_string();
+        by_kind.entry(kind).or_default().push(key);
+    }
+    Ok(by_kind)
+}
+
 /// The record of a request (`res.<id>`) as JSON, if there is one.
 pub async fn record(nats: &async_nats::Client, request_id: &str) -> Option<serde_json::Value> {
-    let js = async_nats::jetstream::new(nats.clone());
     wait::until(
         "the results bucket to be read",
         BUCKETS_ANSWER_WITHIN,
-        || async {
-            let kv = js
-                .get_key_value("GENFLEET_RESULTS")
-                .await
-                .map_err(|e| e.to_string())?;
-            let value = kv
-                .get(format!("res.{request_id}"))
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok::<_, String>(value.and_then(|v| serde_json::from_slice(&v).ok()))
-        },
+        || try_record(nats, request_id),
     )
     .await
+}
+
+/// One read of a request's record; an error when the bucket does not answer.
+async fn try_record(
+    nats: &async_nats::Client,
+    request_id: &str,
+) -> Result<Option<serde_json::Value>, String> {
+    let kv = async_nats::jetstream::new(nats.clone())
+        .get_key_value("GENFLEET_RESULTS")
+        .await
+        .map_err(|e| e.to_string())?;
+    let value = kv
+        .get(format!("res.{request_id}"))
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(value.and_then(|v| serde_json::from_slice(&v).ok()))
 }
 
 /// The requests each worker's heartbeat lists as running, by worker id.
@@ -312,7 +322,9 @@ pub async fn wait_only_results_left(nats: &async_nats::Client, within: Duration)
         "only results left in the results bucket",
         within,
         || async {
-            let keys = result_keys(nats).await;
+            // A bucket that does not answer yet (a cluster still electing) is looked at again
+            // within this wait, not failed on its own shorter bound.
+            let keys = try_result_keys(nats).await?;
             let mut stray: Vec<String> = keys
                 .iter()
                 .filter(|(kind, _)| !matches!(kind.as_str(), "res" | "cont"))
@@ -320,7 +332,7 @@ pub async fn wait_only_results_left(nats: &async_nats::Client, within: Duration)
                 .collect();
             for key in keys.get("res").into_iter().flatten() {
                 let id = key.trim_start_matches("res.");
-                if let Some(record) = record(nats, id).await
+                if let Some(record) = try_record(nats, id).await?
                     && record.get("live").is_some()
                 {
                     stray.push(format!("{key} (live: {record})"));
