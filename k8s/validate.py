@@ -14,7 +14,8 @@ component on top of the base), or under the directories given, it:
    ServiceAccounts, named ports, autoscaler targets), and genfleet's own rules: settings keys
    that exist in config/default.toml (genfleet refuses unknown keys), values of the right type,
    files that are mounted, a termination grace period that covers the drain, probes on the
-   worker's and the gateway's HTTP port, KEDA's stream and consumer names matching the pool, manager rules.
+   worker's and the gateway's HTTP port, KEDA's triggers matching the pool (the stream and
+   consumer names, the scaling Service and its targets), manager rules.
 
 It also checks k8s/nats/values.yaml (YAML, the chart's top-level keys, the settings genfleet
 relies on). Exit status 0 when all is valid, 1 with one line per problem otherwise.
@@ -609,7 +610,7 @@ def check_render(objects: list[dict], defaults: dict, nats_servers: int | None) 
         else:
             low = scaler["spec"].get("minReplicaCount", 0)
             high = scaler["spec"].get("maxReplicaCount", 100)
-            check_keda_triggers(scaler, target, report)
+            check_keda_triggers(scaler, target, named, report)
         if low > high:
             report.problem(scaler, f"minimum replicas {low} above maximum {high}")
     for name, scalers in autoscaled.items():
@@ -826,9 +827,18 @@ def check_rules(text: str) -> list[str]:
     return problems
 
 
-def check_keda_triggers(scaler, target, report):
+# The fields of a worker's GET /scaling that KEDA's metrics-api scaler may scale on
+# (docs/operations.md#autoscaling).
+SCALING_FIELDS = {"workers", "slots", "slots_busy", "queue_waiting", "queue_running", "backlog",
+                  "wanted_slots"}
+
+
+def check_keda_triggers(scaler, target, named, report):
     settings = report.pools.get(target["metadata"]["name"])
     for trigger in scaler["spec"].get("triggers", []):
+        if trigger.get("type") == "metrics-api" and settings is not None:
+            check_scaling_trigger(scaler, target, trigger.get("metadata", {}), settings, named,
+                                  report)
         if trigger.get("type") != "nats-jetstream" or settings is None:
             continue
         metadata = trigger.get("metadata", {})
@@ -842,6 +852,66 @@ def check_keda_triggers(scaler, target, report):
             report.problem(scaler, f"nats-jetstream trigger: consumer must be {consumer!r} (the "
                                    f"durable consumer of pool {settings['worker']['pool']!r}), "
                                    f"not {metadata.get('consumer')!r}")
+
+
+def check_scaling_trigger(scaler, target, metadata, settings, named, report):
+    """A metrics-api trigger on the workers' /scaling: a Service of this render that selects
+    the scaled workers' pods (and no other pool's), on a port of it, a field /scaling has, and
+    targets that make the pool grow."""
+    def problem(text):
+        report.problem(scaler, "metrics-api trigger: " + text)
+
+    match = re.fullmatch(r"https?://([^/:]+)(?::([0-9]+))?(/.*)?", metadata.get("url", ""))
+    if not match:
+        return  # the schema says why
+    host, port, path = match.group(1), match.group(2), match.group(3) or "/"
+    if path != "/scaling":
+        problem(f"url path {path!r}: the workers serve their pool's signals at /scaling")
+    parts = host.split(".")
+    namespace = target["metadata"].get("namespace")
+    if len(parts) < 2 or parts[1] != namespace:
+        problem(f"url host {host!r} is not <service>.{namespace}[.svc...]: KEDA's operator runs "
+                "in its own namespace and needs the Service's namespace in the name")
+    else:
+        service = named("Service", parts[0], namespace)
+        if service is None:
+            problem(f"url names Service {parts[0]!r}, which is not here")
+        else:
+            selector = service["spec"].get("selector") or {}
+            labels = target["spec"]["template"]["metadata"].get("labels", {})
+            if not matches(selector, labels):
+                problem(f"Service {parts[0]} does not select the pods of "
+                        f"{object_name(target)}")
+            pool_label = "genfleet.io/pool"
+            if selector.get(pool_label) != labels.get(pool_label):
+                problem(f"Service {parts[0]} must select {pool_label}="
+                        f"{labels.get(pool_label)!r}: a worker of another pool measures "
+                        "another pool")
+            ports = {str(p.get("port")) for p in service["spec"].get("ports", [])}
+            if (port or ("443" if metadata["url"].startswith("https") else "80")) not in ports:
+                problem(f"url port {port} is no port of Service {parts[0]} ({sorted(ports)})")
+            if service["spec"].get("publishNotReadyAddresses"):
+                problem(f"Service {parts[0]} publishes workers that are not ready: one cut off "
+                        "from NATS would answer for the pool")
+    location = metadata.get("valueLocation")
+    if location not in SCALING_FIELDS:
+        problem(f"valueLocation {location!r} is no field of /scaling "
+                f"({', '.join(sorted(SCALING_FIELDS))})")
+    if metadata.get("format", "json") != "json":
+        problem("/scaling answers JSON: format must be json (or left out)")
+    try:
+        target_value = float(metadata.get("targetValue", ""))
+    except ValueError:
+        return  # the schema says why
+    slots = settings["worker"]["slots"]
+    if target_value <= 0:
+        problem("targetValue must be above 0")
+    elif location == "slots_busy" and target_value >= slots:
+        problem(f"targetValue {metadata['targetValue']} on slots_busy must be below "
+                f"worker.slots ({slots}): a pool whose every slot is busy would not grow")
+    elif location in ("wanted_slots", "backlog") and target_value > slots:
+        problem(f"targetValue {metadata['targetValue']} on {location} is above worker.slots "
+                f"({slots}): the pool would stay smaller than what waits for it")
 
 
 # ---------------------------------------------------------------------------------------------

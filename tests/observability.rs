@@ -10,7 +10,7 @@ use common::nats::NatsServer;
 use common::wait;
 use genfleet::bus::worker::WorkerHandle;
 use genfleet::llm::mock::{MockServer, Script};
-use genfleet::protocol::GenerationRequest;
+use genfleet::protocol::{ErrorCode, GenerationRequest, Priority};
 use genfleet::settings::Settings;
 
 /// A fleet whose worker serves HTTP at `base`.
@@ -399,4 +399,156 @@ async fn healthz_answers_while_the_worker_waits_for_nats() {
     assert!(ready.1.contains("starting"), "{}", ready.1);
     let _worker = starting.await.unwrap().unwrap();
     until_status(&base, "/readyz", 200).await;
+}
+
+/// The pool's scaling signals (`/scaling`, the `genfleet_pool_*` gauges), read from one
+/// worker, count the whole pool: every worker's slots and busy slots, and the durable queue of
+/// every band and tenant, also the queues heard of while every slot is busy.
+#[tokio::test]
+async fn the_pool_signals_count_every_worker_band_and_tenant() {
+    let fleet = Fleet::builder()
+        .script(
+            "[[rules]]\nwhen_last_user_contains = \"block\"\n\
+             reply = \"a b c d e f g h i j k l m n o\"\ndelay_ms = 2000\n\n\
+             [[rules]]\nreply = \"done\"\n",
+        )
+        .default_settings()
+        .client_timeout(Duration::from_secs(10))
+        .slots(2)
+        .workers(2)
+        .settings(|s| {
+            s.http.listen = "127.0.0.1:0".into();
+            s.http.backend_probe_ms = 100;
+        })
+        .start()
+        .await;
+    let base = format!(
+        "http://{}",
+        fleet.workers[0].http_addr.expect("the HTTP server listens")
+    );
+    let scaling = |want: serde_json::Value| {
+        let base = base.clone();
+        async move {
+            let (status, body) = get(&base, "/scaling").await;
+            if status != 200 {
+                return Err(format!("{status}: {body}"));
+            }
+            let got: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+            let mismatched = want
+                .as_object()
+                .unwrap()
+                .iter()
+                .any(|(field, value)| got[field] != *value);
+            if mismatched { Err(body) } else { Ok(got) }
+        }
+    };
+    // Both workers, as the heartbeats tell, and nothing to do.
+    wait::until("the pool measured at rest", WITHIN, || {
+        scaling(serde_json::json!({
+            "pool": "default", "workers": 2, "slots": 4, "slots_busy": 0,
+            "queue_waiting": 0, "queue_running": 0, "backlog": 0, "wanted_slots": 0,
+        }))
+    })
+    .await;
+
+    // Every slot of both workers busy with interactive requests.
+    let blockers: Vec<String> = (0..4).map(|i| format!("blocker-{i}")).collect();
+    for id in &blockers {
+        let request = GenerationRequest {
+            request_id: Some(id.clone()),
+            ..GenerationRequest::user("block")
+        };
+        fleet::submit_until_accepted(&fleet.client, "default", &request, WITHIN).await;
+    }
+    // Queued behind them: three bands of the default tenant, and two tenants of their own.
+    let queued = [
+        (None, Priority::Low, "q-low"),
+        (None, Priority::Normal, "q-normal"),
+        (None, Priority::High, "q-high"),
+        (Some("acme"), Priority::Normal, "q-acme"),
+        (Some("zeta"), Priority::Low, "q-zeta"),
+    ];
+    for (tenant, band, id) in queued {
+        let client = match tenant {
+            Some(tenant) => fleet.client.clone().with_tenant(tenant).unwrap(),
+            None => fleet.client.clone(),
+        };
+        let request = GenerationRequest {
+            request_id: Some(id.into()),
+            priority: Some(band),
+            ..GenerationRequest::user("queued")
+        };
+        client.enqueue("default", &request).await.unwrap();
+    }
+    let signals = serde_json::json!({
+        "workers": 2, "slots": 4, "slots_busy": 4,
+        "queue_waiting": 5, "queue_running": 0, "backlog": 5, "wanted_slots": 9,
+    });
+    let got = wait::until("the pool measured busy", WITHIN, || {
+        scaling(signals.clone())
+    })
+    .await;
+    assert!(got["age_ms"].as_u64().is_some(), "{got}");
+    // The same numbers on the other worker, and as gauges.
+    let other = format!(
+        "http://{}",
+        fleet.workers[1].http_addr.expect("the HTTP server listens")
+    );
+    wait::until("the other worker to measure the same", WITHIN, || async {
+        let text = get(&other, "/metrics").await.1;
+        let seen = [
+            value(&text, "genfleet_pool_workers", &[]),
+            value(&text, "genfleet_pool_slots", &[]),
+            value(&text, "genfleet_pool_slots_busy", &[]),
+            value(&text, "genfleet_pool_backlog", &[]),
+        ];
+        if seen == [2.0, 4.0, 4.0, 5.0] {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    })
+    .await;
+
+    // A submit no worker has a slot for is refused, and counted once, by the worker that
+    // answered.
+    let refusals = || async {
+        let mut counted = 0.0;
+        for worker in [&base, &other] {
+            let text = get(worker, "/metrics").await.1;
+            counted += value(&text, "genfleet_submits_refused_total", &[]);
+        }
+        counted
+    };
+    let before = refusals().await;
+    let refused = fleet
+        .client
+        .submit_once("default", &GenerationRequest::user("block"))
+        .await
+        .expect_err("every slot is busy");
+    assert_eq!(
+        refused.code(),
+        Some(ErrorCode::NoSlotAvailable),
+        "{refused}"
+    );
+    assert_eq!(refusals().await - before, 1.0);
+
+    for id in &blockers {
+        fleet.client.cancel(id).await.unwrap();
+    }
+    // The queued requests run and end: nothing left.
+    for (tenant, _, id) in queued {
+        let client = match tenant {
+            Some(tenant) => fleet.client.clone().with_tenant(tenant).unwrap(),
+            None => fleet.client.clone(),
+        };
+        let result = fleet::terminal(&client, id, Duration::from_secs(30)).await;
+        assert_eq!(result.output, "done");
+    }
+    wait::until("the pool measured at rest again", WITHIN, || {
+        scaling(serde_json::json!({
+            "workers": 2, "slots_busy": 0, "backlog": 0, "wanted_slots": 0,
+        }))
+    })
+    .await;
 }

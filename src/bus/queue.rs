@@ -22,6 +22,7 @@ use super::store::{DurableClaim, LiveRecord, Over, StoreError, Stored};
 use super::tenant_limit::TenantPermit;
 use crate::actors::{Capacity, Placement, Scheduling, TenantSlots};
 use crate::client::subjects::Subjects;
+use crate::observe::metrics::PoolSignals;
 use crate::protocol::ids::is_valid_request_id;
 use crate::protocol::{
     DEFAULT_TENANT, ErrorCode, GenerationRequest, GenerationResult, Priority, Reason, RequestState,
@@ -32,8 +33,9 @@ use crate::schedule::TenantLoad;
 pub use super::pull::consumer_name;
 
 /// Keeps `genfleet_queue_pending` and `genfleet_queue_ack_pending` current (the pool's lag,
-/// over all its bands and tenants), and the waiting and running counts of each tenant and
-/// band.
+/// over all its bands and tenants), the waiting and running counts of each tenant and band,
+/// and the pool's scaling signals (its backlog beside its live workers' slots, as their
+/// heartbeats tell).
 pub(super) async fn measure_lag(shared: Arc<Shared>) {
     let pool = shared.settings.worker.pool.clone();
     loop {
@@ -57,6 +59,9 @@ pub(super) async fn measure_lag(shared: Arc<Shared>) {
             shared.metrics.queue_pending.set(pending as i64);
             shared.metrics.queue_ack_pending.set(ack_pending as i64);
             shared.tenant_stats.set_waiting(waiting);
+            shared
+                .metrics
+                .set_pool_signals(pool_signals(&shared, pending, ack_pending));
         }
         if let Ok(slots) = shared.supervisor.send(TenantSlots).await {
             shared.tenant_stats.set_running(
@@ -67,6 +72,25 @@ pub(super) async fn measure_lag(shared: Arc<Shared>) {
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
+}
+
+/// The pool's live workers that take work (the peers as their heartbeats tell, and this one as
+/// it is) beside its durable queue's `waiting` and `running` requests.
+fn pool_signals(shared: &Shared, waiting: u64, running: u64) -> PoolSignals {
+    let (mut workers, mut slots, mut busy) = shared.peer_slots.totals();
+    if let Some(this) = this_load(shared) {
+        workers += 1;
+        slots += u64::from(this.slots);
+        busy += u64::from(this.busy);
+    }
+    PoolSignals::new(
+        &shared.settings.worker.pool,
+        workers,
+        slots,
+        busy,
+        waiting,
+        running,
+    )
 }
 
 /// Pulls as many messages as there are free slots, for as long as the worker runs.
@@ -98,8 +122,16 @@ pub(super) async fn serve_queue(
             .await;
             continue;
         }
-        if capacity.wait_for(|c| c.free() > 0).await.is_err() {
-            return;
+        if capacity.borrow().free() == 0 {
+            // Full: the queues heard of meanwhile still get their consumers, so that the
+            // pool's backlog (`measure_lag`) counts their requests before a slot frees.
+            tokio::select! {
+                changed = capacity.changed() => if changed.is_err() {
+                    return;
+                },
+                () = scheduler.wait_heard(TRY_ALL_EVERY) => {}
+            }
+            continue;
         }
         let free = (capacity.borrow().free() as usize).saturating_sub(starting.len());
         if free == 0 {

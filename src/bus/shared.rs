@@ -243,6 +243,11 @@ impl PeerSlots {
         self.view().choose(key, this, None, load_factor)
     }
 
+    /// The peers that take work, their slots and their busy slots, summed.
+    pub(super) fn totals(&self) -> (u32, u64, u64) {
+        self.view().totals()
+    }
+
     /// The pool's live workers that take work, as the heartbeats tell (this one not counted).
     pub(super) fn peers(&self) -> usize {
         self.view().len()

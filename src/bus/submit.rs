@@ -216,7 +216,7 @@ async fn handle_submit(shared: Arc<Shared>, message: async_nats::Message, route:
             Err(refused) => refused,
         };
         if !preempting || shared.capacity.borrow().draining {
-            respond::<Accepted>(&shared.client, &message, Err(refused)).await;
+            answer(&shared, &message, Err(refused)).await;
             return;
         }
         // No peer has a free slot: a request of a higher band may take one of a lower band's
@@ -233,7 +233,23 @@ async fn handle_submit(shared: Arc<Shared>, message: async_nats::Message, route:
         // for higher bands: a peer may have one.
         return;
     }
-    respond(&shared.client, &message, reply).await;
+    answer(&shared, &message, reply).await;
+}
+
+/// Answers a submit, counting a refusal for want of a slot. A refusal is counted once, by the
+/// worker that answers it: a worker that forwarded the submit relays its peer's answer as it
+/// came (see [`relay`]), uncounted.
+async fn answer(
+    shared: &Shared,
+    message: &async_nats::Message,
+    reply: Result<Accepted, WireError>,
+) {
+    if let Err(error) = &reply
+        && error.code == ErrorCode::NoSlotAvailable
+    {
+        shared.metrics.submits_refused.inc();
+    }
+    respond(&shared.client, message, reply).await;
 }
 
 /// Where the fleet's rule puts a keyed request, as this worker sees the pool.

@@ -1,6 +1,6 @@
 //! The worker's HTTP server on `http.listen`: `/metrics` (Prometheus text), `/healthz` (the
-//! process is up) and `/readyz` (it can take work: connected to NATS, the backend answers, not
-//! draining).
+//! process is up), `/readyz` (it can take work: connected to NATS, the backend answers, not
+//! draining) and `/scaling` (the pool's backlog and busy slots as JSON, for an autoscaler).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -13,6 +13,7 @@ use axum::routing::get;
 use tokio::sync::watch;
 
 use super::Metrics;
+use super::metrics::{POOL_SIGNALS_STALE_AFTER, PoolSignals};
 
 /// What readiness needs to know of the worker's slots. The slots belong to the actors, above
 /// this layer; the layer that wires both (the worker) implements this for the capacity it
@@ -88,6 +89,7 @@ pub async fn serve(
         .route("/metrics", get(metrics_text))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
+        .route("/scaling", get(scaling))
         .with_state(Arc::new(Served { metrics, readiness }));
     if let Err(error) = crate::serve::serve(listener, app, std::future::pending()).await {
         tracing::error!(message = "the HTTP server stopped", %error);
@@ -102,6 +104,40 @@ async fn metrics_text(State(served): State<Arc<Served>>) -> impl IntoResponse {
         )],
         served.metrics.encode(),
     )
+}
+
+#[derive(serde::Serialize)]
+struct Measured {
+    #[serde(flatten)]
+    signals: PoolSignals,
+    /// How long ago the worker measured them.
+    age_ms: u64,
+}
+
+/// The pool's scaling signals as JSON (KEDA's metrics-api scaler reads one field of it); 503
+/// before the first measurement and when the last one is older than
+/// [`POOL_SIGNALS_STALE_AFTER`].
+async fn scaling(State(served): State<Arc<Served>>) -> axum::response::Response {
+    match served.metrics.pool_signals() {
+        Some((signals, age)) if age <= POOL_SIGNALS_STALE_AFTER => axum::Json(Measured {
+            signals,
+            age_ms: age.as_millis() as u64,
+        })
+        .into_response(),
+        Some((_, age)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the pool was last measured {} s ago (NATS unreachable?)\n",
+                age.as_secs()
+            ),
+        )
+            .into_response(),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the pool is not measured yet\n".to_string(),
+        )
+            .into_response(),
+    }
 }
 
 async fn ready(State(served): State<Arc<Served>>) -> impl IntoResponse {

@@ -1,7 +1,8 @@
 //! The worker's Prometheus metrics. Names and labels are documented in docs/operations.md; label
 //! values come from bounded sets (states, reasons, signal codes, registered tool names).
 
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -9,6 +10,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use serde::Serialize;
 
 use crate::protocol::{GenerationResult, SignalType};
 
@@ -53,8 +55,56 @@ pub struct OutcomeLabels {
     pub outcome: String,
 }
 
+/// The pool as a whole, as one worker measured it: what an autoscaler scales the pool on
+/// (`GET /scaling`, and the `genfleet_pool_*` gauges). Every worker of a pool measures the same
+/// pool, so asking any one of them is enough.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PoolSignals {
+    pub pool: String,
+    /// Live workers of the pool that take work (not draining, not paused), this one included.
+    pub workers: u32,
+    /// Their slots, and how many of those run a request (interactive or durable).
+    pub slots: u64,
+    pub slots_busy: u64,
+    /// Requests of the pool's durable queue, every band and tenant: not yet taken by a worker,
+    /// and taken and not yet finished.
+    pub queue_waiting: u64,
+    pub queue_running: u64,
+    /// `queue_waiting + queue_running`.
+    pub backlog: u64,
+    /// The slots the pool would use now if it had them: `slots_busy + queue_waiting`.
+    pub wanted_slots: u64,
+}
+
+impl PoolSignals {
+    pub fn new(
+        pool: &str,
+        workers: u32,
+        slots: u64,
+        busy: u64,
+        waiting: u64,
+        running: u64,
+    ) -> Self {
+        PoolSignals {
+            pool: pool.to_string(),
+            workers,
+            slots,
+            slots_busy: busy.min(slots),
+            queue_waiting: waiting,
+            queue_running: running,
+            backlog: waiting + running,
+            wanted_slots: busy.min(slots) + waiting,
+        }
+    }
+}
+
+/// Past this age the pool's signals are not served (the worker cannot reach NATS): an
+/// autoscaler falls back to what it is told to do without them.
+pub const POOL_SIGNALS_STALE_AFTER: Duration = Duration::from_secs(30);
+
 pub struct Metrics {
     registry: Registry,
+    pool_signals: Mutex<Option<(PoolSignals, Instant)>>,
     pub slots_total: Gauge,
     pub slots_busy: Gauge,
     pub draining: Gauge,
@@ -83,6 +133,13 @@ pub struct Metrics {
     pub resumed: Counter,
     /// Requests preempted here by a request of a higher band.
     pub preempted: Counter,
+    /// Interactive submits answered NO_SLOT_AVAILABLE by this worker.
+    pub submits_refused: Counter,
+    /// The pool as a whole (the same on every worker of the pool): what an autoscaler reads.
+    pub pool_workers: Gauge,
+    pub pool_slots: Gauge,
+    pub pool_slots_busy: Gauge,
+    pub pool_backlog: Gauge,
 }
 
 /// Seconds, from 5 ms to about 20 minutes.
@@ -245,8 +302,44 @@ impl Metrics {
             "Requests whose continuation headers no decision record vouched for: run as requests of their own",
             chain_headers_dropped.clone(),
         );
+        let submits_refused = Counter::default();
+        registry.register(
+            "submits_refused",
+            "Interactive submits this worker answered NO_SLOT_AVAILABLE (no slot free in the pool)",
+            submits_refused.clone(),
+        );
+        let pool_workers = Gauge::default();
+        registry.register(
+            "pool_workers",
+            "Live workers of this worker's pool that take work, this one included, as their heartbeats tell",
+            pool_workers.clone(),
+        );
+        let pool_slots = Gauge::default();
+        registry.register(
+            "pool_slots",
+            "Slots of the pool's live workers that take work, as their heartbeats tell",
+            pool_slots.clone(),
+        );
+        let pool_slots_busy = Gauge::default();
+        registry.register(
+            "pool_slots_busy",
+            "Busy slots of the pool's live workers (interactive and durable requests), as their heartbeats tell",
+            pool_slots_busy.clone(),
+        );
+        let pool_backlog = Gauge::default();
+        registry.register(
+            "pool_backlog",
+            "Requests of the pool's durable queue waiting or running, every band and tenant counted",
+            pool_backlog.clone(),
+        );
         Metrics {
             registry,
+            pool_signals: Mutex::new(None),
+            submits_refused,
+            pool_workers,
+            pool_slots,
+            pool_slots_busy,
+            pool_backlog,
             resumed,
             preempted,
             chain_headers_dropped,
@@ -282,6 +375,26 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut text, &self.registry)
             .expect("writing to a String cannot fail");
         text
+    }
+
+    /// The pool as this worker measured it just now.
+    pub fn set_pool_signals(&self, signals: PoolSignals) {
+        self.pool_workers.set(i64::from(signals.workers));
+        self.pool_slots.set(signals.slots as i64);
+        self.pool_slots_busy.set(signals.slots_busy as i64);
+        self.pool_backlog.set(signals.backlog as i64);
+        *self.pool_signals.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((signals, Instant::now()));
+    }
+
+    /// The pool's signals as last measured, and how long ago; `None` before the first
+    /// measurement.
+    pub fn pool_signals(&self) -> Option<(PoolSignals, Duration)> {
+        self.pool_signals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|(signals, at)| (signals.clone(), at.elapsed()))
     }
 
     /// Counts an ended request and its timings.

@@ -184,6 +184,15 @@ impl PoolView {
         self.workers.is_empty()
     }
 
+    /// The workers followed, their slots and their busy slots, summed.
+    pub fn totals(&self) -> (u32, u64, u64) {
+        self.workers
+            .values()
+            .fold((0, 0, 0), |(n, slots, busy), w| {
+                (n + 1, slots + u64::from(w.slots), busy + u64::from(w.busy))
+            })
+    }
+
     /// Whether any worker had a free slot.
     pub fn any_free(&self) -> bool {
         self.workers.values().any(|w| w.free() > 0)
