@@ -130,13 +130,15 @@ impl Scheduler {
 
     /// Waits until a queue is heard of (or `within` passes), then takes it in.
     pub(super) async fn wait_heard(&mut self, within: Duration) {
-        let heard = self.heard.clone();
-        if tokio::time::timeout(within, heard.notify.notified())
-            .await
-            .is_ok()
-        {
-            self.absorb().await;
-        }
+        self.until_heard(within).await;
+        self.absorb().await;
+    }
+
+    /// Waits until a queue is heard of, or `within` passes, taking nothing in: safe to cancel
+    /// (in a `select!`), as what was heard stays for the next [`Self::absorb`]. A wait that
+    /// took the queues in and was cancelled halfway would forget them until the next scan.
+    pub(super) async fn until_heard(&self, within: Duration) {
+        let _ = tokio::time::timeout(within, self.heard.notify.notified()).await;
     }
 
     async fn learn(&mut self, key: QueueKey) {

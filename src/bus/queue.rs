@@ -129,8 +129,9 @@ pub(super) async fn serve_queue(
                 changed = capacity.changed() => if changed.is_err() {
                     return;
                 },
-                () = scheduler.wait_heard(TRY_ALL_EVERY) => {}
+                () = scheduler.until_heard(TRY_ALL_EVERY) => {}
             }
+            scheduler.absorb().await;
             continue;
         }
         let free = (capacity.borrow().free() as usize).saturating_sub(starting.len());
@@ -153,7 +154,7 @@ pub(super) async fn serve_queue(
                 // Held back by a reserve or a tenant's limit: a slot freeing, or a tenant's
                 // count in the pool changing, changes that.
                 tokio::select! {
-                    _ = scheduler.wait_heard(wait) => {}
+                    _ = scheduler.until_heard(wait) => {}
                     _ = capacity.changed() => {}
                     _ = shared.tenant_counts.changed() => {}
                 }
@@ -200,7 +201,7 @@ async fn take_for_share(
     }
     let wait = tick.saturating_duration_since(tokio::time::Instant::now());
     tokio::select! {
-        _ = scheduler.wait_heard(wait) => {}
+        _ = scheduler.until_heard(wait) => {}
         _ = capacity.changed() => {}
         _ = starting.join_next(), if !starting.is_empty() => {}
     }
