@@ -828,17 +828,26 @@ def check_rules(text: str) -> list[str]:
 
 
 # The fields of a worker's GET /scaling that KEDA's metrics-api scaler may scale on
-# (docs/operations.md#autoscaling).
+# (docs/operations.md#autoscaling): the pool's, the same on every worker.
 SCALING_FIELDS = {"workers", "slots", "slots_busy", "queue_waiting", "queue_running", "backlog",
                   "wanted_slots"}
+# ... and of a gateway's: the replica's own.
+GATEWAY_SCALING_FIELDS = {"open_responses"}
+
+
+def runs_gateway(target) -> bool:
+    return any(subcommand(c)[0] == "gateway"
+               for c in target["spec"]["template"]["spec"]["containers"])
 
 
 def check_keda_triggers(scaler, target, named, report):
     settings = report.pools.get(target["metadata"]["name"])
     for trigger in scaler["spec"].get("triggers", []):
-        if trigger.get("type") == "metrics-api" and settings is not None:
-            check_scaling_trigger(scaler, target, trigger.get("metadata", {}), settings, named,
-                                  report)
+        if trigger.get("type") == "metrics-api":
+            if settings is not None:
+                check_scaling_trigger(scaler, target, trigger, settings, named, report)
+            elif runs_gateway(target):
+                check_scaling_trigger(scaler, target, trigger, None, named, report)
         if trigger.get("type") != "nats-jetstream" or settings is None:
             continue
         metadata = trigger.get("metadata", {})
@@ -854,12 +863,20 @@ def check_keda_triggers(scaler, target, named, report):
                                    f"not {metadata.get('consumer')!r}")
 
 
-def check_scaling_trigger(scaler, target, metadata, settings, named, report):
-    """A metrics-api trigger on the workers' /scaling: a Service of this render that selects
-    the scaled workers' pods (and no other pool's), on a port of it, a field /scaling has, and
-    targets that make the pool grow."""
+def check_scaling_trigger(scaler, target, trigger, settings, named, report):
+    """A metrics-api trigger on /scaling: a Service of this render that selects the scaled
+    pods, on a port of it, a field /scaling has. For workers (`settings`: their pool's), a
+    Service of that pool's ready workers only, and targets that make the pool grow; for the
+    gateway (`settings` None), whose replicas each tell their own count, metricType Value."""
+    metadata = trigger.get("metadata", {})
+    gateway = settings is None
+
     def problem(text):
         report.problem(scaler, "metrics-api trigger: " + text)
+
+    if gateway and trigger.get("metricType") != "Value":
+        problem("a gateway replica tells its own open responses, not the sum over replicas: "
+                "metricType must be Value")
 
     match = re.fullmatch(r"https?://([^/:]+)(?::([0-9]+))?(/.*)?", metadata.get("url", ""))
     if not match:
@@ -883,26 +900,32 @@ def check_scaling_trigger(scaler, target, metadata, settings, named, report):
                 problem(f"Service {parts[0]} does not select the pods of "
                         f"{object_name(target)}")
             pool_label = "genfleet.io/pool"
-            if selector.get(pool_label) != labels.get(pool_label):
+            if not gateway and selector.get(pool_label) != labels.get(pool_label):
                 problem(f"Service {parts[0]} must select {pool_label}="
                         f"{labels.get(pool_label)!r}: a worker of another pool measures "
                         "another pool")
             ports = {str(p.get("port")) for p in service["spec"].get("ports", [])}
             if (port or ("443" if metadata["url"].startswith("https") else "80")) not in ports:
                 problem(f"url port {port} is no port of Service {parts[0]} ({sorted(ports)})")
-            if service["spec"].get("publishNotReadyAddresses"):
+            if not gateway and service["spec"].get("publishNotReadyAddresses"):
                 problem(f"Service {parts[0]} publishes workers that are not ready: one cut off "
                         "from NATS would answer for the pool")
     location = metadata.get("valueLocation")
-    if location not in SCALING_FIELDS:
+    fields = GATEWAY_SCALING_FIELDS if gateway else SCALING_FIELDS
+    if location not in fields:
         problem(f"valueLocation {location!r} is no field of /scaling "
-                f"({', '.join(sorted(SCALING_FIELDS))})")
+                f"({', '.join(sorted(fields))})")
     if metadata.get("format", "json") != "json":
         problem("/scaling answers JSON: format must be json (or left out)")
     try:
         target_value = float(metadata.get("targetValue", ""))
     except ValueError:
         return  # the schema says why
+    if target_value <= 0:
+        problem("targetValue must be above 0")
+        return
+    if gateway:
+        return
     slots = settings["worker"]["slots"]
     if target_value <= 0:
         problem("targetValue must be above 0")

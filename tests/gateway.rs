@@ -405,6 +405,13 @@ async fn a_request_that_waits_too_long_for_a_slot_is_cancelled_with_a_clear_erro
         }
     })
     .await;
+    // The open response counts in the replica's scaling signal.
+    let scaling = || async {
+        let url = format!("http://127.0.0.1:{}/scaling", gateway.port);
+        let body: Value = http().get(url).send().await.unwrap().json().await.unwrap();
+        body["open_responses"].as_i64().expect("a count")
+    };
+    assert_eq!(scaling().await, 1);
     let response = chat(
         &gateway,
         json!({"model": "default", "messages": [{"role": "user", "content": "late"}],
@@ -423,6 +430,13 @@ async fn a_request_that_waits_too_long_for_a_slot_is_cancelled_with_a_clear_erro
     let state = terminal(&f, "gw-busy").await;
     let status = f.client.status("gw-busy").await.unwrap();
     assert_eq!(state, RequestState::Cancelled, "{status:?}");
+    wait::until("no response open", WITHIN, || async {
+        match scaling().await {
+            0 => Ok(()),
+            open => Err(format!("{open} open")),
+        }
+    })
+    .await;
 }
 
 /// A request that raised a decision and its continuation are one completion, their parts set

@@ -41,6 +41,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
+        .route("/scaling", get(scaling))
         .fallback(|| async {
             ApiError::new(404, "invalid_request_error", "not_found", "no such route")
                 .into_response()
@@ -70,6 +71,15 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         shared.metrics.render(),
     )
         .into_response()
+}
+
+/// This replica's load as JSON, for an autoscaler (KEDA's metrics-api scaler, with
+/// `metricType: Value`: each replica tells its own share): the chat completions in progress.
+async fn scaling(State(shared): State<Arc<Shared>>) -> Response {
+    axum::Json(serde_json::json!({
+        "open_responses": shared.metrics.open_responses().max(0),
+    }))
+    .into_response()
 }
 
 /// The caller's tenant ("" with no keys configured), or the 401 to send.

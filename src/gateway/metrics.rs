@@ -82,6 +82,11 @@ impl Metrics {
         OpenGuard(self.open.clone())
     }
 
+    /// Chat completions in progress on this replica.
+    pub fn open_responses(&self) -> i64 {
+        self.open.get()
+    }
+
     pub fn render(&self) -> String {
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
