@@ -28,7 +28,7 @@ use crate::protocol::{
     DEFAULT_TENANT, ErrorCode, GenerationRequest, GenerationResult, Priority, Reason, RequestState,
     WireError,
 };
-use crate::schedule::TenantLoad;
+use crate::schedule::{PassedOver, TenantLoad};
 
 pub use super::pull::consumer_name;
 
@@ -424,8 +424,16 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message, place: Option
         && let Some(key) = request.request().affinity_key.as_deref()
     {
         // The queue hands a message to whichever worker pulls it: the record says whether
-        // that was the key's worker.
+        // that was the key's worker, and when not, why: a slot freed here before one did there
+        // (or that worker is gone), as for a submit its key's worker had no room for.
         preference.worker = shared.peer_slots.key_worker(key, this_load(shared));
+        if preference
+            .worker
+            .as_deref()
+            .is_some_and(|worker| worker != shared.worker_id)
+        {
+            preference.fallback = Some(PassedOver::Busy.as_str().to_string());
+        }
     }
     match admission::admit(shared, request, placement, claim, Some(message), preference).await {
         Ok(_) => {}
