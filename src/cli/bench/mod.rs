@@ -34,6 +34,7 @@ mod meter;
 mod monitor;
 mod procstat;
 mod progress;
+mod prometheus_text;
 mod real;
 mod report;
 mod scheduling;
