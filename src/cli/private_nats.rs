@@ -407,3 +407,89 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bound on each wait of the test (a cluster electing its leaders takes seconds).
+    const WAIT: Duration = Duration::from_secs(30);
+
+    async fn eventually<T, F: Future<Output = Option<T>>>(
+        what: &str,
+        mut f: impl FnMut() -> F,
+    ) -> T {
+        let started = Instant::now();
+        loop {
+            if let Some(value) = f().await {
+                return value;
+            }
+            assert!(started.elapsed() < WAIT, "{what} within {WAIT:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cluster_keeps_a_replicated_stream_through_a_node_killed_and_started_again() {
+        let dir = TempDir::new("genfleet-private-nats-test").unwrap();
+        let mut nats = PrivateNats::start_cluster(None, dir.path(), 3, Monitoring::On)
+            .await
+            .expect("a 3-node cluster starts (nats-server on PATH)");
+        let urls = nats.node_urls();
+        assert_eq!(urls.len(), 3);
+        assert_eq!(nats.url, urls.join(","));
+        assert_eq!(nats.node_pids().len(), 3);
+        assert_eq!(nats.node_named("genfleet-private-1"), Some(1));
+        assert_eq!(nats.node_named("somebody-else"), None);
+
+        // Through node 0, which stays up.
+        let js = async_nats::jetstream::new(async_nats::connect(urls[0].as_str()).await.unwrap());
+        let config = async_nats::jetstream::stream::Config {
+            name: "T".into(),
+            subjects: vec!["t.>".into()],
+            num_replicas: 3,
+            ..Default::default()
+        };
+        eventually("the stream is made with 3 replicas", || {
+            let (js, config) = (js.clone(), config.clone());
+            async move { js.create_stream(config).await.ok() }
+        })
+        .await;
+        let publish = |n: u32| {
+            let js = js.clone();
+            async move {
+                let ack = js.publish(format!("t.{n}"), "x".into()).await.ok()?;
+                ack.await.ok()
+            }
+        };
+        eventually("the first message is stored", || publish(1)).await;
+
+        nats.kill_node(1).await.unwrap();
+        assert_eq!(nats.node_pids().len(), 2);
+        eventually("a message is stored with a node down", || publish(2)).await;
+
+        nats.restart_node(1).await.unwrap();
+        assert_eq!(nats.node_pids().len(), 3);
+        // The node that came back serves the stream, both messages in it, from its store.
+        let back = async_nats::jetstream::new(async_nats::connect(urls[1].as_str()).await.unwrap());
+        eventually(
+            "the stream has both messages through the node that came back",
+            || {
+                let back = back.clone();
+                async move {
+                    let mut stream = back.get_stream("T").await.ok()?;
+                    let info = stream.info().await.ok()?;
+                    let current = info
+                        .cluster
+                        .as_ref()?
+                        .replicas
+                        .iter()
+                        .all(|peer| peer.current && !peer.offline);
+                    (info.state.messages == 2 && current).then_some(())
+                }
+            },
+        )
+        .await;
+        nats.stop().await;
+    }
+}

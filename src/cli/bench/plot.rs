@@ -155,7 +155,7 @@ fn draw_panel(
         escape(&panel.title)
     );
     // The legend, after the title.
-    let mut legend_x = LEFT + 7.5 * panel.title.chars().count() as f64 + 24.0;
+    let mut legend_x = LEFT + 8.0 * panel.title.chars().count() as f64 + 28.0;
     for (n, series) in panel.series.iter().enumerate() {
         let colour = COLOURS[n % COLOURS.len()];
         let _ = writeln!(

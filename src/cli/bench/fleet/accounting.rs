@@ -26,6 +26,19 @@ const ROUND: Duration = Duration::from_secs(1);
 /// How many ids of each kind of fault a report lists.
 pub const IDS_LISTED: usize = 10;
 
+/// A request that asked for a decision still unanswered when the run ended.
+#[derive(Debug, Clone, Serialize)]
+pub struct Unanswered {
+    pub request_id: String,
+    /// `None`: the fleet has no record of the decision.
+    pub decision_id: Option<String>,
+    /// `pending`, `continued` (with no continuation named), or `None`.
+    pub outcome: Option<&'static str>,
+    /// Whether the signals stream holds the decision's signal (what managers follow); `None`
+    /// when it could not be read.
+    pub signal_stored: Option<bool>,
+}
+
 /// A request the run counts.
 #[derive(Debug, Clone)]
 pub struct Tracked {
@@ -117,7 +130,7 @@ pub async fn settle(
     lookup: &Client,
     tracked: &mut BTreeMap<String, Tracked>,
     bound: Duration,
-) -> Vec<String> {
+) -> Vec<Unanswered> {
     let deadline = Instant::now() + bound;
     loop {
         add_unknown(book, tracked);
@@ -147,20 +160,31 @@ pub async fn settle(
                             acceptance: Acceptance::Accepted,
                         });
                     }
-                    let chain_open = status.decision_outcome == Some(DecisionOutcome::Pending)
-                        || (status.decision_outcome == Some(DecisionOutcome::Continued)
-                            && status.continuation_request_id.is_none());
+                    // A request that ended asking for a decision: its chain goes on until the
+                    // decision is answered (and its continuation named) or ends it.
+                    let asks = asking.contains(id)
+                        || status
+                            .finished
+                            .as_ref()
+                            .is_some_and(|f| f.reason == Reason::DecisionRequested);
+                    let chain_open = asks
+                        && match status.decision_outcome {
+                            None | Some(DecisionOutcome::Pending) => true,
+                            Some(DecisionOutcome::Continued) => {
+                                status.continuation_request_id.is_none()
+                            }
+                            Some(_) => false,
+                        };
                     if !status.state.is_terminal() || chain_open {
                         waiting += 1;
                     }
                     if chain_open {
-                        unanswered.push(format!(
-                            "{id}: decision {} {}",
-                            status.decision_id.as_deref().unwrap_or("-"),
-                            status
-                                .decision_outcome
-                                .map_or("-", |outcome| outcome.as_str())
-                        ));
+                        unanswered.push(Unanswered {
+                            request_id: id.clone(),
+                            decision_id: status.decision_id.clone(),
+                            outcome: status.decision_outcome.map(DecisionOutcome::as_str),
+                            signal_stored: None,
+                        });
                     }
                 }
                 Err(ClientError::Wire(error)) if error.code == ErrorCode::NotFound => {
@@ -178,11 +202,73 @@ pub async fn settle(
             }
         }
         if waiting == 0 || Instant::now() >= deadline {
-            unanswered.sort();
+            unanswered.sort_by(|a, b| a.request_id.cmp(&b.request_id));
             return unanswered;
         }
         tokio::time::sleep(ROUND).await;
     }
+}
+
+/// Marks each unanswered decision with whether the signals stream `stream` holds its signal,
+/// read once from its start (at most [`SIGNALS_READ`] messages).
+pub async fn find_signals(
+    connection: &async_nats::Client,
+    stream: &str,
+    unanswered: &mut [Unanswered],
+) {
+    let ids: Vec<String> = unanswered
+        .iter()
+        .filter_map(|u| u.decision_id.clone())
+        .collect();
+    if ids.is_empty() {
+        return;
+    }
+    let found = match signals_naming(connection, stream, &ids).await {
+        Ok(found) => found,
+        Err(error) => {
+            tracing::debug!(message = "the signals stream could not be read", %error);
+            return;
+        }
+    };
+    for u in unanswered.iter_mut() {
+        u.signal_stored = u.decision_id.as_ref().map(|id| found.contains(id));
+    }
+}
+
+/// Signals read at most when looking for the unanswered decisions'.
+const SIGNALS_READ: u64 = 100_000;
+
+/// Which of `ids` a message of `stream` names.
+async fn signals_naming(
+    connection: &async_nats::Client,
+    stream: &str,
+    ids: &[String],
+) -> anyhow::Result<std::collections::BTreeSet<String>> {
+    use async_nats::jetstream::consumer;
+    let jetstream = async_nats::jetstream::new(connection.clone());
+    let mut stream = jetstream.get_stream(stream).await?;
+    let held = stream.info().await?.state.messages.min(SIGNALS_READ);
+    let consumer = stream
+        .create_consumer(consumer::pull::OrderedConfig {
+            description: Some("genfleet bench: looking for unanswered decisions".into()),
+            deliver_policy: consumer::DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await?;
+    let mut messages = consumer.messages().await?;
+    let mut found = std::collections::BTreeSet::new();
+    for _ in 0..held {
+        let Ok(Some(Ok(message))) =
+            tokio::time::timeout(Duration::from_secs(5), messages.next()).await
+        else {
+            break;
+        };
+        let text = String::from_utf8_lossy(&message.payload);
+        for id in ids.iter().filter(|id| text.contains(id.as_str())) {
+            found.insert(id.clone());
+        }
+    }
+    Ok(found)
 }
 
 /// Every request the book has events of that no caller sent: a continuation.

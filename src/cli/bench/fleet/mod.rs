@@ -108,8 +108,9 @@ pub struct FleetReport {
     /// Every request the callers sent and every continuation, counted once.
     pub requests: Tally,
     /// Requests that asked for a decision still unanswered when the run ended (their chains
-    /// wait for the decision's expiry): the request, its decision and its outcome.
-    pub decisions_unanswered: Vec<String>,
+    /// wait for the decision's expiry): the request, its decision, its outcome, and whether
+    /// the managers could have seen it (its signal in the signals stream).
+    pub decisions_unanswered: Vec<accounting::Unanswered>,
     /// What went wrong for the callers, by kind of request (what they saw, not what the fleet
     /// did: a gateway killed breaks its callers' connections while their requests run on).
     pub caller_errors: BTreeMap<Kind, BTreeMap<String, u64>>,
@@ -321,7 +322,14 @@ pub async fn run(
     let lookup = Client::connect(&settings).await?;
     let calls = records.calls();
     let mut tracked = accounting::tracked(&calls, &records.continuations());
-    let decisions_unanswered = accounting::settle(&book, &lookup, &mut tracked, spec.settle).await;
+    let mut decisions_unanswered =
+        accounting::settle(&book, &lookup, &mut tracked, spec.settle).await;
+    accounting::find_signals(
+        lookup.nats(),
+        &settings.jetstream.signals_stream,
+        &mut decisions_unanswered,
+    )
+    .await;
     // Late duplicates (a second `finished`) have the grace period to show.
     tokio::time::sleep(GRACE).await;
     stop_sampling.store(true, Ordering::Relaxed);
@@ -472,7 +480,7 @@ fn write_plot(
 ) -> anyhow::Result<PathBuf> {
     let svg = super::plot::svg(&timeline::chart(seconds, disruptions));
     std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(path.to_path_buf())
+    Ok(std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()))
 }
 
 /// Latency of the completed requests by kind: those sent while a disruption was in

@@ -131,6 +131,23 @@ pub fn table(r: &FleetReport) -> String {
             .collect();
         let _ = writeln!(out, "accepted and not completed: {}", how.join(", "));
     }
+    let unanswered: Vec<String> = r
+        .decisions_unanswered
+        .iter()
+        .map(|u| {
+            format!(
+                "{}: decision {}, {}; {}",
+                u.request_id,
+                u.decision_id.as_deref().unwrap_or("(no record)"),
+                u.outcome.unwrap_or("no outcome"),
+                match u.signal_stored {
+                    Some(true) => "its signal is in the signals stream",
+                    Some(false) => "no signal of it in the signals stream: no manager could see it",
+                    None => "the signals stream was not read",
+                }
+            )
+        })
+        .collect();
     for (what, ids) in [
         ("lost", &r.requests.lost),
         ("finished twice", &r.requests.finished_twice),
@@ -141,6 +158,10 @@ pub fn table(r: &FleetReport) -> String {
         (
             "with a sequence fault or a text mismatch",
             &r.requests.faulty,
+        ),
+        (
+            "asked for a decision still unanswered after the run",
+            &unanswered,
         ),
     ] {
         if !ids.is_empty() {
