@@ -426,6 +426,98 @@ async fn the_churn_phase_kills_workers_and_every_request_ends_once_without_a_gap
 }
 
 #[tokio::test]
+async fn the_fleet_run_disrupts_a_cluster_under_mixed_load_and_counts_every_request_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("fleet.svg");
+    let output = run(&[
+        "--local",
+        "--mode",
+        "fleet",
+        "--fleet-secs",
+        "30",
+        "--timeout-secs",
+        "30",
+        "--plot",
+        plot.to_str().unwrap(),
+        "--json",
+    ])
+    .await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("stdout is one JSON object ({e}); stderr:\n{stderr}"));
+    let kinds: Vec<&str> = field(&report, "/disruptions")
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|d| d["kind"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["rolling_restart", "nats_node_killed", "gateway_killed"],
+        "{report}"
+    );
+    assert_eq!(number(&report, "/fleet/nats_nodes"), 3.0);
+    // Whatever the disruptions hit: each request sent is counted once, in one of the ways
+    // counted, and every kind of request ran.
+    let all = field(&report, "/requests/all");
+    same(
+        number(all, "/accepted") + number(all, "/refused_up_front"),
+        number(all, "/sent"),
+        "each request sent is accepted or refused",
+    );
+    same(
+        ["/completed", "/failed", "/cancelled", "/lost"]
+            .iter()
+            .map(|key| number(all, key))
+            .sum(),
+        number(all, "/accepted"),
+        "each accepted request ends one way",
+    );
+    assert!(number(all, "/completed") > 0.0, "{report}");
+    for kind in [
+        "bus_interactive",
+        "gateway_whole",
+        "gateway_streamed",
+        "durable",
+        "keyed_bus",
+        "keyed_gateway",
+        "decision",
+        "continuation",
+    ] {
+        assert!(
+            number(&report, &format!("/requests/by_kind/{kind}/sent")) > 0.0,
+            "{kind}: {report}"
+        );
+    }
+    // No request ends twice, whatever the disruptions hit: a result replaces only its own
+    // run's record.
+    assert_eq!(number(all, "/finished_twice"), 0.0, "{report}");
+    assert_eq!(field(&report, "/targets").as_array().map(Vec::len), Some(2));
+    // The signals were read from the workers, and the chart was written.
+    assert!(
+        !field(&report, "/signal_samples")
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        field(&report, "/signals/present")
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|name| name == "genfleet_slots_total"),
+        "{report}"
+    );
+    assert_eq!(field(&report, "/plot"), plot.to_str().unwrap());
+    let svg = std::fs::read_to_string(&plot).expect("the chart is written");
+    assert!(
+        svg.starts_with("<svg") && svg.contains("rolling restart"),
+        "{svg}"
+    );
+}
+
+#[tokio::test]
 async fn the_gateway_phase_reports_the_gateway_beside_the_bus_and_the_mock() {
     let output = run(&[
         "--local",
@@ -570,6 +662,11 @@ async fn flags_that_need_another_kind_of_run_are_refused() {
         (vec!["--mode", "scheduling"], "--local"),
         (vec!["--mode", "gateway"], "--local"),
         (vec!["--mode", "churn"], "--local"),
+        (vec!["--mode", "fleet"], "--local"),
+        (
+            vec!["--local", "--mode", "fleet", "--fleet-secs", "10"],
+            "--fleet-secs must be at least 30",
+        ),
         (vec!["--baseline", this], "--baseline needs --local"),
         (vec!["--fair-preempt"], "--fair-preempt needs --local"),
         (

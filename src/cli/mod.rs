@@ -68,7 +68,7 @@ pub enum Command {
     MockLlm(mock_llm::MockLlmArgs),
     /// Load a fleet (or a private one, --local) and report latency, throughput, the streaming
     /// relay and memory against the floors of NATS and the backend.
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// Run the whole flow on this machine, narrated: a private nats-server, the mock backend, a
     /// worker, a tool service, a manager, and a job through a tool call and a decision.
     Demo(demo::DemoArgs),
@@ -155,7 +155,7 @@ impl Cli {
                         Command::ToolDemo(args) => tool_demo::run(settings()?, args).await,
                         Command::MockLlm(args) => mock_llm::run(args).await,
                         Command::Demo(args) => demo::run(args).await,
-                        Command::Bench(args) => bench::run(settings()?, config_file, args).await,
+                        Command::Bench(args) => bench::run(settings()?, config_file, *args).await,
                         Command::Worker(_) => unreachable!("handled above"),
                     }
                 })

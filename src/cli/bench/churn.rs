@@ -18,25 +18,23 @@
 //! requests beside the flood is compared with that on the idle worker.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use serde::Serialize;
-use tokio::sync::oneshot;
 
+use super::book::{Book, Followed, faulty, finished_result};
 use super::latency::{Samples, Summary};
 use super::local::{LocalFleet, LocalOptions};
+use super::mock_stats::MockStats;
 use super::report::{Table, targets_table};
 use super::target::Target;
 use super::target_check::TargetCheck;
 use super::workload;
 use crate::client::Client;
-use crate::protocol::event::SEQ_AFTER_LOST;
-use crate::protocol::{
-    Event, EventBody, GenerationResult, MoveReason, Priority, Reason, RequestState,
-};
+use crate::protocol::{EventBody, MoveReason, Priority, Reason, RequestState};
 use crate::settings::Settings;
 
 /// The slowest moves the report lists.
@@ -53,9 +51,6 @@ const GRACE: Duration = Duration::from_secs(2);
 /// The pause before a caller whose submit failed (no live worker of the pool answered, the
 /// worker died before replying) submits again.
 const SUBMIT_PAUSE: Duration = Duration::from_millis(100);
-
-/// Between two looks at the stored result of a request whose `finished` event has not come.
-const RESULT_POLL: Duration = Duration::from_secs(2);
 /// How many lost (or otherwise odd) request ids a report lists.
 const IDS_LISTED: usize = 10;
 
@@ -179,50 +174,6 @@ pub struct RunInfo {
     pub notes: Vec<String>,
 }
 
-/// What the callers saw of one request: its events with their arrival, and whom to tell of
-/// its first `finished`.
-#[derive(Default)]
-struct Seen {
-    events: Vec<(Event, Instant)>,
-    finished: u32,
-    waiter: Option<oneshot::Sender<()>>,
-}
-
-/// Every request's events, filled by one wildcard subscription.
-#[derive(Default, Clone)]
-struct Book(Arc<Mutex<HashMap<String, Seen>>>);
-
-impl Book {
-    /// Registers `id` before its submit; the receiver is told of its first `finished`.
-    fn expect(&self, id: &str) -> oneshot::Receiver<()> {
-        let (tx, rx) = oneshot::channel();
-        self.lock().entry(id.to_string()).or_default().waiter = Some(tx);
-        rx
-    }
-
-    fn record(&self, event: Event) {
-        let mut book = self.lock();
-        let seen = book.entry(event.request_id.clone()).or_default();
-        if matches!(event.body, EventBody::Finished { .. }) {
-            seen.finished += 1;
-            if let Some(waiter) = seen.waiter.take() {
-                let _ = waiter.send(());
-            }
-        }
-        seen.events.push((event, Instant::now()));
-    }
-
-    fn take(&self, id: &str) -> Seen {
-        self.lock().remove(id).unwrap_or_default()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Seen>> {
-        self.0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
 /// What one caller did.
 #[derive(Default)]
 struct CallerTally {
@@ -275,21 +226,7 @@ pub async fn run(
     let mock = MockStats::new(&fleet.backend_url);
     mock.reset().await?;
 
-    let book = Book::default();
-    let collector = {
-        let mut events = target
-            .connection(0)
-            .subscribe(target.subjects.events("*"))
-            .await?;
-        let book = book.clone();
-        tokio::spawn(async move {
-            while let Some(message) = events.next().await {
-                if let Ok(event) = serde_json::from_slice::<Event>(&message.payload) {
-                    book.record(event);
-                }
-            }
-        })
-    };
+    let (book, collector) = Book::collect(target.connection(0), &target.subjects).await?;
 
     eprintln!(
         "churn: {} callers for {:?}, a worker killed every {:?}",
@@ -343,7 +280,7 @@ pub async fn run(
     let load_secs = started.elapsed().as_secs_f64();
     // Late duplicates (a second `finished`) have the grace period to show.
     tokio::time::sleep(GRACE).await;
-    collector.abort();
+    drop(collector);
     let generated = mock.read().await?;
 
     let lookup = Client::new(target.connection(0).clone(), target.subjects.clone());
@@ -553,7 +490,7 @@ async fn caller(
             .await
         {
             Ok(_) => {
-                wait_for_end(&client, &id, finished, settle).await;
+                book.wait_for_end(&client, &id, finished, settle).await;
                 tally.accepted.push(id);
             }
             Err(error) => {
@@ -566,147 +503,6 @@ async fn caller(
         }
     }
     tally
-}
-
-/// Waits for `id`'s first `finished` event, at most `settle`. Its stored result is looked at
-/// every [`RESULT_POLL`] too: a request that ended without a `finished` event reaching the
-/// caller (the report counts them) does not hold the caller for the whole `settle`.
-async fn wait_for_end(
-    client: &Client,
-    id: &str,
-    mut finished: oneshot::Receiver<()>,
-    settle: Duration,
-) {
-    let until = Instant::now() + settle;
-    while Instant::now() < until {
-        if tokio::time::timeout(RESULT_POLL, &mut finished)
-            .await
-            .is_ok()
-            || client.result(id, false).await.is_ok()
-        {
-            return;
-        }
-    }
-}
-
-/// A request with a sequence fault or a text mismatch, told for a reader.
-fn faulty(id: &str, events: &[(Event, Instant)], result: &GenerationResult) -> String {
-    let seen: Vec<String> = events
-        .iter()
-        .map(|(event, _)| format!("{}:{}", event.seq, event.body.name()))
-        .collect();
-    let moves: Vec<String> = result
-        .resumed
-        .iter()
-        .map(|m| {
-            format!(
-                "{}→{} {:?} at {} bytes",
-                m.from_worker, m.to_worker, m.reason, m.at_output_bytes
-            )
-        })
-        .collect();
-    format!(
-        "{id}: events [{}]; moves [{}]; output {} chars",
-        seen.join(" "),
-        moves.join(", "),
-        result.output.chars().count()
-    )
-}
-
-/// The result the first `finished` event carried.
-fn finished_result(seen: &Seen) -> Option<GenerationResult> {
-    seen.events.iter().find_map(|(event, _)| match &event.body {
-        EventBody::Finished { result } => Some((**result).clone()),
-        _ => None,
-    })
-}
-
-/// A request's events as a follower takes them (docs/protocol.md): an event numbered below
-/// the next one expected was seen already and is dropped; a number past it is a gap (except
-/// the `finished` event a live worker sends for a lost one, numbered past everything).
-struct Followed<'a> {
-    kept: Vec<&'a Event>,
-    /// Numbers skipped.
-    missing: u64,
-    /// Numbers seen again with other content.
-    conflicting: u64,
-    /// Numbers seen again as they were.
-    resent: u64,
-}
-
-impl<'a> Followed<'a> {
-    fn of(events: &'a [(Event, Instant)]) -> Followed<'a> {
-        let mut followed = Followed {
-            kept: Vec::new(),
-            missing: 0,
-            conflicting: 0,
-            resent: 0,
-        };
-        let mut next = 0;
-        for (event, _) in events {
-            if event.seq < next {
-                match followed.kept.iter().find(|kept| kept.seq == event.seq) {
-                    Some(kept) if *kept == event => followed.resent += 1,
-                    _ => followed.conflicting += 1,
-                }
-                continue;
-            }
-            if event.seq != SEQ_AFTER_LOST {
-                followed.missing += event.seq - next;
-                next = event.seq + 1;
-            }
-            followed.kept.push(event);
-        }
-        followed
-    }
-
-    /// The text of the deltas kept, joined.
-    fn deltas(&self) -> String {
-        self.kept
-            .iter()
-            .filter_map(|event| match &event.body {
-                EventBody::Delta { text } => Some(text.as_str()),
-                _ => None,
-            })
-            .collect()
-    }
-}
-
-/// The mock's `/mock/stats`: what it generated since the last reset.
-struct MockStats {
-    http: reqwest::Client,
-    url: String,
-}
-
-impl MockStats {
-    fn new(backend_url: &str) -> MockStats {
-        let base = backend_url.trim_end_matches('/').trim_end_matches("/v1");
-        MockStats {
-            http: reqwest::Client::new(),
-            url: format!("{base}/mock/stats"),
-        }
-    }
-
-    async fn reset(&self) -> anyhow::Result<()> {
-        self.http
-            .delete(&self.url)
-            .send()
-            .await?
-            .error_for_status()?;
-        Ok(())
-    }
-
-    async fn read(&self) -> anyhow::Result<crate::llm::mock::GeneratedStats> {
-        let stats: serde_json::Value = self
-            .http
-            .get(&self.url)
-            .send()
-            .await?
-            .error_for_status()?
-            .json()
-            .await?;
-        Ok(serde_json::from_value(stats["generated"].clone())?)
-    }
 }
 
 /// Preemption by band on one worker with `worker.preempt`: `high` requests on it idle, then
@@ -1052,51 +848,4 @@ pub fn table(r: &ChurnReport) -> String {
         let _ = writeln!(out, "note: {note}");
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn event(seq: u64) -> (Event, Instant) {
-        (
-            Event {
-                request_id: "r".into(),
-                seq,
-                ts: String::new(),
-                body: EventBody::Delta { text: "x".into() },
-            },
-            Instant::now(),
-        )
-    }
-
-    #[test]
-    fn a_follower_counts_gaps_drops_what_was_sent_again_and_flags_conflicts() {
-        // (seqs, missing, conflicting, resent); every event here has the same body, so a
-        // number seen again is sent again as it was.
-        for (seqs, missing, resent) in [
-            (vec![], 0, 0),
-            (vec![0, 1, 2], 0, 0),
-            (vec![0, 2], 1, 0),
-            (vec![0, 1, 1, 2], 0, 1),
-            (vec![1, 1, 3], 2, 1),
-            (vec![0, 1, 2, 1, 2, 3], 0, 2),
-            (vec![0, 1, SEQ_AFTER_LOST], 0, 0),
-        ] {
-            let events: Vec<_> = seqs.iter().map(|s| event(*s)).collect();
-            let followed = Followed::of(&events);
-            assert_eq!(
-                (followed.missing, followed.conflicting, followed.resent),
-                (missing, 0, resent),
-                "{seqs:?}"
-            );
-        }
-        // The same number with other text is a conflict, and the first stands.
-        let mut other = event(1);
-        other.0.body = EventBody::Delta { text: "y".into() };
-        let events = vec![event(0), event(1), other];
-        let followed = Followed::of(&events);
-        assert_eq!((followed.conflicting, followed.resent), (1, 0));
-        assert_eq!(followed.deltas(), "xx");
-    }
 }

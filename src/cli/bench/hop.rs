@@ -405,10 +405,9 @@ async fn placed_total(http: &reqwest::Client, workers: &[LocalWorker]) -> Option
             .text()
             .await
             .ok()?;
-        let value = text.lines().find_map(|line| {
-            line.strip_prefix("genfleet_submits_placed_total ")
-                .and_then(|v| v.trim().parse::<f64>().ok())
-        })?;
+        let value = super::prometheus_text::sums(&text)
+            .get("genfleet_submits_placed_total")
+            .copied()?;
         total += value as u64;
     }
     Some(total)

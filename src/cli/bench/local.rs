@@ -1,10 +1,13 @@
 //! `genfleet bench --local`: a private fleet on this machine. A nats-server (JetStream, a free
-//! port, its monitoring port, a temporary store), the mock backend as its own `genfleet
-//! mock-llm` process and each worker as its own `genfleet worker` process, so that the CPU time
-//! and memory of each can be read from `/proc` apart from the load generator's. The workers can
-//! be replaced by those of another build (`--baseline`). Everything is killed and the store
-//! removed when the fleet is dropped, also after an error or Ctrl-C.
+//! port, its monitoring port, a temporary store) or a JetStream cluster of several on loopback
+//! (the fleet run's, with the fleet's streams and buckets replicated on every node), the mock
+//! backend as its own `genfleet mock-llm` process and each worker as its own `genfleet worker`
+//! process, so that the CPU time and memory of each can be read from `/proc` apart from the
+//! load generator's; gateways and a manager as processes too, when a phase asks for them. The
+//! workers can be replaced by those of another build (`--baseline`). Everything is killed and
+//! the store removed when the fleet is dropped, also after an error or Ctrl-C.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -37,6 +40,9 @@ pub struct LocalOptions {
     /// Settings every worker of the fleet gets on top of the configuration, as
     /// `GENFLEET__...` variables (the churn phase's heartbeats, preemption).
     pub worker_env: Vec<(String, String)>,
+    /// nats-server nodes: 1, a plain server; more, a JetStream cluster whose streams and
+    /// buckets every process of the fleet makes with as many replicas.
+    pub nats_nodes: usize,
 }
 
 pub struct LocalFleet {
@@ -67,7 +73,7 @@ impl LocalWorker {
 
     /// Asks the worker to stop (SIGTERM: it drains and leaves the bus) and returns once its
     /// process has exited; it is killed if it takes longer than [`STOP_TIMEOUT`].
-    pub async fn stop(mut self) {
+    pub async fn stop(mut self) -> Stopped {
         if let Some(pid) = self.child.id() {
             let asked = Command::new("kill")
                 .args(["-TERM", &pid.to_string()])
@@ -76,22 +82,49 @@ impl LocalWorker {
                 .status()
                 .await
                 .is_ok_and(|status| status.success());
-            if asked
-                && tokio::time::timeout(STOP_TIMEOUT, self.child.wait())
-                    .await
-                    .is_ok()
+            if asked && let Ok(exited) = tokio::time::timeout(STOP_TIMEOUT, self.child.wait()).await
             {
-                return;
+                return match exited {
+                    Ok(status) if status.success() => Stopped::Drained,
+                    Ok(status) => Stopped::Exited(status.to_string()),
+                    Err(error) => Stopped::Exited(error.to_string()),
+                };
             }
         }
         // Kills and waits for the process to end.
         let _ = self.child.kill().await;
+        Stopped::Killed
     }
 
     /// Kills the worker at once (SIGKILL: no drain, no goodbye on the bus, as a crash or a
     /// lost node) and returns once its process is gone.
     pub async fn kill(mut self) {
         let _ = self.child.kill().await;
+    }
+}
+
+/// How a worker asked to stop went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stopped {
+    /// It drained and exited with status 0.
+    Drained,
+    /// It exited otherwise (the status, or why it could not be read).
+    Exited(String),
+    /// It was still running after [`STOP_TIMEOUT`] and was killed.
+    Killed,
+}
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stopped::Drained => write!(f, "drained and exited"),
+            Stopped::Exited(status) => write!(f, "exited ({status})"),
+            Stopped::Killed => write!(
+                f,
+                "was killed after {}s of draining",
+                STOP_TIMEOUT.as_secs()
+            ),
+        }
     }
 }
 
@@ -128,9 +161,13 @@ impl Build {
 impl LocalFleet {
     pub async fn start(options: LocalOptions) -> anyhow::Result<LocalFleet> {
         let dir = TempDir::new("genfleet-bench")?;
-        let nats =
-            PrivateNats::start_with(options.nats_server.as_deref(), dir.path(), Monitoring::On)
-                .await?;
+        let nats = PrivateNats::start_cluster(
+            options.nats_server.as_deref(),
+            dir.path(),
+            options.nats_nodes.max(1),
+            Monitoring::On,
+        )
+        .await?;
         let nats_url = nats.url.clone();
         let monitor_url = nats
             .monitor_url
@@ -282,6 +319,7 @@ impl LocalFleet {
             command.arg("--config").arg(config);
         }
         command.envs(self.options.worker_env.iter().map(|(k, v)| (k, v)));
+        command.envs(self.fleet_env());
         let child = command
             .arg("worker")
             .env("GENFLEET__NATS__URL", &self.nats_url)
@@ -317,18 +355,58 @@ impl LocalFleet {
                 })
             })
             .collect();
-        for (role, pid) in [
-            ("nats-server", self.nats.pid()),
-            ("mock-llm", self.mock.id()),
-        ] {
-            if let Some(pid) = pid {
-                watched.push(Watched {
-                    role: role.to_string(),
-                    pid,
-                });
-            }
+        let nodes = self.nats.node_pids();
+        for (n, pid) in &nodes {
+            watched.push(Watched {
+                role: if nodes.len() == 1 && self.options.nats_nodes <= 1 {
+                    "nats-server".to_string()
+                } else {
+                    format!("nats-server {n}")
+                },
+                pid: *pid,
+            });
+        }
+        if let Some(pid) = self.mock.id() {
+            watched.push(Watched {
+                role: "mock-llm".to_string(),
+                pid,
+            });
         }
         watched
+    }
+
+    /// What every genfleet process of the fleet gets whatever its role: on a cluster, the
+    /// replicas of the streams and buckets it makes when they are absent.
+    fn fleet_env(&self) -> Vec<(String, String)> {
+        let nodes = self.options.nats_nodes.max(1);
+        if nodes == 1 {
+            return Vec::new();
+        }
+        vec![(
+            "GENFLEET__JETSTREAM__REPLICAS".to_string(),
+            nodes.to_string(),
+        )]
+    }
+
+    /// Each NATS node's client URL, by index.
+    pub fn nats_node_urls(&self) -> Vec<String> {
+        self.nats.node_urls()
+    }
+
+    /// The NATS node whose server name is `name`.
+    pub fn nats_node_named(&self, name: &str) -> Option<usize> {
+        self.nats.node_named(name)
+    }
+
+    /// Kills NATS node `n` (SIGKILL); its ports and store stay.
+    pub async fn kill_nats_node(&mut self, n: usize) -> anyhow::Result<()> {
+        self.nats.kill_node(n).await
+    }
+
+    /// Starts NATS node `n` again on its ports and store, and waits until it accepts
+    /// connections.
+    pub async fn restart_nats_node(&mut self, n: usize) -> anyhow::Result<()> {
+        self.nats.restart_node(n).await
     }
 }
 
@@ -341,10 +419,14 @@ struct WorkerProcess<'a> {
     backend_url: &'a str,
 }
 
-/// A `genfleet gateway` process of the fleet (the gateway phase), killed when dropped.
+/// A `genfleet gateway` process of the fleet, killed when dropped.
 pub struct LocalGateway {
     /// Its OpenAI base URL (`http://127.0.0.1:PORT/v1`).
     pub base_url: String,
+    /// Its name, and the log it writes (`<name>.log`).
+    pub name: String,
+    /// The address it listens on: a gateway started again takes the same.
+    pub listen: SocketAddr,
     child: Child,
 }
 
@@ -352,6 +434,25 @@ impl LocalGateway {
     pub fn pid(&self) -> Option<u32> {
         self.child.id()
     }
+
+    /// Kills the gateway at once (SIGKILL: its callers' connections break, nothing is
+    /// cancelled on the bus) and returns once its process is gone.
+    pub async fn kill(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+/// How a gateway of the fleet is started.
+#[derive(Debug, Clone)]
+pub struct GatewayOptions<'a> {
+    /// Its `worker.pool`: the pool a model name that is no other pool's goes to.
+    pub pool: &'a str,
+    /// Its log is `<name>.log`: replicas side by side each keep a log of their own.
+    pub name: &'a str,
+    /// Where it listens; `None`, a free port.
+    pub listen: Option<SocketAddr>,
+    /// Settings on top of the configuration, as `GENFLEET__...` variables (API keys).
+    pub env: Vec<(String, String)>,
 }
 
 impl LocalFleet {
@@ -368,16 +469,57 @@ impl LocalFleet {
         pool: &str,
         name: &str,
     ) -> anyhow::Result<LocalGateway> {
+        self.start_gateway_with(&GatewayOptions {
+            pool,
+            name,
+            listen: None,
+            env: Vec::new(),
+        })
+        .await
+    }
+
+    /// A gateway as `options` say. One given the address of a gateway just killed binds it
+    /// again (tried again for a moment while the port is not free yet).
+    pub async fn start_gateway_with(
+        &self,
+        options: &GatewayOptions<'_>,
+    ) -> anyhow::Result<LocalGateway> {
+        let started = Instant::now();
+        loop {
+            match self.spawn_gateway(options).await {
+                Err(error)
+                    if options.listen.is_some()
+                        && error.to_string().contains("in use")
+                        && started.elapsed() < START_TIMEOUT =>
+                {
+                    tokio::time::sleep(POLL).await;
+                }
+                done => return done,
+            }
+        }
+    }
+
+    async fn spawn_gateway(&self, options: &GatewayOptions<'_>) -> anyhow::Result<LocalGateway> {
+        let name = options.name;
         let log_path = self.dir.path().join(format!("{name}.log"));
-        let log = std::fs::File::create(&log_path).context("cannot create the gateway's log")?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .context("cannot open the gateway's log")?;
+        let listen = options
+            .listen
+            .map_or_else(|| "127.0.0.1:0".to_string(), |addr| addr.to_string());
         let mut command = Command::new(current_exe()?);
         if let Some(config) = &self.options.config {
             command.arg("--config").arg(config);
         }
+        command.envs(self.fleet_env());
+        command.envs(options.env.iter().map(|(k, v)| (k, v)));
         let mut child = command
-            .args(["gateway", "--listen", "127.0.0.1:0"])
+            .args(["gateway", "--listen", &listen])
             .env("GENFLEET__NATS__URL", &self.nats_url)
-            .env("GENFLEET__WORKER__POOL", pool)
+            .env("GENFLEET__WORKER__POOL", options.pool)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
@@ -404,8 +546,54 @@ impl LocalFleet {
             .and_then(|rest| rest.split_whitespace().next())
             .with_context(|| format!("unexpected first line from genfleet gateway: {line}"))?
             .to_string();
+        let listen = base_url
+            .trim_start_matches("http://")
+            .trim_end_matches("/v1")
+            .parse::<SocketAddr>()
+            .with_context(|| format!("the gateway's address in {base_url}"))?;
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok(LocalGateway { base_url, child })
+        Ok(LocalGateway {
+            base_url,
+            name: name.to_string(),
+            listen,
+            child,
+        })
+    }
+
+    /// Starts `genfleet manager --name <name> --rules <rules> --deliver new` on the fleet's
+    /// NATS, its log (standard output and error) in `<name>.log`. It is up once its durable
+    /// consumer exists; the caller waits for that where it matters.
+    pub fn start_manager(&self, name: &str, rules: &Path) -> anyhow::Result<LocalManager> {
+        let log_path = self.dir.path().join(format!("{name}.log"));
+        let log = std::fs::File::create(&log_path).context("cannot create the manager's log")?;
+        let mut command = Command::new(current_exe()?);
+        if let Some(config) = &self.options.config {
+            command.arg("--config").arg(config);
+        }
+        command.envs(self.fleet_env());
+        let child = command
+            .args(["manager", "--name", name, "--deliver", "new", "--rules"])
+            .arg(rules)
+            .env("GENFLEET__NATS__URL", &self.nats_url)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().context("the manager's log")?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start genfleet manager")?;
+        Ok(LocalManager { child })
+    }
+}
+
+/// A `genfleet manager` process of the fleet, killed when dropped.
+pub struct LocalManager {
+    child: Child,
+}
+
+impl LocalManager {
+    /// Whether it still runs (it exits at once on a bad rules file or no NATS).
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 }
 

@@ -18,11 +18,13 @@
 //! The result is a set of tables, or one JSON object with `--json`; docs/benchmarks.md
 //! explains the figures and holds the project's own.
 
+mod book;
 mod budget;
 mod churn;
 mod closed_loop;
 mod durable;
 mod fairness;
+mod fleet;
 mod floors;
 mod gateway;
 mod hop;
@@ -31,9 +33,12 @@ mod latency;
 mod local;
 mod memory;
 mod meter;
+mod mock_stats;
 mod monitor;
+mod plot;
 mod procstat;
 mod progress;
+mod prometheus_text;
 mod real;
 mod report;
 mod scheduling;
@@ -204,6 +209,17 @@ pub struct BenchArgs {
     /// flood of `low` ones; 0 leaves the preemption measurement out.
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub preempt_samples: u64,
+    /// Fleet run: its length, the load's; the disruptions are spread over it (a rolling
+    /// restart from 15%, a NATS node killed at 42%, a gateway killed at 70%).
+    #[arg(long, default_value_t = 165, value_name = "SECS")]
+    pub fleet_secs: u64,
+    /// Fleet run: between two requests of one of its callers (the load's rate).
+    #[arg(long, default_value_t = 400, value_name = "MS")]
+    pub fleet_pause_ms: u64,
+    /// Fleet run: where its chart goes (SVG: throughput, latency and backlog over time, the
+    /// disruptions marked).
+    #[arg(long, default_value = "fleet.svg", value_name = "PATH")]
+    pub plot: PathBuf,
     /// Fairness phase: between two of the light tenant's requests (keep its requests at once
     /// under its share of the slots for its wait to say what fair share does).
     #[arg(long, default_value_t = 20, value_name = "MS")]
@@ -235,6 +251,14 @@ pub enum Mode {
     /// Streaming load while workers are killed (SIGKILL) and replaced, then preemption by
     /// band; `--local` only, run on its own (not part of `all`).
     Churn,
+    /// The whole fleet under churn: a 3-node JetStream cluster (replicas 3), 4 workers, 2
+    /// gateways, a manager and the mock under steady mixed load (bus and HTTP, streamed and
+    /// not, durable, two tenants, three bands, keyed conversations, decisions) while the
+    /// workers restart one by one, a NATS node is killed and a gateway is killed; reports
+    /// lost and twice-finished requests, text generated again, affinity, latency under churn
+    /// against steady, the autoscaling signals, and a chart (--plot); `--local` only, run on
+    /// its own (not part of `all`), --fleet-secs long.
+    Fleet,
     All,
 }
 
@@ -256,9 +280,14 @@ pub async fn run(
         args.local
             || !matches!(
                 args.mode,
-                Mode::Memory | Mode::RealBackend | Mode::Scheduling | Mode::Gateway | Mode::Churn
+                Mode::Memory
+                    | Mode::RealBackend
+                    | Mode::Scheduling
+                    | Mode::Gateway
+                    | Mode::Churn
+                    | Mode::Fleet
             ),
-        "--mode memory, real-backend, scheduling, gateway and churn need --local (the bench starts the workers it measures)"
+        "--mode memory, real-backend, scheduling, gateway, churn and fleet need --local (the bench starts the workers it measures)"
     );
     anyhow::ensure!(
         args.scheduling_chains > 0 && args.scheduling_turns > 0,
@@ -311,6 +340,9 @@ async fn bench(
     if args.mode == Mode::Churn {
         return churn_phase(&settings, config, args, pool, load_average_before).await;
     }
+    if args.mode == Mode::Fleet {
+        return fleet_run(&settings, config, args, pool, load_average_before).await;
+    }
     let mut fleet = if args.local {
         eprintln!(
             "starting a local fleet: nats-server, genfleet mock-llm, {} worker(s) × {} slots",
@@ -331,6 +363,7 @@ async fn bench(
             } else {
                 Vec::new()
             },
+            nats_nodes: 1,
         })
         .await?;
         eprintln!(
@@ -703,6 +736,7 @@ async fn churn_phase(
         slots: spec.slots,
         token_delay_ms: churn::TOKEN_DELAY_MS,
         worker_env: Vec::new(),
+        nats_nodes: 1,
     };
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut notes = run_notes(load_average_before, cpus);
@@ -725,6 +759,60 @@ async fn churn_phase(
         report.completed > 0,
         "no request of the churn phase completed: {:?}",
         report.submit_error_kinds
+    );
+    Ok(())
+}
+
+/// The fleet run on its own, on a fleet of its own: run, report, and fail the run when no
+/// request completed.
+async fn fleet_run(
+    settings: &Settings,
+    config: Option<PathBuf>,
+    args: &BenchArgs,
+    pool: String,
+    load_average_before: Option<f64>,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.fleet_secs >= 30,
+        "--fleet-secs must be at least 30 (three disruptions with quiet spells between)"
+    );
+    let spec = fleet::FleetSpec {
+        secs: args.fleet_secs as f64,
+        settle: Duration::from_secs(args.timeout_secs),
+        pause: Duration::from_millis(args.fleet_pause_ms),
+        plot: args.plot.clone(),
+    };
+    let options = LocalOptions {
+        nats_server: args.nats_server.clone(),
+        config,
+        pool,
+        workers: fleet::WORKERS,
+        slots: fleet::SLOTS,
+        token_delay_ms: fleet::TOKEN_DELAY_MS,
+        worker_env: Vec::new(),
+        nats_nodes: fleet::NATS_NODES,
+    };
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut notes = run_notes(load_average_before, cpus);
+    notes.push(
+        "the callers run inside the bench process; every nats-server, worker, gateway, the \
+         manager and the mock are processes of their own"
+            .into(),
+    );
+    let info = churn::RunInfo {
+        load_average_before,
+        notes,
+    };
+    let report = fleet::run(settings, options, &spec, info).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", fleet::table(&report));
+    }
+    anyhow::ensure!(
+        report.requests.all.completed > 0,
+        "no request of the fleet run completed: {:?}",
+        report.caller_errors
     );
     Ok(())
 }

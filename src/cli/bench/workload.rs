@@ -13,6 +13,12 @@ use crate::protocol::GenerationRequest;
 pub const HOLD_MARKER: &str = "genfleet-bench-hold";
 /// Delay between the tokens of a held request.
 const HOLD_TOKEN_DELAY_MS: u64 = 500;
+/// Requests whose last user message contains this make the bench's mock ask a manager for a
+/// decision (`request_decision`, two options, the first the default); the continuation the
+/// answer starts is answered with [`DECIDED_REPLY`].
+pub const DECIDE_MARKER: &str = "genfleet-bench-decide";
+/// What the mock answers a continuation (its last user message is the decision's note).
+pub const DECIDED_REPLY: &str = "The manager chose, so the work goes on that way and ends here.";
 
 /// `n` numbered words, each followed by a space: `w0 w1 w2 ...`.
 pub fn words(n: usize) -> String {
@@ -52,14 +58,33 @@ fn max_tokens(reply_tokens: usize) -> u32 {
     u32::try_from(reply_tokens + 16).unwrap_or(u32::MAX)
 }
 
-/// The bench's mock script: echo everything after `token_delay_ms` per token, and hold the
-/// requests marked with [`HOLD_MARKER`].
+/// A request that asks a manager for a decision and, once answered, goes on as a
+/// continuation ([`DECIDE_MARKER`]).
+pub fn decision_request(request_id: String) -> GenerationRequest {
+    let mut request = GenerationRequest::user(format!("{DECIDE_MARKER}: which way on?"));
+    request.request_id = Some(request_id);
+    request
+}
+
+/// The bench's mock script: echo everything after `token_delay_ms` per token, hold the
+/// requests marked with [`HOLD_MARKER`], and ask for a decision where [`DECIDE_MARKER`] says
+/// so.
 pub fn mock_script(token_delay_ms: u64) -> String {
+    let note = crate::protocol::task::DECISION_NOTE_PREFIX;
     format!(
         "token_delay_ms = {token_delay_ms}\n\n\
          [[rules]]\n\
          when_last_user_contains = \"{HOLD_MARKER}\"\n\
-         delay_ms = {HOLD_TOKEN_DELAY_MS}\n"
+         delay_ms = {HOLD_TOKEN_DELAY_MS}\n\n\
+         [[rules]]\n\
+         when_last_user_contains = \"{note}\"\n\
+         reply = \"{DECIDED_REPLY}\"\n\n\
+         [[rules]]\n\
+         when_last_user_contains = \"{DECIDE_MARKER}\"\n\
+         reply = \"A manager should choose the way on.\"\n\
+         tool_calls = [{{ name = \"request_decision\", arguments = {{ question = \"Which way on?\", \
+         options = [{{ id = \"left\", label = \"Left\" }}, {{ id = \"right\", label = \"Right\" }}], \
+         default_option = \"left\" }} }}]\n"
     )
 }
 
@@ -96,6 +121,7 @@ mod tests {
         let script = Script::from_toml_str(&mock_script(3)).expect("parses");
         script.validate().expect("valid");
         assert_eq!(script.token_delay_ms, 3);
-        assert_eq!(script.rules.len(), 1);
+        assert_eq!(script.rules.len(), 3);
+        assert_eq!(script.rules[2].tool_calls[0].name, "request_decision");
     }
 }
