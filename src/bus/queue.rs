@@ -205,6 +205,9 @@ async fn take_for_share(
         _ = capacity.changed() => {}
         _ = starting.join_next(), if !starting.is_empty() => {}
     }
+    // Taken in after the wait, whichever ended it: the queues heard of while full get their
+    // consumers (and count in the pool's backlog) before a slot frees.
+    scheduler.absorb().await;
     if tokio::time::Instant::now() >= *tick {
         scheduler.try_all();
         *tick = tokio::time::Instant::now() + TRY_ALL_EVERY;
