@@ -21,6 +21,8 @@ pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
 /// Environment variable naming a config file (same as `--config`).
 pub const CONFIG_ENV: &str = "GENFLEET_CONFIG";
+/// The most threads a process's runtime may be given (`worker.threads`).
+pub const MAX_RUNTIME_THREADS: usize = 256;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -194,6 +196,10 @@ pub struct WorkerSettings {
     pub max_retained_results: usize,
     pub heartbeat_ms: u64,
     pub lost_after_ms: u64,
+    /// Threads the worker's runtime runs on: 1 (the default) runs the actors, the bus and the
+    /// backend's HTTP client on one thread, with no hand-off between threads on a request's
+    /// path; more spreads the bus and the HTTP connections over that many; 0, one per core.
+    pub threads: usize,
     #[serde(default)]
     pub reserved_slots: ReservedSlots,
     #[serde(default)]
@@ -565,6 +571,9 @@ pub struct GatewaySettings {
     pub drain_ms: u64,
     pub max_body_bytes: usize,
     pub pools_refresh_ms: u64,
+    /// Threads the gateway runs on: 1 serves every connection and its requests on one thread;
+    /// more spreads them; 0, one per core.
+    pub threads: usize,
 }
 
 /// One API key of the gateway, by its hash: the key itself is never configured.
@@ -657,6 +666,7 @@ impl std::fmt::Debug for GatewaySettings {
             .field("drain_ms", &self.drain_ms)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("pools_refresh_ms", &self.pools_refresh_ms)
+            .field("threads", &self.threads)
             .finish()
     }
 }
@@ -851,6 +861,16 @@ impl Settings {
                 "worker.lost_after_ms must be at least twice worker.heartbeat_ms (and that at least 1)"
                     .into(),
             );
+        }
+        for (key, threads) in [
+            ("worker.threads", self.worker.threads),
+            ("gateway.threads", self.gateway.threads),
+        ] {
+            if threads > MAX_RUNTIME_THREADS {
+                return fail(format!(
+                    "{key} must be at most {MAX_RUNTIME_THREADS} (0: one per core)"
+                ));
+            }
         }
         if !(0.0..=1.0).contains(&self.escalation.threshold) {
             return fail("escalation.threshold must be between 0 and 1".into());

@@ -36,19 +36,14 @@ impl WorkerHandle {
         let thread = std::thread::Builder::new()
             .name(format!("genfleet-worker-{id}"))
             .spawn(move || {
-                actix::System::with_tokio_rt(|| {
-                    tokio::runtime::Builder::new_multi_thread()
-                        .worker_threads(2)
-                        .enable_all()
-                        .build()
-                        .expect("a tokio runtime")
-                })
-                .block_on(async move {
-                    let shutdown = async {
-                        let _ = shutdown_rx.await;
-                    };
-                    run(settings, id, shutdown, Some(ready_tx)).await
-                })
+                let threads = settings.worker.threads;
+                actix::System::with_tokio_rt(move || runtime(threads).expect("a tokio runtime"))
+                    .block_on(async move {
+                        let shutdown = async {
+                            let _ = shutdown_rx.await;
+                        };
+                        run(settings, id, shutdown, Some(ready_tx)).await
+                    })
             })
             .map_err(|e| BusError::Setup(format!("cannot start the worker thread: {e}")))?;
         match ready_rx.recv() {
@@ -91,6 +86,28 @@ impl WorkerHandle {
 impl Drop for WorkerHandle {
     fn drop(&mut self) {
         let _ = self.stop_inner();
+    }
+}
+
+/// The runtime a worker's actix system runs on (`worker.threads`; a gateway's too,
+/// `gateway.threads`). With one thread (the
+/// default) the slots, the bus and the backend's HTTP connections share it: every hand-off on a
+/// request's path (a submit to its slot, each chunk of the backend's stream from its connection
+/// to the slot, each event to the publisher) is a task woken on the same thread, not a thread
+/// woken from sleep, which costs tens of microseconds each. More threads spread the bus and the
+/// connections (the actors stay on the system's own thread); 0 is one per core.
+pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    match threads {
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        0 => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
     }
 }
 

@@ -128,13 +128,19 @@ impl Cli {
         })
     }
 
-    /// Runs the command. The worker builds its own runtime (actix on a multi-threaded tokio);
-    /// every other command runs on a plain tokio runtime.
+    /// Runs the command. The worker and the gateway build their own runtimes, of
+    /// `worker.threads` and `gateway.threads` (one thread by default; the worker's carries its
+    /// actix system); every other command runs on a plain tokio runtime.
     pub fn run(self) -> anyhow::Result<()> {
         let config_file = self.config.clone();
         let settings = || crate::settings::Settings::load(self.config.as_deref());
         match self.command {
             Command::Worker(args) => worker::run(settings()?, args),
+            Command::Gateway(args) => {
+                let settings = settings()?;
+                crate::bus::worker::runtime(settings.gateway.threads)?
+                    .block_on(gateway::run(settings, args))
+            }
             command => {
                 let runtime = tokio::runtime::Runtime::new()?;
                 runtime.block_on(async move {
@@ -150,13 +156,14 @@ impl Cli {
                         Command::Fleet(args) => fleet::run(settings()?, args).await,
                         Command::Manager(args) => manager::run(settings()?, args).await,
                         Command::Console(args) => console::run(settings()?, args).await,
-                        Command::Gateway(args) => gateway::run(settings()?, args).await,
                         Command::Decide(args) => requests::decide(settings()?, args).await,
                         Command::ToolDemo(args) => tool_demo::run(settings()?, args).await,
                         Command::MockLlm(args) => mock_llm::run(args).await,
                         Command::Demo(args) => demo::run(args).await,
                         Command::Bench(args) => bench::run(settings()?, config_file, *args).await,
-                        Command::Worker(_) => unreachable!("handled above"),
+                        Command::Worker(_) | Command::Gateway(_) => {
+                            unreachable!("handled above")
+                        }
                     }
                 })
             }

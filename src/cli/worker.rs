@@ -13,16 +13,12 @@ pub struct WorkerArgs {}
 
 pub fn run(settings: Settings, _args: WorkerArgs) -> anyhow::Result<()> {
     let worker_id = settings.worker_id();
-    actix::System::with_tokio_rt(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .expect("a tokio runtime")
-    })
-    .block_on(async move {
-        worker::run(settings, worker_id, super::shutdown_signal(), None).await?;
-        Ok(())
-    })
+    let threads = settings.worker.threads;
+    actix::System::with_tokio_rt(move || worker::runtime(threads).expect("a tokio runtime"))
+        .block_on(async move {
+            worker::run(settings, worker_id, super::shutdown_signal(), None).await?;
+            Ok(())
+        })
 }
 
 /// `/readyz` reads the slots through this: observe sits below the actors and does not name
