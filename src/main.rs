@@ -2,6 +2,11 @@ use clap::Parser;
 
 use genfleet::cli::Cli;
 
+/// mimalloc: a worker allocates and frees small buffers for every event, chunk and message it
+/// handles; glibc's malloc took about a tenth of its CPU.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let traces = cli.traces();
