@@ -3,7 +3,8 @@
 //! plain NATS request-reply against a trivial responder that echoes the payload (what one bus
 //! round trip costs), JetStream writes as a lean request would make them (a KV create, then an
 //! update of the same key), and the backend called directly over HTTP with the request a
-//! worker sends it, read to the last byte (what the model call costs without genfleet).
+//! worker sends it, and the same request not streamed, each read to the last byte (what the
+//! model call costs without genfleet: the faster of the two is the floor latency is added to).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -155,21 +156,19 @@ fn submit_body(target: &Target, reply_tokens: usize) -> bytes::Bytes {
     .into()
 }
 
-/// The backend called directly: the streaming chat request a worker sends for a request of
-/// the load's reply length, timed to the last byte of the response.
+/// The backend called directly with the chat request a worker sends for a request of the
+/// load's reply length (`streamed`), or the same request not streamed: timed to the last byte
+/// of the response.
 pub async fn backend_http(
     backend_url: &str,
     model: &str,
     load: &LoadSpec,
     meter: &Meter,
+    streamed: bool,
 ) -> anyhow::Result<FloorReport> {
     let http = reqwest::Client::builder().build()?;
     let base = backend_url.trim_end_matches('/');
-    let (body, how) = match worker_request(&http, base, load.reply_tokens).await {
-        Some(body) => (body, "as sent by the worker"),
-        None => (constructed_request(model, load.reply_tokens), "constructed"),
-    };
-    let body: bytes::Bytes = body.into();
+    let (body, how) = backend_body(&http, base, model, load.reply_tokens, streamed).await;
     let url = format!("{base}/chat/completions");
     let call = |_client: usize| {
         let request = http
@@ -194,13 +193,43 @@ pub async fn backend_http(
     })
 }
 
+/// The body of a direct call to the backend (`base`, its URL up to `/v1`) for a reply of
+/// `reply_tokens`, and how it was made: the request a worker sent the mock (from its request
+/// log; a warm-up made one), else one put together here. Not `streamed`: the same request
+/// without `stream` and `stream_options`.
+pub async fn backend_body(
+    http: &reqwest::Client,
+    base: &str,
+    model: &str,
+    reply_tokens: usize,
+    streamed: bool,
+) -> (bytes::Bytes, &'static str) {
+    let (mut body, how) = match worker_request(http, base, reply_tokens).await {
+        Some(body) => (body, "as sent by the worker"),
+        None => (constructed_request(model, reply_tokens), "constructed"),
+    };
+    if !streamed && let Some(fields) = body.as_object_mut() {
+        fields.insert("stream".into(), serde_json::Value::Bool(false));
+        fields.remove("stream_options");
+    }
+    let how = match (streamed, how) {
+        (true, how) => how,
+        (false, "as sent by the worker") => "as sent by the worker, not streamed",
+        (false, _) => "constructed, not streamed",
+    };
+    (
+        serde_json::to_vec(&body).expect("JSON serializes").into(),
+        how,
+    )
+}
+
 /// The body a worker sent the mock for a request of `reply_tokens` (the warm-up made one),
 /// from the mock's request log; `None` when the backend keeps no log or has none such.
 async fn worker_request(
     http: &reqwest::Client,
     base: &str,
     reply_tokens: usize,
-) -> Option<Vec<u8>> {
+) -> Option<serde_json::Value> {
     let log_url = format!("{}/mock/requests", base.trim_end_matches("/v1"));
     let bodies: Vec<serde_json::Value> = http.get(log_url).send().await.ok()?.json().await.ok()?;
     let text = workload::words(reply_tokens);
@@ -212,19 +241,18 @@ async fn worker_request(
             .and_then(|c| c.as_str())
             == Some(text.as_str())
     })?;
-    serde_json::to_vec(&body).ok()
+    Some(body)
 }
 
-fn constructed_request(model: &str, reply_tokens: usize) -> Vec<u8> {
+fn constructed_request(model: &str, reply_tokens: usize) -> serde_json::Value {
     let request = workload::request(String::new(), reply_tokens);
-    serde_json::to_vec(&serde_json::json!({
+    serde_json::json!({
         "model": model,
         "messages": [{"role": "user", "content": request.messages[0].text()}],
         "stream": true,
         "stream_options": {"include_usage": true},
         "max_tokens": request.max_tokens,
-    }))
-    .expect("JSON serializes")
+    })
 }
 
 /// The load's clients calling `call` in a loop until its budget is spent; a call that says

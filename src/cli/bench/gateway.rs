@@ -78,6 +78,11 @@ pub struct GatewayLevel {
     pub gateway_added_p99_ms: Option<f64>,
     /// Gateway requests/s ÷ bus requests/s.
     pub gateway_throughput_vs_bus: Option<f64>,
+    /// Gateway p50 − the mock called directly's p50, ms: what a caller of the gateway feels
+    /// beyond calling the model server.
+    pub gateway_added_over_direct_p50_ms: Option<f64>,
+    /// Gateway p99 − the mock called directly's p99, ms.
+    pub gateway_added_over_direct_p99_ms: Option<f64>,
 }
 
 /// One path at one concurrency.
@@ -314,8 +319,12 @@ pub async fn run(
         let through = figures.pop().unwrap_or_default();
         let at = |f: &PathFigures, p: fn(&Summary) -> f64| f.latency_ms.as_ref().map(p);
         let added = |p: fn(&Summary) -> f64| at(&through, p).zip(at(&bus, p)).map(|(g, b)| g - b);
+        let over_direct =
+            |p: fn(&Summary) -> f64| at(&through, p).zip(at(&direct, p)).map(|(g, d)| g - d);
         levels.push(GatewayLevel {
             concurrency,
+            gateway_added_over_direct_p50_ms: over_direct(|s| s.p50),
+            gateway_added_over_direct_p99_ms: over_direct(|s| s.p99),
             gateway_added_p50_ms: added(|s| s.p50),
             gateway_added_p99_ms: added(|s| s.p99),
             gateway_throughput_vs_bus: (bus.requests_per_sec > 0.0)
@@ -362,8 +371,26 @@ pub fn targets(spec: &GatewaySpec, levels: &[GatewayLevel]) -> Vec<TargetCheck> 
     let sixteen = levels.iter().find(|l| l.concurrency == 16);
     let zero_delay = spec.token_delay_ms == 0 && spec.workers == 1;
     let added = one.and_then(|l| l.gateway_added_p50_ms);
+    let over_direct_p50 = one.and_then(|l| l.gateway_added_over_direct_p50_ms);
+    let over_direct_p99 = one.and_then(|l| l.gateway_added_over_direct_p99_ms);
     let ratio = sixteen.and_then(|l| l.gateway_throughput_vs_bus);
     vec![
+        TargetCheck {
+            name: "gateway added p50 over the direct call",
+            target: "<= 0.7 ms at concurrency 1 (zero-delay mock, one worker)",
+            value: over_direct_p50,
+            unit: "ms",
+            met: over_direct_p50.map(|ms| ms <= 0.7),
+            conditions_met: Some(zero_delay),
+        },
+        TargetCheck {
+            name: "gateway added p99 over the direct call",
+            target: "<= 1.5 ms at concurrency 1 (zero-delay mock, one worker)",
+            value: over_direct_p99,
+            unit: "ms",
+            met: over_direct_p99.map(|ms| ms <= 1.5),
+            conditions_met: Some(zero_delay),
+        },
         TargetCheck {
             name: "gateway added p50 over the bus path",
             target: "<= 0.5 ms at concurrency 1 (zero-delay mock, one worker)",
@@ -416,6 +443,8 @@ pub fn table(report: &GatewayReport) -> String {
         "max ms",
         "added p50",
         "added p99",
+        "over direct p50",
+        "over direct p99",
     ];
     let mut rows = Table::new(&header);
     let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.3}"));
@@ -424,7 +453,12 @@ pub fn table(report: &GatewayReport) -> String {
             (
                 "HTTP → gateway → fleet → mock",
                 &level.through_gateway,
-                Some((level.gateway_added_p50_ms, level.gateway_added_p99_ms)),
+                Some((
+                    level.gateway_added_p50_ms,
+                    level.gateway_added_p99_ms,
+                    level.gateway_added_over_direct_p50_ms,
+                    level.gateway_added_over_direct_p99_ms,
+                )),
             ),
             ("Rust client → bus → fleet → mock", &level.through_bus, None),
             ("HTTP → mock", &level.backend_direct, None),
@@ -442,6 +476,8 @@ pub fn table(report: &GatewayReport) -> String {
                 at(|s| s.max),
                 added.map_or(String::new(), |a| ms(a.0)),
                 added.map_or(String::new(), |a| ms(a.1)),
+                added.map_or(String::new(), |a| ms(a.2)),
+                added.map_or(String::new(), |a| ms(a.3)),
             ]);
         }
     }

@@ -20,6 +20,7 @@
 
 mod book;
 mod budget;
+mod caller;
 mod churn;
 mod closed_loop;
 mod durable;
@@ -89,6 +90,11 @@ pub struct BenchArgs {
     /// Durable burst size when --requests is not given.
     #[arg(long, default_value_t = 2000)]
     pub burst: u64,
+    /// Interactive phase: calls of each path at concurrency 1 (the bus path, the backend called
+    /// directly streamed and not, NATS request-reply), made in turns from one client thread
+    /// [default: --requests, else 1000].
+    #[arg(long, value_name = "N")]
+    pub caller_requests: Option<u64>,
     /// --local: worker processes.
     #[arg(long, default_value_t = 1)]
     pub workers: u32,
@@ -476,13 +482,15 @@ async fn bench(
                 floors.nats_request_reply =
                     Some(floors::nats_request_reply(&target, &spec, &meter).await?);
                 floors.backend_http =
-                    Some(floors::backend_http(&backend_url, &model, &spec, &meter).await?);
+                    Some(floors::backend_http(&backend_url, &model, &spec, &meter, true).await?);
+                floors.backend_http_not_streamed =
+                    Some(floors::backend_http(&backend_url, &model, &spec, &meter, false).await?);
                 floors.jetstream_writes =
                     Some(floors::jetstream_writes(&target, &spec, &meter).await?);
             }
             Mode::Streaming => {
                 floors.backend_http_streaming =
-                    Some(floors::backend_http(&backend_url, &model, &spec, &meter).await?);
+                    Some(floors::backend_http(&backend_url, &model, &spec, &meter, true).await?);
             }
             _ => {}
         }
@@ -506,7 +514,17 @@ async fn bench(
                     run.streaming = Some(interactive::run(&target, &spec, &meter, release).await);
                 }
                 _ => {
-                    run.interactive = Some(interactive::run(&target, &spec, &meter, release).await)
+                    run.interactive = Some(interactive::run(&target, &spec, &meter, release).await);
+                    let caller = caller::CallerSpec {
+                        requests: args.caller_requests.or(args.requests).unwrap_or(1000),
+                        reply_tokens,
+                        backend_url: backend_url.clone(),
+                        model: model.clone(),
+                        sweep_up_to: (2 * concurrency).max(1),
+                        sweep_requests: requests,
+                        sweep_duration: duration,
+                    };
+                    run.caller = Some(caller::run(&target, &caller, &meter, release).await?);
                 }
             }
         }
@@ -596,7 +614,12 @@ async fn bench(
         );
     }
 
-    let ratios = report::ratios(&floors, this.interactive.as_ref(), this.streaming.as_ref());
+    let ratios = report::ratios(
+        &floors,
+        this.interactive.as_ref(),
+        this.caller.as_ref(),
+        this.streaming.as_ref(),
+    );
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut notes = run_notes(load_average_before, cpus);
     notes.push(
@@ -646,6 +669,7 @@ async fn bench(
     let mut targets = targets(
         &conditions,
         &ratios,
+        this.interactive.as_ref(),
         this.streaming.as_ref(),
         memory_report.as_ref(),
         real_report.as_ref(),
@@ -978,11 +1002,22 @@ struct Conditions {
 fn targets(
     run: &Conditions,
     ratios: &report::Ratios,
+    interactive: Option<&interactive::LoadReport>,
     streaming: Option<&interactive::LoadReport>,
     memory: Option<&memory::MemoryReport>,
     real: Option<&real::RealReport>,
 ) -> Vec<TargetCheck> {
     let local = |holds: bool| if run.local { Some(holds) } else { None };
+    // The worker processes' CPU per completed interactive request, summed.
+    let worker_cpu_us = interactive.and_then(|i| {
+        let of: Vec<f64> = i
+            .processes
+            .iter()
+            .filter(|p| p.role.starts_with("worker "))
+            .filter_map(|p| p.cpu_us_per_request)
+            .collect();
+        (!of.is_empty()).then(|| of.iter().sum())
+    });
     let zero_delay_one_worker = run.token_delay_ms == 0 && run.workers == 1;
     // The real backend's worst level: the lowest ratio and the largest added time.
     let real_levels = real.map(|r| r.levels.as_slice()).unwrap_or_default();
@@ -1004,12 +1039,38 @@ fn targets(
             conditions_met: local(run.concurrency == 16 && run.token_delay_ms == 0),
         },
         TargetCheck {
+            name: "added latency p50, concurrency 1",
+            target: "<= 0.5 ms over the fastest direct call, zero-delay mock",
+            value: ratios.added_latency_p50_c1_ms,
+            unit: "ms",
+            met: ratios.added_latency_p50_c1_ms.map(|v| v <= 0.5),
+            conditions_met: local(run.token_delay_ms == 0),
+        },
+        TargetCheck {
+            name: "added latency p99, concurrency 1",
+            target: "<= 1.5 ms over the fastest direct call, zero-delay mock",
+            value: ratios.added_latency_p99_c1_ms,
+            unit: "ms",
+            met: ratios.added_latency_p99_c1_ms.map(|v| v <= 1.5),
+            conditions_met: local(run.token_delay_ms == 0),
+        },
+        TargetCheck {
             name: "throughput vs NATS request-reply",
-            target: ">= 25% (zero-delay mock, one worker, 64 slots)",
+            target: ">= 12% at concurrency 16 (zero-delay mock, one worker, 64 slots)",
             value: ratios.throughput_vs_nats.map(|r| r * 100.0),
             unit: "%",
-            met: ratios.throughput_vs_nats.map(|r| r >= 0.25),
-            conditions_met: local(zero_delay_one_worker && run.slots == 64),
+            met: ratios.throughput_vs_nats.map(|r| r >= 0.12),
+            conditions_met: local(
+                zero_delay_one_worker && run.slots == 64 && run.concurrency == 16,
+            ),
+        },
+        TargetCheck {
+            name: "worker CPU per interactive request",
+            target: "<= 200 µs (zero-delay mock, one worker)",
+            value: worker_cpu_us,
+            unit: "µs",
+            met: worker_cpu_us.map(|us| us <= 200.0),
+            conditions_met: local(zero_delay_one_worker),
         },
         TargetCheck {
             name: "streaming relay",

@@ -4,6 +4,7 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
+use super::caller::CallerReport;
 use super::durable::DurableReport;
 use super::floors::FloorReport;
 use super::interactive::LoadReport;
@@ -66,6 +67,9 @@ pub struct FleetInfo {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Phases {
     pub interactive: Option<LoadReport>,
+    /// What a caller feels: concurrency 1 against the fastest direct call, and the rate held
+    /// under a p99 limit.
+    pub caller: Option<CallerReport>,
     pub durable: Option<DurableReport>,
     pub streaming: Option<LoadReport>,
 }
@@ -99,6 +103,8 @@ pub struct Floors {
     pub nats_request_reply: Option<FloorReport>,
     /// The backend called directly with the interactive request.
     pub backend_http: Option<FloorReport>,
+    /// The same request, not streamed.
+    pub backend_http_not_streamed: Option<FloorReport>,
     /// KV create-then-update pairs (the writes of a lean request) on the same server.
     pub jetstream_writes: Option<FloorReport>,
     /// The backend called directly with the streaming request.
@@ -112,10 +118,17 @@ pub struct Ratios {
     pub throughput_vs_nats: Option<f64>,
     /// Interactive p50 submit→result ÷ NATS request-reply p50.
     pub p50_vs_nats: Option<f64>,
-    /// Interactive p50 submit→result ÷ direct backend call p50.
+    /// Interactive p50 submit→result ÷ the fastest direct backend call's p50.
     pub p50_vs_backend: Option<f64>,
-    /// Interactive p50 submit→result − direct backend call p50, ms.
+    /// Interactive p50 submit→result − the fastest direct backend call's p50 (streamed or
+    /// not, whichever was faster), ms.
     pub added_latency_p50_ms: Option<f64>,
+    /// The same at concurrency 1, each call from one client thread.
+    pub added_latency_p50_c1_ms: Option<f64>,
+    /// submit→result p99 − the fastest direct call's p99 at concurrency 1, ms.
+    pub added_latency_p99_c1_ms: Option<f64>,
+    /// The most interactive requests/s held with p99 submit→result under 5 ms.
+    pub held_under_p99_5ms_per_sec: Option<f64>,
     /// Streaming tokens/s relayed ÷ tokens/s of the backend called directly.
     pub streaming_tokens_vs_backend: Option<f64>,
 }
@@ -123,11 +136,21 @@ pub struct Ratios {
 pub fn ratios(
     floors: &Floors,
     interactive: Option<&LoadReport>,
+    caller: Option<&CallerReport>,
     streaming: Option<&LoadReport>,
 ) -> Ratios {
     let p50 = |s: &Option<Summary>| s.as_ref().map(|s| s.p50);
     let nats = floors.nats_request_reply.as_ref();
-    let backend = floors.backend_http.as_ref();
+    // The fastest direct call: streamed (as the worker asks) or not.
+    let backend = [&floors.backend_http, &floors.backend_http_not_streamed]
+        .into_iter()
+        .flatten()
+        .filter(|b| b.latency_ms.is_some())
+        .min_by(|a, b| {
+            p50(&a.latency_ms)
+                .unwrap_or(f64::MAX)
+                .total_cmp(&p50(&b.latency_ms).unwrap_or(f64::MAX))
+        });
     let genfleet_p50 = interactive.and_then(|i| p50(&i.submit_to_result_ms));
     Ratios {
         throughput_vs_nats: divide(
@@ -139,6 +162,9 @@ pub fn ratios(
         added_latency_p50_ms: genfleet_p50
             .zip(backend.and_then(|b| p50(&b.latency_ms)))
             .map(|(g, b)| g - b),
+        added_latency_p50_c1_ms: caller.and_then(|c| c.added_p50_ms),
+        added_latency_p99_c1_ms: caller.and_then(|c| c.added_p99_ms),
+        held_under_p99_5ms_per_sec: caller.and_then(|c| c.held_requests_per_sec),
         streaming_tokens_vs_backend: divide(
             streaming.map(|s| s.tokens_per_sec),
             floors
@@ -171,6 +197,9 @@ pub fn compare(baseline: &Phases, this: &Phases) -> Vec<Comparison> {
             side_by_side(phase, load_figures(a), load_figures(b));
         }
     }
+    if let (Some(a), Some(b)) = (&baseline.caller, &this.caller) {
+        side_by_side("caller", caller_figures(a), caller_figures(b));
+    }
     if let (Some(a), Some(b)) = (&baseline.durable, &this.durable) {
         side_by_side("durable", durable_figures(a), durable_figures(b));
     }
@@ -192,6 +221,22 @@ fn load_figures(r: &LoadReport) -> Figures {
     ];
     figures.extend(cost_figures(r.bus.as_ref(), &r.processes));
     figures
+}
+
+fn caller_figures(c: &CallerReport) -> Figures {
+    vec![
+        (
+            "c1 submit→result p50 ms",
+            c.submit_to_result_ms.map(|s| s.p50),
+        ),
+        (
+            "c1 submit→result p99 ms",
+            c.submit_to_result_ms.map(|s| s.p99),
+        ),
+        ("c1 added p50 ms", c.added_p50_ms),
+        ("c1 added p99 ms", c.added_p99_ms),
+        ("held under p99 5 ms, req/s", c.held_requests_per_sec),
+    ]
 }
 
 fn durable_figures(d: &DurableReport) -> Figures {
@@ -368,6 +413,11 @@ impl Report {
             }
         }
         let _ = writeln!(out, "\n{}", latency.render());
+        for (prefix, phases) in &runs {
+            if let Some(c) = &phases.caller {
+                out.push_str(&caller_table(prefix, c));
+            }
+        }
 
         let mut relay = Table::new(&[
             "phase",
@@ -548,11 +598,15 @@ impl Report {
         let _ = writeln!(
             out,
             "ratios (genfleet / floor): throughput {} of NATS request-reply; p50 {}× NATS, {}× backend; \
-             added latency p50 {} ms; streaming tokens/s {} of the backend's",
+             added latency p50 {} ms (concurrency 1: p50 {} ms, p99 {} ms); held under p99 5 ms: {} req/s; \
+             streaming tokens/s {} of the backend's",
             pct(r.throughput_vs_nats),
             opt(r.p50_vs_nats, 1),
             opt(r.p50_vs_backend, 2),
             opt(r.added_latency_p50_ms, 3),
+            opt(r.added_latency_p50_c1_ms, 3),
+            opt(r.added_latency_p99_c1_ms, 3),
+            opt(r.held_under_p99_5ms_per_sec, 0),
             pct(r.streaming_tokens_vs_backend)
         );
         let _ = writeln!(out, "\n{}", targets_table(&self.targets));
@@ -569,6 +623,10 @@ impl Floors {
         [
             ("floor: NATS request-reply", &self.nats_request_reply),
             ("floor: backend HTTP", &self.backend_http),
+            (
+                "floor: backend HTTP (not streamed)",
+                &self.backend_http_not_streamed,
+            ),
             ("floor: JetStream writes", &self.jetstream_writes),
             ("floor: backend HTTP (stream)", &self.backend_http_streaming),
         ]
@@ -589,6 +647,77 @@ impl Phases {
         .filter_map(|(name, r)| Some((name, r.as_ref()?)))
         .collect()
     }
+}
+
+/// What a caller feels: concurrency 1 against the fastest direct call, then the sweep.
+fn caller_table(prefix: &str, c: &CallerReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{prefix}what a caller feels, concurrency 1: {} calls of each path, in turns from one client thread",
+        c.requests_per_path
+    );
+    let mut rows = Table::new(&["path", "calls", "p50 ms", "p90 ms", "p99 ms", "max ms"]);
+    for (name, summary) in [
+        ("backend directly, not streamed", &c.direct_not_streamed_ms),
+        ("backend directly, streamed", &c.direct_streamed_ms),
+        ("NATS request-reply", &c.nats_request_reply_ms),
+        ("JetStream create + update", &c.jetstream_writes_ms),
+        ("genfleet submit→accepted", &c.submit_to_accepted_ms),
+        ("genfleet submit→1st delta", &c.submit_to_first_delta_ms),
+        ("genfleet submit→result", &c.submit_to_result_ms),
+    ] {
+        let at = |p: fn(&Summary) -> f64| opt(summary.as_ref().map(p), 3);
+        rows.row(vec![
+            name.to_string(),
+            summary.map_or("0".into(), |s| s.count.to_string()),
+            at(|s| s.p50),
+            at(|s| s.p90),
+            at(|s| s.p99),
+            at(|s| s.max),
+        ]);
+    }
+    out.push_str(&rows.render());
+    let _ = writeln!(
+        out,
+        "added over the fastest direct call ({}): p50 {} ms, p99 {} ms; the bus path's floor \
+         (that call + one request-reply + the two writes, p50s): {} ms",
+        c.fastest_direct.unwrap_or("-"),
+        opt(c.added_p50_ms, 3),
+        opt(c.added_p99_ms, 3),
+        opt(c.bus_floor_p50_ms, 3)
+    );
+    for (kind, n) in &c.errors {
+        let _ = writeln!(out, "errors: {kind} ×{n}");
+    }
+    let mut sweep = Table::new(&["concurrency", "req/s", "errors", "p50 ms", "p99 ms"]);
+    for level in &c.sweep {
+        let at = |p: fn(&Summary) -> f64| opt(level.submit_to_result_ms.as_ref().map(p), 3);
+        sweep.row(vec![
+            level.concurrency.to_string(),
+            format!("{:.0}", level.requests_per_sec),
+            level.errors.to_string(),
+            at(|s| s.p50),
+            at(|s| s.p99),
+        ]);
+    }
+    if !sweep.rows.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{prefix}interactive at rising concurrency (submit→result)\n{}",
+            sweep.render()
+        );
+        let _ = writeln!(
+            out,
+            "held with p99 under {} ms: {}\n",
+            c.p99_limit_ms,
+            match (c.held_requests_per_sec, c.held_at_concurrency) {
+                (Some(rate), Some(at)) => format!("{rate:.0} requests/s (concurrency {at})"),
+                _ => "no level".into(),
+            }
+        );
+    }
+    out
 }
 
 /// The real model server, direct and through genfleet.
