@@ -149,6 +149,7 @@ async fn a_local_run_reports_every_phase_as_json() {
     for floor in [
         "nats_request_reply",
         "backend_http",
+        "backend_http_not_streamed",
         "jetstream_writes",
         "backend_http_streaming",
     ] {
@@ -220,6 +221,75 @@ async fn a_local_run_reports_every_phase_as_json() {
         check_cpu_per_request(&report, &at("processes"), 20.0);
         check_bus(&report, phase, true);
     }
+    // What a caller feels: --requests 20 bounds each path at concurrency 1, every call timed,
+    // the added latency taken over the faster direct call; and the sweep, each level bounded
+    // the same way, up to twice --concurrency.
+    for path in [
+        "direct_not_streamed_ms",
+        "direct_streamed_ms",
+        "nats_request_reply_ms",
+        "jetstream_writes_ms",
+        "submit_to_accepted_ms",
+        "submit_to_first_delta_ms",
+        "submit_to_result_ms",
+    ] {
+        assert_eq!(
+            number(&report, &format!("/caller/{path}/count")),
+            20.0,
+            "{path}: {report:#}"
+        );
+    }
+    assert_eq!(number(&report, "/caller/requests_per_path"), 20.0);
+    assert_eq!(field(&report, "/caller/errors"), &serde_json::json!({}));
+    let fastest = field(&report, "/caller/fastest_direct").as_str().unwrap();
+    let direct_p50 = number(
+        &report,
+        match fastest {
+            "streamed" => "/caller/direct_streamed_ms/p50",
+            _ => "/caller/direct_not_streamed_ms/p50",
+        },
+    );
+    let genfleet_p50 = number(&report, "/caller/submit_to_result_ms/p50");
+    same(
+        number(&report, "/caller/added_p50_ms"),
+        genfleet_p50 - direct_p50,
+        "added p50",
+    );
+    same(
+        number(&report, "/ratios/added_latency_p50_c1_ms"),
+        genfleet_p50 - direct_p50,
+        "the ratio's added p50",
+    );
+    let sweep = field(&report, "/caller/sweep").as_array().unwrap();
+    let levels: Vec<u64> = sweep
+        .iter()
+        .map(|l| l["concurrency"].as_u64().unwrap())
+        .collect();
+    assert_eq!(levels, [1, 2, 4, 8, 16, 32]);
+    for level in sweep {
+        assert_eq!(level["errors"], 0, "{level}");
+        assert_eq!(level["submit_to_result_ms"]["count"], 20, "{level}");
+    }
+    // What is held under the limit is one of the levels whose p99 stayed under it, the fastest.
+    let under: Vec<&Value> = sweep
+        .iter()
+        .filter(|l| l["submit_to_result_ms"]["p99"].as_f64().unwrap() <= 5.0)
+        .collect();
+    match under
+        .iter()
+        .map(|l| l["requests_per_sec"].as_f64().unwrap())
+        .reduce(f64::max)
+    {
+        Some(best) => same(
+            number(&report, "/caller/held_requests_per_sec"),
+            best,
+            "held",
+        ),
+        None => assert_eq!(
+            report.pointer("/caller/held_requests_per_sec"),
+            Some(&Value::Null)
+        ),
+    }
     check_bus(&report, "durable", true);
     check_cpu_per_request(&report, "/durable/processes", 20.0);
     assert!(field(&report, "/fleet/nats_monitor").is_string());
@@ -287,9 +357,11 @@ async fn a_local_run_reports_every_phase_as_json() {
         number(&report, &format!("/ratios/{ratio}"));
     }
     let targets = field(&report, "/targets").as_array().unwrap();
-    // The five of the load phases and memory, and the five of scheduling: three hit rates,
-    // the time to first token with affinity against without, the forwarding hop.
-    assert_eq!(targets.len(), 10);
+    // The eight of the load phases and memory (added latency at concurrency 16, at 1 p50 and
+    // p99, throughput, the worker's CPU per request, streaming, idle and running memory), and
+    // the five of scheduling: three hit rates, the time to first token with affinity against
+    // without, the forwarding hop.
+    assert_eq!(targets.len(), 13);
     assert!(
         targets.iter().all(|t| t["value"].is_number()),
         "{targets:?}"
@@ -577,15 +649,28 @@ async fn the_gateway_phase_reports_the_gateway_beside_the_bus_and_the_mock() {
             "added p50",
         );
         number(level, "/gateway_added_p99_ms");
+        let direct = number(
+            &report,
+            &format!("/levels/{i}/backend_direct/latency_ms/p50"),
+        );
+        same(
+            number(level, "/gateway_added_over_direct_p50_ms"),
+            gateway - direct,
+            "added p50 over the direct call",
+        );
+        number(level, "/gateway_added_over_direct_p99_ms");
         assert!(number(level, "/gateway_throughput_vs_bus") > 0.0);
     }
-    // Both targets are reported; at concurrency 3 the throughput one is not measured.
+    // Every target is reported: at concurrency 1 over the direct call (p50, p99) and over the
+    // bus path; at concurrency 3 the throughput one is not measured.
     let targets = field(&report, "/targets").as_array().unwrap();
-    assert_eq!(targets.len(), 2, "{report}");
-    assert!(targets[0]["value"].is_number(), "{report}");
-    assert_eq!(targets[0]["conditions_met"], Value::Bool(true));
-    assert!(targets[1]["value"].is_null(), "{report}");
-    assert_eq!(targets[1]["conditions_met"], Value::Bool(false));
+    assert_eq!(targets.len(), 4, "{report}");
+    for at_one in &targets[..3] {
+        assert!(at_one["value"].is_number(), "{report}");
+        assert_eq!(at_one["conditions_met"], Value::Bool(true));
+    }
+    assert!(targets[3]["value"].is_null(), "{report}");
+    assert_eq!(targets[3]["conditions_met"], Value::Bool(false));
 
     // The table carries the same figures.
     let output = run(&[

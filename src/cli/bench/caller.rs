@@ -209,10 +209,14 @@ async fn concurrency_one(
     let mut errors = BTreeMap::<String, u64>::new();
     let mut finished = Vec::new();
     let mut sent = 0u64;
-    let rounds = spec.requests.div_ceil(ROUND).max(1);
+    let requests = spec.requests.max(1);
+    let rounds = requests.div_ceil(ROUND);
     for round in 0..=rounds {
-        // Round 0 warms every path up and is not counted.
-        let calls = if round == 0 { WARM_UP } else { ROUND };
+        // Round 0 warms every path up and is not counted; the last takes what is left.
+        let calls = match round {
+            0 => WARM_UP,
+            _ => ROUND.min(requests - (round - 1) * ROUND),
+        };
         for (index, path) in paths.iter_mut().enumerate() {
             for _ in 0..calls {
                 let at = Instant::now();
@@ -317,7 +321,7 @@ async fn concurrency_one(
         _ => None,
     };
     Ok(CallerReport {
-        requests_per_path: rounds * ROUND,
+        requests_per_path: requests,
         jetstream_writes_ms,
         bus_floor_p50_ms,
         direct_not_streamed_ms,
