@@ -21,7 +21,7 @@ pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
 /// Environment variable naming a config file (same as `--config`).
 pub const CONFIG_ENV: &str = "GENFLEET_CONFIG";
-/// The most threads a process's runtime may be given (`worker.threads`).
+/// The most threads a process's runtime may be given (`worker.threads`, `gateway.threads`).
 pub const MAX_RUNTIME_THREADS: usize = 256;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -1155,6 +1155,8 @@ mod tests {
             ("[llm]\nbase_url = \"ftp://x\"\n", "llm.base_url"),
             ("[llm]\ntool_mode = \"telepathy\"\n", "telepathy"),
             ("[worker]\npool = \"a.b\"\n", "worker.pool"),
+            ("[worker]\nthreads = 1000\n", "worker.threads"),
+            ("[gateway]\nthreads = 1000\n", "gateway.threads"),
             (
                 "[worker]\nslots = 2\n[worker.reserved_slots]\nhigh = 1\nnormal = 1\n",
                 "worker.reserved_slots",

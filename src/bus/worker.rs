@@ -90,12 +90,12 @@ impl Drop for WorkerHandle {
 }
 
 /// The runtime a worker's actix system runs on (`worker.threads`; a gateway's too,
-/// `gateway.threads`). With one thread (the
-/// default) the slots, the bus and the backend's HTTP connections share it: every hand-off on a
-/// request's path (a submit to its slot, each chunk of the backend's stream from its connection
-/// to the slot, each event to the publisher) is a task woken on the same thread, not a thread
-/// woken from sleep, which costs tens of microseconds each. More threads spread the bus and the
-/// connections (the actors stay on the system's own thread); 0 is one per core.
+/// `gateway.threads`). With one thread (the default) the slots, the bus and the backend's HTTP
+/// connections share it: every hand-off on a request's path (a submit to its slot, each chunk
+/// of the backend's stream from its connection to the slot, each event to the publisher) is a
+/// task woken on the same thread, not a thread woken from sleep, which costs tens of
+/// microseconds each. More threads spread the bus and the connections (the actors stay on the
+/// system's own thread); 0 is one per core.
 pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
     match threads {
         1 => tokio::runtime::Builder::new_current_thread()

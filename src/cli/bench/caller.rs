@@ -70,7 +70,19 @@ pub struct CallerSpec {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct CallerReport {
-    /// Calls of each path at concurrency 1.
+    #[serde(flatten)]
+    pub at_one: AtOne,
+    pub sweep: Vec<SweepLevel>,
+    pub p99_limit_ms: f64,
+    /// The highest requests/s of a sweep level whose p99 stayed under the limit, no error.
+    pub held_requests_per_sec: Option<f64>,
+    pub held_at_concurrency: Option<usize>,
+}
+
+/// Every path at concurrency 1.
+#[derive(Debug, Clone, Serialize)]
+pub struct AtOne {
+    /// Calls of each path.
     pub requests_per_path: u64,
     pub direct_not_streamed_ms: Option<Summary>,
     pub direct_streamed_ms: Option<Summary>,
@@ -81,8 +93,9 @@ pub struct CallerReport {
     /// A KV create then an update of the same key: the two JetStream writes every interactive
     /// request makes (its claim and its result), one after the other.
     pub jetstream_writes_ms: Option<Summary>,
-    /// What the bus path cannot go under as the contract stands: the fastest direct call, one
-    /// request-reply (the submit and its answer, an event out) and the two writes, each p50.
+    /// What the bus path cannot go under as the contract stands, each p50: the fastest direct
+    /// call, one request-reply (the submit and its answer) and the two writes (the `finished`
+    /// event's one way to the caller comes on top).
     pub bus_floor_p50_ms: Option<f64>,
     pub submit_to_accepted_ms: Option<Summary>,
     pub submit_to_first_delta_ms: Option<Summary>,
@@ -93,11 +106,6 @@ pub struct CallerReport {
     pub added_p99_ms: Option<f64>,
     /// Failed calls by path and kind.
     pub errors: BTreeMap<String, u64>,
-    pub sweep: Vec<SweepLevel>,
-    pub p99_limit_ms: f64,
-    /// The highest requests/s of a sweep level whose p99 stayed under the limit, no error.
-    pub held_requests_per_sec: Option<f64>,
-    pub held_at_concurrency: Option<usize>,
 }
 
 /// One level of the sweep.
@@ -116,7 +124,7 @@ pub async fn run(
     meter: &Meter,
     release_results: bool,
 ) -> anyhow::Result<CallerReport> {
-    let one = {
+    let at_one = {
         let settings = target.settings.clone();
         let pool = target.pool.clone();
         let timeout = target.timeout;
@@ -130,7 +138,13 @@ pub async fn run(
                     .build()
                     .context("cannot build the caller's runtime")
                     .and_then(|runtime| {
-                        runtime.block_on(concurrency_one(settings, pool, timeout, &spec))
+                        runtime.block_on(concurrency_one(
+                            settings,
+                            pool,
+                            timeout,
+                            &spec,
+                            release_results,
+                        ))
                     });
                 let _ = tx.send(measured);
             })
@@ -144,12 +158,125 @@ pub async fn run(
         .max_by(|a, b| a.requests_per_sec.total_cmp(&b.requests_per_sec))
         .map(|l| (l.requests_per_sec, l.concurrency));
     Ok(CallerReport {
+        at_one,
         p99_limit_ms: P99_LIMIT_MS,
         held_requests_per_sec: held.map(|(rate, _)| rate),
         held_at_concurrency: held.map(|(_, concurrency)| concurrency),
         sweep,
-        ..one
     })
+}
+
+/// The paths at concurrency 1, in the order each round takes them.
+#[derive(Clone, Copy)]
+enum Path {
+    DirectNotStreamed,
+    DirectStreamed,
+    RequestReply,
+    Writes,
+    Genfleet,
+}
+
+impl Path {
+    const ALL: [Path; 5] = [
+        Path::DirectNotStreamed,
+        Path::DirectStreamed,
+        Path::RequestReply,
+        Path::Writes,
+        Path::Genfleet,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Path::DirectNotStreamed => "direct",
+            Path::DirectStreamed => "direct streamed",
+            Path::RequestReply => "request-reply",
+            Path::Writes => "JetStream writes",
+            Path::Genfleet => "genfleet",
+        }
+    }
+}
+
+/// What the paths call, on the caller's thread.
+struct Callers {
+    target: Target,
+    http: reqwest::Client,
+    url: String,
+    streamed: bytes::Bytes,
+    not_streamed: bytes::Bytes,
+    echo_subject: String,
+    /// A submit's size, for the request-reply and the writes.
+    payload: bytes::Bytes,
+    bucket: async_nats::jetstream::kv::Store,
+    reply_tokens: usize,
+    /// Numbers the writes' keys and genfleet's request ids.
+    sent: u64,
+    /// Genfleet's requests that finished, to release.
+    finished: Vec<String>,
+}
+
+impl Callers {
+    /// One call of `path`, its time and genfleet's steps (`path` has them) into `samples`
+    /// when `timed`.
+    async fn call(
+        &mut self,
+        path: Path,
+        samples: &mut PathSamples,
+        timed: bool,
+    ) -> Result<(), String> {
+        let at = Instant::now();
+        self.sent += 1;
+        match path {
+            Path::DirectNotStreamed => {
+                http_call(&self.http, &self.url, self.not_streamed.clone()).await?
+            }
+            Path::DirectStreamed => http_call(&self.http, &self.url, self.streamed.clone()).await?,
+            Path::RequestReply => {
+                let request = async_nats::Request::new()
+                    .payload(self.payload.clone())
+                    .timeout(Some(self.target.timeout));
+                self.target
+                    .connection(0)
+                    .send_request(self.echo_subject.clone(), request)
+                    .await
+                    .map_err(|e| format!("request-reply: {e}"))?;
+            }
+            Path::Writes => {
+                let key = format!("pair.{}", self.sent);
+                let revision = self
+                    .bucket
+                    .create(&key, self.payload.clone())
+                    .await
+                    .map_err(|e| format!("create: {e}"))?;
+                self.bucket
+                    .update(&key, self.payload.clone(), revision)
+                    .await
+                    .map_err(|e| format!("update: {e}"))?;
+            }
+            Path::Genfleet => {
+                let id = self.target.request_id("caller", self.sent);
+                let request = workload::request(id.clone(), self.reply_tokens);
+                let outcome = interactive::one_request(&self.target, 0, request).await;
+                if outcome.submit_to_result.is_some() {
+                    self.finished.push(id);
+                }
+                if timed {
+                    if let Some(first) = outcome.first_delta {
+                        samples.first_deltas.push(first);
+                    }
+                    if let Some(accepted) = outcome.accepted {
+                        samples.accepted.push(accepted);
+                    }
+                }
+                if let Some(error) = outcome.error {
+                    return Err(error);
+                }
+            }
+        }
+        if timed {
+            samples.samples.push(at.elapsed());
+        }
+        Ok(())
+    }
 }
 
 /// The figures of one path at concurrency 1.
@@ -165,14 +292,14 @@ async fn concurrency_one(
     pool: String,
     timeout: Duration,
     spec: &CallerSpec,
-) -> anyhow::Result<CallerReport> {
+    release_results: bool,
+) -> anyhow::Result<AtOne> {
     let target = Target::connect(settings, pool, 1, timeout).await?;
     let http = reqwest::Client::builder().timeout(timeout).build()?;
     let base = spec.backend_url.trim_end_matches('/').to_string();
-    let url = format!("{base}/chat/completions");
     let (streamed, _) =
         floors::backend_body(&http, &base, &spec.model, spec.reply_tokens, true).await;
-    let (plain, _) =
+    let (not_streamed, _) =
         floors::backend_body(&http, &base, &spec.model, spec.reply_tokens, false).await;
     // The echo responder of the request-reply path, on its own connection.
     let responder =
@@ -187,12 +314,12 @@ async fn concurrency_one(
             }
         }
     });
-    let submit_size = serde_json::to_vec(&workload::request(
+    let payload = serde_json::to_vec(&workload::request(
         target.request_id("caller-echo", 0),
         spec.reply_tokens,
     ))
-    .expect("requests serialize");
-    let echo_payload: bytes::Bytes = submit_size.into();
+    .expect("requests serialize")
+    .into();
     // The two writes, in a bucket made like the results bucket, deleted afterwards.
     let bucket_name = format!("genfleet_bench_caller_{}", target.run_id);
     let admin = async_nats::jetstream::new(target.connection(0).clone());
@@ -204,90 +331,35 @@ async fn concurrency_one(
         target.settings.jetstream.replicas,
     )
     .await?;
+    let mut callers = Callers {
+        target,
+        http,
+        url: format!("{base}/chat/completions"),
+        streamed,
+        not_streamed,
+        echo_subject,
+        payload,
+        bucket,
+        reply_tokens: spec.reply_tokens,
+        sent: 0,
+        finished: Vec::new(),
+    };
 
     let mut paths: [PathSamples; 5] = Default::default();
     let mut errors = BTreeMap::<String, u64>::new();
-    let mut finished = Vec::new();
-    let mut sent = 0u64;
     let requests = spec.requests.max(1);
-    let rounds = requests.div_ceil(ROUND);
-    for round in 0..=rounds {
-        // Round 0 warms every path up and is not counted; the last takes what is left.
+    for round in 0..=requests.div_ceil(ROUND) {
+        // Round 0 warms every path up and is not timed; the last takes what is left.
         let calls = match round {
             0 => WARM_UP,
             _ => ROUND.min(requests - (round - 1) * ROUND),
         };
-        for (index, path) in paths.iter_mut().enumerate() {
+        for (path, samples) in Path::ALL.into_iter().zip(paths.iter_mut()) {
             for _ in 0..calls {
-                let at = Instant::now();
-                let outcome = match index {
-                    0 => http_call(&http, &url, plain.clone()).await,
-                    1 => http_call(&http, &url, streamed.clone()).await,
-                    3 => {
-                        sent += 1;
-                        let key = format!("pair.{sent}");
-                        match bucket.create(&key, echo_payload.clone()).await {
-                            Ok(revision) => bucket
-                                .update(&key, echo_payload.clone(), revision)
-                                .await
-                                .map(|_| ())
-                                .map_err(|e| format!("update: {e}")),
-                            Err(error) => Err(format!("create: {error}")),
-                        }
-                    }
-                    2 => {
-                        let request = async_nats::Request::new()
-                            .payload(echo_payload.clone())
-                            .timeout(Some(timeout));
-                        target
-                            .connection(0)
-                            .send_request(echo_subject.clone(), request)
-                            .await
-                            .map(|_| ())
-                            .map_err(|e| format!("request-reply: {e}"))
-                    }
-                    _ => {
-                        sent += 1;
-                        let id = target.request_id("caller", sent);
-                        let outcome = interactive::one_request(
-                            &target,
-                            0,
-                            workload::request(id.clone(), spec.reply_tokens),
-                        )
-                        .await;
-                        if outcome.submit_to_result.is_some() {
-                            finished.push(id);
-                        }
-                        if round > 0 {
-                            if let Some(first) = outcome.first_delta {
-                                path.first_deltas.push(first);
-                            }
-                            if let Some(accepted) = outcome.accepted {
-                                path.accepted.push(accepted);
-                            }
-                        }
-                        match outcome.error {
-                            None => Ok(()),
-                            Some(error) => Err(error),
-                        }
-                    }
-                };
-                let took = at.elapsed();
-                match outcome {
-                    Ok(()) if round > 0 => path.samples.push(took),
-                    Ok(()) => {}
-                    Err(error) => {
-                        let name = [
-                            "direct",
-                            "direct streamed",
-                            "request-reply",
-                            "JetStream writes",
-                            "genfleet",
-                        ];
-                        *errors
-                            .entry(format!("{}: {error}", name[index]))
-                            .or_default() += 1;
-                    }
+                if let Err(error) = callers.call(path, samples, round > 0).await {
+                    *errors
+                        .entry(format!("{}: {error}", path.name()))
+                        .or_default() += 1;
                 }
             }
         }
@@ -296,11 +368,16 @@ async fn concurrency_one(
     if let Err(error) = admin.delete_stream(format!("KV_{bucket_name}")).await {
         tracing::warn!(message = "the caller phase's bucket was not deleted", bucket = %bucket_name, %error);
     }
-    target.release(finished).await;
+    let Callers {
+        target, finished, ..
+    } = callers;
+    if release_results {
+        target.release(finished).await;
+    }
     target.close().await;
 
-    let [plain, streamed, nats, writes, bus] = paths;
-    let direct_not_streamed_ms = plain.samples.summary();
+    let [not_streamed, streamed, nats, writes, bus] = paths;
+    let direct_not_streamed_ms = not_streamed.samples.summary();
     let direct_streamed_ms = streamed.samples.summary();
     let fastest = match (&direct_not_streamed_ms, &direct_streamed_ms) {
         (Some(p), Some(s)) if s.p50 < p.p50 => Some(("streamed", *s)),
@@ -320,24 +397,20 @@ async fn concurrency_one(
         (Some((_, direct)), Some(nats), Some(writes)) => Some(direct.p50 + nats.p50 + writes.p50),
         _ => None,
     };
-    Ok(CallerReport {
+    Ok(AtOne {
         requests_per_path: requests,
-        jetstream_writes_ms,
-        bus_floor_p50_ms,
         direct_not_streamed_ms,
         direct_streamed_ms,
         fastest_direct: fastest.map(|(name, _)| name),
         nats_request_reply_ms,
+        jetstream_writes_ms,
+        bus_floor_p50_ms,
         submit_to_accepted_ms: bus.accepted.summary(),
         submit_to_first_delta_ms: bus.first_deltas.summary(),
         added_p50_ms: added(|s| s.p50),
         added_p99_ms: added(|s| s.p99),
         submit_to_result_ms,
         errors,
-        sweep: Vec::new(),
-        p99_limit_ms: P99_LIMIT_MS,
-        held_requests_per_sec: None,
-        held_at_concurrency: None,
     })
 }
 

@@ -91,8 +91,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 2000)]
     pub burst: u64,
     /// Interactive phase: calls of each path at concurrency 1 (the bus path, the backend called
-    /// directly streamed and not, NATS request-reply), made in turns from one client thread
-    /// [default: --requests, else 1000].
+    /// directly streamed and not, NATS request-reply, the two JetStream writes), made in turns
+    /// from one client thread [default: --requests, else 1000].
     #[arg(long, value_name = "N")]
     pub caller_requests: Option<u64>,
     /// --local: worker processes.
@@ -1009,15 +1009,8 @@ fn targets(
 ) -> Vec<TargetCheck> {
     let local = |holds: bool| if run.local { Some(holds) } else { None };
     // The worker processes' CPU per completed interactive request, summed.
-    let worker_cpu_us = interactive.and_then(|i| {
-        let of: Vec<f64> = i
-            .processes
-            .iter()
-            .filter(|p| p.role.starts_with("worker "))
-            .filter_map(|p| p.cpu_us_per_request)
-            .collect();
-        (!of.is_empty()).then(|| of.iter().sum())
-    });
+    let worker_cpu_us = interactive
+        .and_then(|i| report::cpu_per_request(&i.processes, |role| role.starts_with("worker ")));
     let zero_delay_one_worker = run.token_delay_ms == 0 && run.workers == 1;
     // The real backend's worst level: the lowest ratio and the largest added time.
     let real_levels = real.map(|r| r.levels.as_slice()).unwrap_or_default();

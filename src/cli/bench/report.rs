@@ -162,8 +162,8 @@ pub fn ratios(
         added_latency_p50_ms: genfleet_p50
             .zip(backend.and_then(|b| p50(&b.latency_ms)))
             .map(|(g, b)| g - b),
-        added_latency_p50_c1_ms: caller.and_then(|c| c.added_p50_ms),
-        added_latency_p99_c1_ms: caller.and_then(|c| c.added_p99_ms),
+        added_latency_p50_c1_ms: caller.and_then(|c| c.at_one.added_p50_ms),
+        added_latency_p99_c1_ms: caller.and_then(|c| c.at_one.added_p99_ms),
         held_under_p99_5ms_per_sec: caller.and_then(|c| c.held_requests_per_sec),
         streaming_tokens_vs_backend: divide(
             streaming.map(|s| s.tokens_per_sec),
@@ -227,14 +227,14 @@ fn caller_figures(c: &CallerReport) -> Figures {
     vec![
         (
             "c1 submit→result p50 ms",
-            c.submit_to_result_ms.map(|s| s.p50),
+            c.at_one.submit_to_result_ms.map(|s| s.p50),
         ),
         (
             "c1 submit→result p99 ms",
-            c.submit_to_result_ms.map(|s| s.p99),
+            c.at_one.submit_to_result_ms.map(|s| s.p99),
         ),
-        ("c1 added p50 ms", c.added_p50_ms),
-        ("c1 added p99 ms", c.added_p99_ms),
+        ("c1 added p50 ms", c.at_one.added_p50_ms),
+        ("c1 added p99 ms", c.at_one.added_p99_ms),
         ("held under p99 5 ms, req/s", c.held_requests_per_sec),
     ]
 }
@@ -254,14 +254,7 @@ fn durable_figures(d: &DurableReport) -> Figures {
 /// What a completed request cost: bus operations, and CPU by process.
 fn cost_figures(bus: Option<&BusOps>, processes: &[ProcessUsage]) -> Figures {
     let per = bus.and_then(|b| b.per_request.as_ref());
-    let cpu = |role: fn(&str) -> bool| {
-        let of: Vec<f64> = processes
-            .iter()
-            .filter(|p| role(&p.role))
-            .filter_map(|p| p.cpu_us_per_request)
-            .collect();
-        (!of.is_empty()).then(|| of.iter().sum())
-    };
+    let cpu = |role: fn(&str) -> bool| cpu_per_request(processes, role);
     vec![
         ("JetStream ops/request", per.map(|p| p.jetstream_operations)),
         (
@@ -291,6 +284,17 @@ fn cost_figures(bus: Option<&BusOps>, processes: &[ProcessUsage]) -> Figures {
         ),
         ("all processes CPU µs/request", cpu(|_| true)),
     ]
+}
+
+/// The CPU µs per request of the processes whose role `role` picks, summed; `None` when no
+/// such process was measured.
+pub fn cpu_per_request(processes: &[ProcessUsage], role: fn(&str) -> bool) -> Option<f64> {
+    let of: Vec<f64> = processes
+        .iter()
+        .filter(|p| role(&p.role))
+        .filter_map(|p| p.cpu_us_per_request)
+        .collect();
+    (!of.is_empty()).then(|| of.iter().sum())
 }
 
 fn divide(a: Option<f64>, b: Option<f64>) -> Option<f64> {
@@ -655,17 +659,23 @@ fn caller_table(prefix: &str, c: &CallerReport) -> String {
     let _ = writeln!(
         out,
         "{prefix}what a caller feels, concurrency 1: {} calls of each path, in turns from one client thread",
-        c.requests_per_path
+        c.at_one.requests_per_path
     );
     let mut rows = Table::new(&["path", "calls", "p50 ms", "p90 ms", "p99 ms", "max ms"]);
     for (name, summary) in [
-        ("backend directly, not streamed", &c.direct_not_streamed_ms),
-        ("backend directly, streamed", &c.direct_streamed_ms),
-        ("NATS request-reply", &c.nats_request_reply_ms),
-        ("JetStream create + update", &c.jetstream_writes_ms),
-        ("genfleet submit→accepted", &c.submit_to_accepted_ms),
-        ("genfleet submit→1st delta", &c.submit_to_first_delta_ms),
-        ("genfleet submit→result", &c.submit_to_result_ms),
+        (
+            "backend directly, not streamed",
+            &c.at_one.direct_not_streamed_ms,
+        ),
+        ("backend directly, streamed", &c.at_one.direct_streamed_ms),
+        ("NATS request-reply", &c.at_one.nats_request_reply_ms),
+        ("JetStream create + update", &c.at_one.jetstream_writes_ms),
+        ("genfleet submit→accepted", &c.at_one.submit_to_accepted_ms),
+        (
+            "genfleet submit→1st delta",
+            &c.at_one.submit_to_first_delta_ms,
+        ),
+        ("genfleet submit→result", &c.at_one.submit_to_result_ms),
     ] {
         let at = |p: fn(&Summary) -> f64| opt(summary.as_ref().map(p), 3);
         rows.row(vec![
@@ -682,12 +692,12 @@ fn caller_table(prefix: &str, c: &CallerReport) -> String {
         out,
         "added over the fastest direct call ({}): p50 {} ms, p99 {} ms; the bus path's floor \
          (that call + one request-reply + the two writes, p50s): {} ms",
-        c.fastest_direct.unwrap_or("-"),
-        opt(c.added_p50_ms, 3),
-        opt(c.added_p99_ms, 3),
-        opt(c.bus_floor_p50_ms, 3)
+        c.at_one.fastest_direct.unwrap_or("-"),
+        opt(c.at_one.added_p50_ms, 3),
+        opt(c.at_one.added_p99_ms, 3),
+        opt(c.at_one.bus_floor_p50_ms, 3)
     );
-    for (kind, n) in &c.errors {
+    for (kind, n) in &c.at_one.errors {
         let _ = writeln!(out, "errors: {kind} ×{n}");
     }
     let mut sweep = Table::new(&["concurrency", "req/s", "errors", "p50 ms", "p99 ms"]);
