@@ -2,7 +2,8 @@
 # Runs genfleet's whole test suite. Installs what is missing first and says so:
 #   - nats-server (Debian/Ubuntu package) for the tests that run a real NATS server;
 #   - a Python virtualenv in .venv with the official `openai` client (driven against
-#     `genfleet mock-llm`) and nats-py with msgpack (a client of the wire protocol written from
+#     `genfleet mock-llm` and the gateway), the OpenAI Agents SDK (`openai-agents`, against the
+#     gateway's Responses API) and nats-py with msgpack (a client of the wire protocol written from
 #     docs/protocol.md alone, driven against a worker), and the genfleet Python package
 #     (python/) installed into it;
 #   - for the console's browser test, Debian's chromium and playwright-core (npm, pinned in
@@ -24,14 +25,14 @@ ensure_nats_server
 if ! command -v python3 >/dev/null 2>&1; then
   apt_install python3 python3-venv
 fi
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import openai, nats, msgpack' >/dev/null 2>&1; then
-  say "creating .venv with the openai, nats-py and msgpack Python packages (for the compatibility tests)"
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import openai, agents, nats, msgpack' >/dev/null 2>&1; then
+  say "creating .venv with the openai, openai-agents, nats-py and msgpack Python packages (for the compatibility tests)"
   rm -rf .venv
   if ! python3 -m venv .venv >/dev/null 2>&1; then
     apt_install python3-venv
     python3 -m venv .venv
   fi
-  .venv/bin/pip install -q --disable-pip-version-check 'openai>=1.40,<3' 'nats-py>=2.6,<3' 'msgpack>=1,<2'
+  .venv/bin/pip install -q --disable-pip-version-check 'openai>=1.40,<3' 'openai-agents>=0.20,<1' 'nats-py>=2.6,<3' 'msgpack>=1,<2'
 fi
 # The Python package, installed as its users install it (the test itself runs the working
 # tree's copy).

@@ -571,6 +571,11 @@ pub struct GatewaySettings {
     pub drain_ms: u64,
     pub max_body_bytes: usize,
     pub pools_refresh_ms: u64,
+    /// The bucket of stored responses (`POST /v1/responses` with `store`), shared by every
+    /// gateway replica.
+    pub responses_bucket: String,
+    /// How long a stored response is kept after its last change.
+    pub responses_ttl_ms: u64,
     /// Threads the gateway runs on: 1 serves every connection and its requests on one thread;
     /// more spreads them; 0, one per core.
     pub threads: usize,
@@ -628,6 +633,12 @@ impl GatewaySettings {
         for (i, key) in self.api_keys.iter().enumerate() {
             key.validate(&format!("gateway.api_keys[{i}]"))?;
         }
+        if !is_valid_name(&self.responses_bucket) {
+            return fail(format!(
+                "gateway.responses_bucket {:?} is not a bucket name (A-Z, a-z, 0-9, '_' or '-')",
+                self.responses_bucket
+            ));
+        }
         for (name, model) in &self.models {
             if name.is_empty() || name.chars().any(char::is_control) {
                 return fail(format!("gateway.models: {name:?} is not a model name"));
@@ -642,6 +653,7 @@ impl GatewaySettings {
         for (key, value) in [
             ("gateway.pools_refresh_ms", self.pools_refresh_ms),
             ("gateway.max_body_bytes", self.max_body_bytes as u64),
+            ("gateway.responses_ttl_ms", self.responses_ttl_ms),
         ] {
             if value == 0 {
                 return fail(format!("{key} must be at least 1"));
@@ -666,6 +678,8 @@ impl std::fmt::Debug for GatewaySettings {
             .field("drain_ms", &self.drain_ms)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("pools_refresh_ms", &self.pools_refresh_ms)
+            .field("responses_bucket", &self.responses_bucket)
+            .field("responses_ttl_ms", &self.responses_ttl_ms)
             .field("threads", &self.threads)
             .finish()
     }

@@ -467,6 +467,33 @@ async fn the_gateway_reaches_what_it_uses_and_nothing_of_a_workers() {
         .expect("the gateway reads a result from the bucket");
     assert!(stored.is_some(), "the unread result is in the bucket");
     let _events = raw.subscribe("gen.events.>").await.unwrap();
+    // The stored responses: created, written, read and deleted by the gateway.
+    let responses = genfleet::gateway::responses::store::Responses::open(&raw, &f.settings)
+        .await
+        .expect("the gateway opens the responses bucket");
+    let stored = genfleet::gateway::responses::store::Stored {
+        response: serde_json::json!({"id": "resp_01PERMISSIONS", "status": "completed"}),
+        input_items: Vec::new(),
+        conversation: Vec::new(),
+        session: "s".into(),
+        request_id: "g-run".into(),
+        background: false,
+    };
+    responses
+        .put("team-a", &stored)
+        .await
+        .expect("the gateway stores a response");
+    let read = responses.get("team-a", "resp_01PERMISSIONS").await;
+    assert!(
+        matches!(read, Ok(Some(_))),
+        "the gateway reads a stored response"
+    );
+    assert!(
+        responses
+            .delete("team-a", "resp_01PERMISSIONS")
+            .await
+            .expect("the gateway deletes a stored response")
+    );
     for subject in ["$SRV.INFO.genfleet", "$SRV.STATS.genfleet"] {
         let reply = wait::within(
             &format!("{subject} answered"),

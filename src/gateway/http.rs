@@ -3,6 +3,7 @@
 //! | route | what |
 //! |---|---|
 //! | `POST /v1/chat/completions` | a completion, whole or streamed (`stream: true`) |
+//! | `/v1/responses...` | the Responses API ([`super::responses`]) |
 //! | `GET /v1/models` | the model names served: each pool, and the names of `gateway.models` |
 //! | `GET /healthz` | `ok` while the process serves |
 //! | `GET /readyz` | 200 while connected to NATS and not stopping, else 503 |
@@ -34,7 +35,8 @@ use crate::protocol::RequestLimits;
 use crate::telemetry::{self, KeyValue};
 use tracing::Instrument;
 
-pub fn router(shared: Arc<Shared>) -> Router {
+/// The gateway's routes, with `apis` (the Responses API's) beside its own.
+pub fn router(shared: Arc<Shared>, apis: Router<Arc<Shared>>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
@@ -42,6 +44,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
         .route("/scaling", get(scaling))
+        .merge(apis)
         .fallback(|| async {
             ApiError::new(404, "invalid_request_error", "not_found", "no such route")
                 .into_response()
@@ -83,7 +86,7 @@ async fn scaling(State(shared): State<Arc<Shared>>) -> Response {
 }
 
 /// The caller's tenant ("" with no keys configured), or the 401 to send.
-fn authorize(shared: &Shared, headers: &HeaderMap) -> Result<String, Box<ApiError>> {
+pub(super) fn authorize(shared: &Shared, headers: &HeaderMap) -> Result<String, Box<ApiError>> {
     let authorization = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
@@ -111,33 +114,83 @@ async fn models(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Respon
     axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 
-fn now_secs() -> u64 {
+pub(super) fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
-/// The span of one completion, from the request to the last byte of the answer: a child of
-/// the caller's `traceparent`, and the parent of the fleet's spans of the requests it submits.
-fn completion_span(headers: &HeaderMap) -> tracing::Span {
+/// The span of one request (`name`, on `route`), from the request to the last byte of the
+/// answer: a child of the caller's `traceparent`, and the parent of the fleet's spans of the
+/// requests it submits.
+pub(super) fn request_span(
+    headers: &HeaderMap,
+    name: &'static str,
+    route: &'static str,
+) -> tracing::Span {
     if !telemetry::exporting() {
         return tracing::Span::none();
     }
-    let span = tracing::info_span!(
-        "chat_completion",
-        otel.name = "POST /v1/chat/completions",
-        otel.kind = "server"
-    );
+    let span = tracing::info_span!("gateway_request", otel.name = name, otel.kind = "server");
     let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok());
     telemetry::set_parent(&span, traceparent);
     telemetry::annotate(
         &span,
         vec![
             KeyValue::new("http.request.method", "POST"),
-            KeyValue::new("http.route", "/v1/chat/completions"),
+            KeyValue::new("http.route", route),
         ],
     );
     span
+}
+
+/// The body, or the error to answer when it cannot be read (too large, cut short).
+pub(super) fn read_body(
+    shared: &Shared,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Bytes, Box<ApiError>> {
+    body.map_err(|rejection| {
+        let status = rejection.status().as_u16();
+        let code = if status == 413 {
+            "payload_too_large"
+        } else {
+            "invalid_request"
+        };
+        Box::new(ApiError::new(
+            status,
+            "invalid_request_error",
+            code,
+            format!(
+                "the body cannot be read: {rejection} (at most gateway.max_body_bytes, {} bytes)",
+                shared.settings.gateway.max_body_bytes
+            ),
+        ))
+    })
+}
+
+/// The 503 of a request that came after the gateway began to stop.
+pub(super) fn stopping() -> ApiError {
+    ApiError::new(
+        503,
+        "server_error",
+        "gateway_shutdown",
+        "the gateway is stopping",
+    )
+}
+
+/// The 404 of a model name that neither a pool nor `gateway.models` serves.
+pub(super) fn model_not_found(model: &str) -> ApiError {
+    ApiError::new(
+        404,
+        "invalid_request_error",
+        "model_not_found",
+        format!(
+            "The model `{}` does not exist: it is neither a pool of the fleet nor a name \
+             of gateway.models (GET /v1/models lists them)",
+            crate::protocol::text::one_line(model)
+        ),
+    )
+    .with_param("model")
 }
 
 async fn chat_completions(
@@ -145,7 +198,11 @@ async fn chat_completions(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let span = completion_span(&headers);
+    let span = request_span(
+        &headers,
+        "POST /v1/chat/completions",
+        "/v1/chat/completions",
+    );
     chat_completion(shared, headers, body, span.clone())
         .instrument(span)
         .await
@@ -161,35 +218,12 @@ async fn chat_completion(
         Ok(tenant) => tenant,
         Err(error) => return error.into_response(),
     };
-    let body = match body {
+    let body = match read_body(&shared, body) {
         Ok(body) => body,
-        Err(rejection) => {
-            let status = rejection.status().as_u16();
-            let code = if status == 413 {
-                "payload_too_large"
-            } else {
-                "invalid_request"
-            };
-            return ApiError::new(
-                status,
-                "invalid_request_error",
-                code,
-                format!(
-                    "the body cannot be read: {rejection} (at most gateway.max_body_bytes, {} bytes)",
-                    shared.settings.gateway.max_body_bytes
-                ),
-            )
-            .into_response();
-        }
+        Err(error) => return error.into_response(),
     };
     if shared.stopping.is_cancelled() {
-        return ApiError::new(
-            503,
-            "server_error",
-            "gateway_shutdown",
-            "the gateway is stopping",
-        )
-        .into_response();
+        return stopping().into_response();
     }
     let chat = match parse_request(&body) {
         Ok(chat) => chat,
@@ -200,18 +234,7 @@ async fn chat_completion(
         shared
             .metrics
             .answered(&tenant, "", "model_not_found", chat.stream == Some(true));
-        return ApiError::new(
-            404,
-            "invalid_request_error",
-            "model_not_found",
-            format!(
-                "The model `{}` does not exist: it is neither a pool of the fleet nor a name \
-                 of gateway.models (GET /v1/models lists them)",
-                crate::protocol::text::one_line(&model)
-            ),
-        )
-        .with_param("model")
-        .into_response();
+        return model_not_found(&model).into_response();
     };
     let limits = RequestLimits {
         max_metadata_bytes: shared.settings.limits.max_metadata_bytes,
@@ -273,7 +296,7 @@ async fn chat_completion(
     response
 }
 
-async fn start(
+pub(super) async fn start(
     shared: &Arc<Shared>,
     mut mapped: Mapped,
     tenant: &str,

@@ -21,6 +21,7 @@ pub mod mapping;
 mod metrics;
 pub mod openai;
 mod pools;
+pub mod responses;
 mod run;
 mod stream;
 
@@ -59,6 +60,8 @@ pub(crate) struct Shared {
     pub keys: Keys,
     pub pools: Pools,
     pub metrics: Metrics,
+    /// The stored responses of the Responses API.
+    pub responses: responses::store::Responses,
     /// Cancelled when the drain after a stop ran out: open responses cancel their requests.
     pub abort: CancellationToken,
     /// Cancelled when the gateway stops taking requests.
@@ -94,6 +97,9 @@ impl Gateway {
         let client = Client::connect(settings)
             .await
             .map_err(|e| GatewayError::Connect(e.to_string()))?;
+        let responses = responses::store::Responses::open(client.nats(), settings)
+            .await
+            .map_err(|e| GatewayError::Connect(e.to_string()))?;
         let (listener, addr) =
             crate::serve::bind(listen)
                 .await
@@ -109,6 +115,7 @@ impl Gateway {
             settings: settings.clone(),
             keys,
             metrics: Metrics::new(),
+            responses,
             abort: CancellationToken::new(),
             stopping: CancellationToken::new(),
         };
@@ -150,9 +157,11 @@ impl Gateway {
             abort.cancel();
         });
         let stopped = shared.stopping.clone();
-        crate::serve::serve(self.listener, http::router(shared.clone()), async move {
-            stopped.cancelled().await
-        })
+        crate::serve::serve(
+            self.listener,
+            http::router(shared.clone(), responses::routes()),
+            async move { stopped.cancelled().await },
+        )
         .await
     }
 }

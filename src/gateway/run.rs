@@ -145,6 +145,49 @@ impl Drop for CancelGuard {
     }
 }
 
+/// The caller's client on the bus and the request's id there: submitted under the key's
+/// tenant, a subject token the gateway's NATS user is granted (the tenant's metadata entry is
+/// for people and metrics only), with its id within that tenant (`<tenant>.<id>`), so an id
+/// the caller chose never reaches another tenant's request. An id the caller chose must name
+/// no request of the tenant yet: following or cancelling one would be reading or ending
+/// another caller's.
+pub async fn prepare(
+    shared: &Shared,
+    mapped: &mut Mapped,
+    tenant: &str,
+    chosen: bool,
+) -> Result<(Client, String), StartError> {
+    let client = if tenant.is_empty() {
+        shared.client.clone()
+    } else {
+        shared.client.clone().with_tenant(tenant)?
+    };
+    let request_id = client.on_bus(
+        mapped
+            .request
+            .request_id
+            .get_or_insert_with(crate::protocol::ids::new_id),
+    );
+    if chosen {
+        match client.status(&request_id).await {
+            Err(ClientError::Wire(error)) if error.code == ErrorCode::NotFound => {}
+            Ok(_) => return Err(StartError::Refused(id_in_use(&request_id))),
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Ok((client, request_id))
+}
+
+/// Puts the request on the durable queue. A queue message kept as a duplicate of one
+/// published before (within the stream's window) is not this caller's request.
+pub async fn enqueue(client: &Client, mapped: &Mapped) -> Result<bool, ClientError> {
+    match client.enqueue(&mapped.pool, &mapped.request).await {
+        Ok(queued) if queued.duplicate => Err(ClientError::Wire(id_in_use(&queued.request_id))),
+        Ok(_) => Ok(false),
+        Err(error) => Err(error),
+    }
+}
+
 /// A request on its way: follow it with [`Run::next`].
 pub struct Run {
     shared: Arc<Shared>,
@@ -176,30 +219,7 @@ impl Run {
         tenant: &str,
         chosen: bool,
     ) -> Result<Run, StartError> {
-        // Submitted under the key's tenant, a subject token the gateway's NATS user is
-        // granted (the tenant's metadata entry is for people and metrics only).
-        let client = if tenant.is_empty() {
-            shared.client.clone()
-        } else {
-            shared.client.clone().with_tenant(tenant)?
-        };
-        // Its id on the bus: within the key's tenant (`<tenant>.<id>`), so an id the caller
-        // chose never reaches another tenant's request.
-        let request_id = client.on_bus(
-            mapped
-                .request
-                .request_id
-                .get_or_insert_with(crate::protocol::ids::new_id),
-        );
-        if chosen {
-            // An id the caller chose must name no request of the tenant yet: following or
-            // cancelling one would be reading or ending another caller's.
-            match client.status(&request_id).await {
-                Err(ClientError::Wire(error)) if error.code == ErrorCode::NotFound => {}
-                Ok(_) => return Err(StartError::Refused(id_in_use(&request_id))),
-                Err(error) => return Err(error.into()),
-            }
-        }
+        let (client, request_id) = prepare(shared, &mut mapped, tenant, chosen).await?;
         let follow = client
             .follow_chain(&request_id, mapped.follow_decisions)
             .await?;
@@ -219,17 +239,7 @@ impl Run {
             pending: VecDeque::new(),
             done: false,
         };
-        // A queue message kept as a duplicate of one published before (within the stream's
-        // window) is not this caller's request.
-        let enqueue = || async {
-            match client.enqueue(&mapped.pool, &mapped.request).await {
-                Ok(queued) if queued.duplicate => {
-                    Err(ClientError::Wire(id_in_use(&queued.request_id)))
-                }
-                Ok(_) => Ok(false),
-                Err(error) => Err(error),
-            }
-        };
+        let enqueue = || enqueue(&client, &mapped);
         let started = if mapped.durable {
             enqueue().await
         } else {

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod fleet;
+pub mod gateway;
 pub mod nats;
 pub mod process;
 pub mod wait;
