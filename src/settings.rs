@@ -576,6 +576,18 @@ pub struct GatewaySettings {
     pub responses_bucket: String,
     /// How long a stored response is kept after its last change.
     pub responses_ttl_ms: u64,
+    /// The object store bucket of uploaded and produced files (`/v1/files`).
+    pub files_bucket: String,
+    /// Largest file `POST /v1/files` takes.
+    pub max_file_bytes: usize,
+    /// How long a file is kept.
+    pub files_ttl_ms: u64,
+    /// The bucket of batches (`/v1/batches`); their lines' outcomes are in `<bucket>_LINES`.
+    pub batches_bucket: String,
+    /// How long a batch's record and its lines' outcomes are kept.
+    pub batches_ttl_ms: u64,
+    /// Lines of one batch in flight at once (on the queue or running).
+    pub batch_window: usize,
     /// Threads the gateway runs on: 1 serves every connection and its requests on one thread;
     /// more spreads them; 0, one per core.
     pub threads: usize,
@@ -633,11 +645,16 @@ impl GatewaySettings {
         for (i, key) in self.api_keys.iter().enumerate() {
             key.validate(&format!("gateway.api_keys[{i}]"))?;
         }
-        if !is_valid_name(&self.responses_bucket) {
-            return fail(format!(
-                "gateway.responses_bucket {:?} is not a bucket name (A-Z, a-z, 0-9, '_' or '-')",
-                self.responses_bucket
-            ));
+        for (key, bucket) in [
+            ("gateway.responses_bucket", &self.responses_bucket),
+            ("gateway.files_bucket", &self.files_bucket),
+            ("gateway.batches_bucket", &self.batches_bucket),
+        ] {
+            if !is_valid_name(bucket) {
+                return fail(format!(
+                    "{key} {bucket:?} is not a bucket name (A-Z, a-z, 0-9, '_' or '-')"
+                ));
+            }
         }
         for (name, model) in &self.models {
             if name.is_empty() || name.chars().any(char::is_control) {
@@ -654,6 +671,10 @@ impl GatewaySettings {
             ("gateway.pools_refresh_ms", self.pools_refresh_ms),
             ("gateway.max_body_bytes", self.max_body_bytes as u64),
             ("gateway.responses_ttl_ms", self.responses_ttl_ms),
+            ("gateway.max_file_bytes", self.max_file_bytes as u64),
+            ("gateway.files_ttl_ms", self.files_ttl_ms),
+            ("gateway.batches_ttl_ms", self.batches_ttl_ms),
+            ("gateway.batch_window", self.batch_window as u64),
         ] {
             if value == 0 {
                 return fail(format!("{key} must be at least 1"));
@@ -680,6 +701,12 @@ impl std::fmt::Debug for GatewaySettings {
             .field("pools_refresh_ms", &self.pools_refresh_ms)
             .field("responses_bucket", &self.responses_bucket)
             .field("responses_ttl_ms", &self.responses_ttl_ms)
+            .field("files_bucket", &self.files_bucket)
+            .field("max_file_bytes", &self.max_file_bytes)
+            .field("files_ttl_ms", &self.files_ttl_ms)
+            .field("batches_bucket", &self.batches_bucket)
+            .field("batches_ttl_ms", &self.batches_ttl_ms)
+            .field("batch_window", &self.batch_window)
             .field("threads", &self.threads)
             .finish()
     }

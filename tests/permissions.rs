@@ -494,6 +494,74 @@ async fn the_gateway_reaches_what_it_uses_and_nothing_of_a_workers() {
             .await
             .expect("the gateway deletes a stored response")
     );
+    // Files and batches: an object stored, read, listed and deleted; a batch created,
+    // listed, updated, and a line's outcome kept and read.
+    let files = genfleet::gateway::files::Files::open(&raw, &f.settings)
+        .await
+        .expect("the gateway opens the files bucket");
+    let file = files
+        .put("team-a", "batch", "in.jsonl", b"{}\n")
+        .await
+        .expect("the gateway stores a file");
+    let bytes = files
+        .read("team-a", &file.id)
+        .await
+        .expect("the gateway reads a file");
+    assert_eq!(bytes.as_deref(), Some(&b"{}\n"[..]));
+    let listed = files.list("team-a").await.expect("the gateway lists files");
+    assert_eq!(listed.len(), 1);
+    assert!(
+        files
+            .delete("team-a", &file.id)
+            .await
+            .expect("the gateway deletes a file")
+    );
+    let batches = genfleet::gateway::batches::store::Batches::open(&raw, &f.settings)
+        .await
+        .expect("the gateway opens the batches buckets");
+    let record = genfleet::gateway::batches::store::Record {
+        batch: serde_json::json!({"id": "batch_01PERMISSIONS", "status": "validating"}),
+        tenant: "team-a".into(),
+        owner: String::new(),
+        lease_until_ms: 0,
+        reserved: 0,
+    };
+    assert!(
+        batches
+            .create(&record)
+            .await
+            .expect("the gateway creates a batch")
+    );
+    assert_eq!(
+        batches
+            .keys()
+            .await
+            .expect("the gateway lists batches")
+            .len(),
+        1
+    );
+    let read = batches
+        .get("team-a", "batch_01PERMISSIONS")
+        .await
+        .expect("the gateway reads a batch")
+        .expect("the batch is there");
+    batches
+        .update(&read.record, read.revision)
+        .await
+        .expect("the gateway updates a batch");
+    let outcome = genfleet::gateway::batches::store::LineOutcome {
+        ok: true,
+        line: serde_json::json!({"custom_id": "a"}),
+    };
+    batches
+        .put_line("team-a", "batch_01PERMISSIONS", 1, &outcome)
+        .await
+        .expect("the gateway keeps a line's outcome");
+    let lines = batches
+        .lines("team-a", "batch_01PERMISSIONS", 1)
+        .await
+        .expect("the gateway reads the lines' outcomes");
+    assert!(lines[0].is_some());
     for subject in ["$SRV.INFO.genfleet", "$SRV.STATS.genfleet"] {
         let reply = wait::within(
             &format!("{subject} answered"),

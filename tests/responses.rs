@@ -1,4 +1,4 @@
-//! The gateway's Responses API as its callers meet it: a real gateway process (two where a
+//! The gateway's Responses and Batch APIs as their callers meet them: a real gateway process (two where a
 //! conversation crosses replicas) in front of a real nats-server, a worker and the mock backend
 //! (tests/data/gateway.toml). The official openai Python SDK and the OpenAI Agents SDK drive
 //! it (tests/python/responses_client.py); what needs the process or the raw HTTP side (a
@@ -6,10 +6,13 @@
 
 mod common;
 
+use common::fleet::Fleet;
 use common::gateway::{Gateway, KEY, TENANT, WITHIN, fleet, python, root};
 use common::nats::free_port;
 use common::wait;
+use genfleet::llm::mock::Script;
 use serde_json::{Value, json};
+use tokio::io::AsyncBufReadExt;
 
 /// A second key, of another tenant.
 const OTHER_KEY: &str = "sk-gateway-other-9876543210";
@@ -191,4 +194,203 @@ async fn a_background_response_outlives_the_gateway_that_took_it() {
     // Settled once: read again, the same.
     let (_, again) = get(&second, KEY, &format!("responses/{id}")).await;
     assert_eq!(again, done);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_and_batches_run_malformed_lines_cancels_limits_and_tenants() {
+    let f = fleet(1).await;
+    let gateway = Gateway::start_with_keys(
+        &f,
+        free_port(),
+        &[(KEY, TENANT), (OTHER_KEY, OTHER_TENANT)],
+        &[("GENFLEET__GATEWAY__MAX_FILE_BYTES", "200000")],
+    )
+    .await;
+    sdk(&gateway, "batch", Some(OTHER_KEY)).await;
+}
+
+/// What makes a worker's loss show at once (as tests/faults.rs does).
+const FAST_FAULTS: [(&str, &str); 4] = [
+    ("GENFLEET__JETSTREAM__QUEUE_ACK_WAIT_MS", "1500"),
+    ("GENFLEET__WORKER__HEARTBEAT_MS", "300"),
+    ("GENFLEET__WORKER__LOST_AFTER_MS", "1500"),
+    ("GENFLEET__WORKER__DRAIN_TIMEOUT_MS", "500"),
+];
+
+/// Two worker processes of four slots on the slow script of tests/data/batch.toml.
+async fn two_workers() -> Fleet {
+    let script = Script::from_file(root().join("tests/data/batch.toml")).unwrap();
+    FAST_FAULTS
+        .into_iter()
+        .fold(
+            Fleet::builder()
+                .default_settings()
+                .mock_script(script)
+                .worker_processes(["doomed", "steady"])
+                .slots(4),
+            |builder, (key, value)| builder.worker_env(key, value),
+        )
+        .start()
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_line_batch_answers_every_line_once_though_a_worker_is_killed() {
+    let mut f = two_workers().await;
+    let gateway = Gateway::start(&f, free_port(), &[]).await;
+    let mut child = tokio::process::Command::new(python())
+        .arg(root().join("tests/python/responses_client.py"))
+        .args([&gateway.base_url(), KEY, "batch-big", "1000"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let mut printed = String::new();
+    let mut killed = false;
+    while let Some(line) = lines.next_line().await.unwrap() {
+        printed.push_str(&line);
+        printed.push('\n');
+        let progress = line
+            .strip_prefix("PROGRESS=")
+            .and_then(|n| n.parse::<u64>().ok());
+        // Halfway or so: the batch has lines running on both workers.
+        if !killed && progress.is_some_and(|n| n >= 200) {
+            f.processes[0].kill();
+            killed = true;
+        }
+    }
+    let output = child.wait_with_output().await.unwrap();
+    assert!(
+        output.status.success() && printed.contains("COMPLETED=1000"),
+        "the batch failed ({}):\n{}\n{}",
+        output.status,
+        printed
+            .lines()
+            .filter(|l| !l.starts_with("PROGRESS="))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        killed,
+        "the batch ended before a worker could be killed:\n{printed}"
+    );
+}
+
+/// A batch's JSONL file uploaded as `POST /v1/files` would take it from any client.
+async fn upload(gateway: &Gateway, lines: &[Value]) -> String {
+    let mut jsonl = String::new();
+    for line in lines {
+        jsonl.push_str(&line.to_string());
+        jsonl.push('\n');
+    }
+    let boundary = "genfleet-test-boundary";
+    let body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n\
+         --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\
+         Content-Type: application/jsonl\r\n\r\n{jsonl}\r\n--{boundary}--\r\n"
+    );
+    let response = http()
+        .post(format!("{}/files", gateway.base_url()))
+        .bearer_auth(KEY)
+        .header(
+            "content-type",
+            format!("multipart/form-data; boundary={boundary}"),
+        )
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let file: Value = response.json().await.unwrap();
+    file["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{file}"))
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_goes_on_when_its_gateway_is_killed_and_every_replica_reports_the_same() {
+    let f = two_workers().await;
+    let mut first = Gateway::start(&f, free_port(), &[]).await;
+    let second = Gateway::start(&f, free_port(), &[]).await;
+    let lines: Vec<Value> = (0..300)
+        .map(|i| {
+            json!({"custom_id": format!("g-{i}"), "method": "POST", "url": "/v1/chat/completions",
+                   "body": {"model": "default", "messages": [{"role": "user", "content": format!("line-{i}")}]}})
+        })
+        .collect();
+    let file_id = upload(&first, &lines).await;
+    let response = http()
+        .post(format!("{}/batches", first.base_url()))
+        .bearer_auth(KEY)
+        .json(
+            &json!({"input_file_id": file_id, "endpoint": "/v1/chat/completions",
+                      "completion_window": "24h"}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let batch: Value = response.json().await.unwrap();
+    let id = batch["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{batch}"))
+        .to_string();
+    // Once some lines ended, the gateway driving it is killed.
+    wait::until("some lines to end", WITHIN, || async {
+        let (_, batch) = get(&first, KEY, &format!("batches/{id}")).await;
+        let completed = batch["request_counts"]["completed"].as_u64().unwrap_or(0);
+        if completed >= 20 {
+            Ok(())
+        } else {
+            Err(batch.to_string())
+        }
+    })
+    .await;
+    first.stop("KILL").await;
+    let url = format!("batches/{id}");
+    let done = wait::until(
+        "the batch to end through the other gateway",
+        WITHIN * 3,
+        || async {
+            let (_, batch) = get(&second, KEY, &url).await;
+            match batch["status"].as_str() {
+                Some("completed" | "failed" | "expired" | "cancelled") => Ok(batch),
+                _ => Err(batch.to_string()),
+            }
+        },
+    )
+    .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(
+        done["request_counts"],
+        json!({"total": 300, "completed": 300, "failed": 0})
+    );
+    // A gateway started again reports what the other does.
+    let restarted = Gateway::start(&f, free_port(), &[]).await;
+    let (_, again) = get(&restarted, KEY, &format!("batches/{id}")).await;
+    assert_eq!(again, done);
+    let output_id = done["output_file_id"].as_str().unwrap();
+    let text = http()
+        .get(format!(
+            "{}/files/{output_id}/content",
+            restarted.base_url()
+        ))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let mut ids: Vec<String> = text
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).unwrap()["custom_id"].to_string())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 300, "every line once: {}", text.lines().count());
+    assert_eq!(text.lines().count(), 300);
 }

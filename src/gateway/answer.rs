@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use super::Shared;
 use super::error::ApiError;
 use super::mapping::Ending;
-use super::openai::{AssistantMessage, Completion, CompletionChoice, Usage};
+use super::openai::Completion;
 use super::run::{Piece, Run};
 
 /// The request id an answer puts in its response's extensions, for
@@ -58,25 +58,16 @@ impl Answer {
                 self.shared
                     .metrics
                     .answered(&self.tenant, &self.pool, finish, false);
-                let completion = Completion {
-                    id: self.id.clone(),
-                    object: "chat.completion",
-                    created: self.created,
-                    model: self.model.clone(),
-                    choices: [CompletionChoice {
-                        index: 0,
-                        message: AssistantMessage {
-                            role: "assistant",
-                            content: (!content.is_empty() || end.tool_calls.is_empty())
-                                .then_some(content),
-                            reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
-                            tool_calls: end.tool_calls,
-                        },
-                        logprobs: None,
-                        finish_reason: finish.to_string(),
-                    }],
-                    usage: Usage::from(end.usage),
-                };
+                let completion = Completion::new(
+                    self.id.clone(),
+                    self.created,
+                    self.model.clone(),
+                    content,
+                    reasoning,
+                    end.tool_calls,
+                    finish,
+                    end.usage,
+                );
                 axum::Json(completion).into_response()
             }
             Ending::Error { status, kind, code } => {

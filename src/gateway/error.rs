@@ -53,6 +53,16 @@ impl ApiError {
         self
     }
 
+    /// The HTTP status.
+    pub(super) fn status(&self) -> u16 {
+        self.status
+    }
+
+    /// The JSON body as a value (a batch line's error body).
+    pub(super) fn body_value(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body()).expect("errors serialize")
+    }
+
     /// The wire code (`invalid_request`, `no_slot_available`, ...), as the metrics count it.
     pub(super) fn code(&self) -> &str {
         &self.code

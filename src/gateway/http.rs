@@ -29,7 +29,7 @@ use super::Shared;
 use super::answer::{Answer, response_id};
 use super::error::{ApiError, REQUEST_ID_HEADER};
 use super::mapping::{Mapped, map_request};
-use super::openai::parse_request;
+use super::openai::{ChatRequest, parse_request};
 use super::run::Run;
 use crate::protocol::RequestLimits;
 use crate::telemetry::{self, KeyValue};
@@ -230,26 +230,9 @@ async fn chat_completion(
         Err(field) => return ApiError::bad(field).into_response(),
     };
     let model = chat.model.clone();
-    let Some(route) = shared.pools.route(&shared.client, &model).await else {
-        shared
-            .metrics
-            .answered(&tenant, "", "model_not_found", chat.stream == Some(true));
-        return model_not_found(&model).into_response();
-    };
-    let limits = RequestLimits {
-        max_metadata_bytes: shared.settings.limits.max_metadata_bytes,
-        ..RequestLimits::default()
-    };
-    let tenant_opt = (!tenant.is_empty()).then_some(tenant.as_str());
-    let mapped = match map_request(
-        chat,
-        route,
-        tenant_opt,
-        shared.settings.gateway.max_request_ms,
-        &limits,
-    ) {
+    let mapped = match map_chat(&shared, &tenant, chat).await {
         Ok(mapped) => mapped,
-        Err(field) => return ApiError::bad(field).into_response(),
+        Err(error) => return error.into_response(),
     };
     let open = shared.metrics.open();
     let pool = mapped.pool.clone();
@@ -294,6 +277,35 @@ async fn chat_completion(
         response.headers_mut().insert(REQUEST_ID_HEADER, value);
     }
     response
+}
+
+/// A chat request mapped onto a generation request of the caller's tenant, routed to its
+/// pool.
+pub(super) async fn map_chat(
+    shared: &Shared,
+    tenant: &str,
+    chat: ChatRequest,
+) -> Result<Mapped, Box<ApiError>> {
+    let model = chat.model.clone();
+    let Some(route) = shared.pools.route(&shared.client, &model).await else {
+        shared
+            .metrics
+            .answered(tenant, "", "model_not_found", chat.stream == Some(true));
+        return Err(Box::new(model_not_found(&model)));
+    };
+    let limits = RequestLimits {
+        max_metadata_bytes: shared.settings.limits.max_metadata_bytes,
+        ..RequestLimits::default()
+    };
+    let tenant = (!tenant.is_empty()).then_some(tenant);
+    map_request(
+        chat,
+        route,
+        tenant,
+        shared.settings.gateway.max_request_ms,
+        &limits,
+    )
+    .map_err(|field| Box::new(ApiError::bad(field)))
 }
 
 pub(super) async fn start(

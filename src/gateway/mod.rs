@@ -14,12 +14,16 @@
 //!   one whose caller and gateway both vanished still ends.
 
 mod answer;
+pub mod batches;
+mod collect;
 mod error;
+pub mod files;
 mod http;
 pub mod keys;
 pub mod mapping;
 mod metrics;
 pub mod openai;
+mod page;
 mod pools;
 pub mod responses;
 mod run;
@@ -62,6 +66,13 @@ pub(crate) struct Shared {
     pub metrics: Metrics,
     /// The stored responses of the Responses API.
     pub responses: responses::store::Responses,
+    /// The files of the Files API (batch input and output).
+    pub files: files::Files,
+    /// The batches of the Batch API, and the wake-up of this replica's keeper of them.
+    pub batches: batches::store::Batches,
+    pub batch_wake: tokio::sync::Notify,
+    /// This replica's id, for the leases of the batches it drives.
+    pub replica: String,
     /// Cancelled when the drain after a stop ran out: open responses cancel their requests.
     pub abort: CancellationToken,
     /// Cancelled when the gateway stops taking requests.
@@ -100,6 +111,12 @@ impl Gateway {
         let responses = responses::store::Responses::open(client.nats(), settings)
             .await
             .map_err(|e| GatewayError::Connect(e.to_string()))?;
+        let files = files::Files::open(client.nats(), settings)
+            .await
+            .map_err(|e| GatewayError::Connect(e.to_string()))?;
+        let batches = batches::store::Batches::open(client.nats(), settings)
+            .await
+            .map_err(|e| GatewayError::Connect(e.to_string()))?;
         let (listener, addr) =
             crate::serve::bind(listen)
                 .await
@@ -116,6 +133,10 @@ impl Gateway {
             keys,
             metrics: Metrics::new(),
             responses,
+            files,
+            batches,
+            batch_wake: tokio::sync::Notify::new(),
+            replica: crate::protocol::ids::new_id(),
             abort: CancellationToken::new(),
             stopping: CancellationToken::new(),
         };
@@ -156,10 +177,16 @@ impl Gateway {
             tokio::time::sleep(drain).await;
             abort.cancel();
         });
+        tokio::spawn(batches::driver::keep(shared.clone()));
         let stopped = shared.stopping.clone();
         crate::serve::serve(
             self.listener,
-            http::router(shared.clone(), responses::routes()),
+            http::router(
+                shared.clone(),
+                responses::routes()
+                    .merge(files::routes(&shared.settings))
+                    .merge(batches::routes()),
+            ),
             async move { stopped.cancelled().await },
         )
         .await

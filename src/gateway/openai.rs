@@ -329,6 +329,40 @@ pub struct Completion {
     pub usage: Usage,
 }
 
+impl Completion {
+    /// The completion of what a request produced, ended with `finish`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: String,
+        created: u64,
+        model: String,
+        content: String,
+        reasoning: String,
+        tool_calls: Vec<ToolCall>,
+        finish: &str,
+        usage: crate::protocol::result::Usage,
+    ) -> Completion {
+        Completion {
+            id,
+            object: "chat.completion",
+            created,
+            model,
+            choices: [CompletionChoice {
+                index: 0,
+                message: AssistantMessage {
+                    role: "assistant",
+                    content: (!content.is_empty() || tool_calls.is_empty()).then_some(content),
+                    reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
+                    tool_calls,
+                },
+                logprobs: None,
+                finish_reason: finish.to_string(),
+            }],
+            usage: Usage::from(usage),
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub struct CompletionChoice {
     pub index: u32,

@@ -17,7 +17,13 @@ LLM of tests/data/gateway.toml. PART is:
 - `tenants OTHER_KEY`: another tenant's key refused on read, input items, continue, cancel
   and delete, exactly as an unknown id;
 - `agents`: an OpenAI Agents SDK `Agent` with a `function_tool`, run by `Runner.run` on the
-  gateway's Responses API.
+  gateway's Responses API;
+- `batch OTHER_KEY`: files and batches: a chat batch with malformed lines (each in the error
+  file with its line number, the rest answered), a Responses batch, the list, a cancel, a file
+  over the gateway's limit refused, and another tenant's key refused on every file and batch
+  route;
+- `batch-big LINES`: a batch of LINES chat lines, its progress printed as `PROGRESS=<n>` while
+  it runs (the test kills a worker meanwhile), every line answered exactly once.
 Exits non-zero (with a traceback) on the first mismatch, and prints `responses client: PART
 passed` at the end.
 """
@@ -243,6 +249,176 @@ def agents():
     assert result.final_output == "The caller's tool said sunny in Paris", result.final_output
 
 
+def upload(lines, name="in.jsonl"):
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    return client.files.create(file=(name, data), purpose="batch")
+
+
+def chat_line(custom_id, text):
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "default", "messages": [{"role": "user", "content": text}]}}
+
+
+def wait_batch(batch_id, within=120, progress=False):
+    deadline = time.time() + within
+    while True:
+        b = client.batches.retrieve(batch_id)
+        if progress:
+            print(f"PROGRESS={b.request_counts.completed if b.request_counts else 0}", flush=True)
+        if b.status in ("completed", "failed", "expired", "cancelled"):
+            return b
+        assert time.time() < deadline, f"{batch_id} still {b.status}: {b}"
+        time.sleep(0.2)
+
+
+def jsonl(file_id):
+    text = client.files.content(file_id).text
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def batch():
+    good = [chat_line(f"c{i}", f"line-{i}") for i in range(5)]
+    raw = [json.dumps(line) for line in good[:3]]
+    raw.append("{this is not json")                                   # line 4
+    raw.append(json.dumps({**chat_line("wrong-url", "x"), "url": "/v1/embeddings"}))  # line 5
+    raw.append(json.dumps(chat_line("c0", "again")))                  # line 6
+    raw.append(json.dumps({**chat_line("bad-body", "x"),             # line 7
+                           "body": {"model": "default", "messages": [], "temprature": 1}}))
+    raw += [json.dumps(line) for line in good[3:]]                    # lines 8, 9
+    f = client.files.create(file=("mixed.jsonl", ("\n".join(raw) + "\n").encode()),
+                            purpose="batch")
+    assert f.purpose == "batch" and f.bytes > 0 and f.id.startswith("file-"), f
+    assert client.files.retrieve(f.id).filename == "mixed.jsonl"
+    b = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                              completion_window="24h", metadata={"run": "test"})
+    assert b.status in ("validating", "in_progress"), b
+    done = wait_batch(b.id)
+    first = b.id
+    assert done.status == "completed", done
+    assert (done.request_counts.total, done.request_counts.completed,
+            done.request_counts.failed) == (9, 5, 4), done.request_counts
+    assert done.metadata == {"run": "test"}, done.metadata
+    out = jsonl(done.output_file_id)
+    assert sorted(o["custom_id"] for o in out) == [f"c{i}" for i in range(5)], out
+    for o in out:
+        i = o["custom_id"][1:]
+        body = o["response"]["body"]
+        assert o["response"]["status_code"] == 200, o
+        assert body["choices"][0]["message"]["content"] == f"Hello from the mock, line-{i}!", o
+        assert body["object"] == "chat.completion" and o["id"].startswith("batch_req_"), o
+    errors = {e["error"]["line"] if e["error"] else e["custom_id"]: e for e in jsonl(done.error_file_id)}
+    assert errors[4]["error"]["code"] == "invalid_json", errors
+    assert "line 4" in errors[4]["error"]["message"], errors
+    assert errors[5]["error"]["code"] == "invalid_url" and errors[5]["custom_id"] == "wrong-url"
+    assert errors[6]["error"]["code"] == "duplicate_custom_id", errors
+    bad = errors["bad-body"]["response"]
+    assert bad["status_code"] == 400 and bad["body"]["error"]["param"] == "temprature", bad
+
+    # A Responses batch.
+    f = upload([{"custom_id": f"r{i}", "method": "POST", "url": "/v1/responses",
+                 "body": {"model": "default", "input": f"resp-{i}"}} for i in range(3)])
+    b = client.batches.create(input_file_id=f.id, endpoint="/v1/responses",
+                              completion_window="24h")
+    done = wait_batch(b.id)
+    assert done.status == "completed" and done.request_counts.completed == 3, done
+    for o in jsonl(done.output_file_id):
+        body = o["response"]["body"]
+        assert body["object"] == "response" and body["status"] == "completed", o
+        text = body["output"][-1]["content"][0]["text"]
+        assert text == f"Hello from the mock, resp-{o['custom_id'][1:]}!", o
+        # Stored: readable as any response.
+        assert client.responses.retrieve(body["id"]).status == "completed"
+
+    # Listed, newest first.
+    listed = [x.id for x in client.batches.list(limit=10)]
+    assert listed == [b.id, first], listed
+
+    # Cancelled while it runs: it ends cancelled, lines that ran in its output.
+    f = upload([chat_line(f"s{i}", "gw-slow") for i in range(3)])
+    b = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                              completion_window="24h")
+    deadline = time.time() + 60
+    while client.batches.retrieve(b.id).status != "in_progress":
+        assert time.time() < deadline
+        time.sleep(0.1)
+    cancelling = client.batches.cancel(b.id)
+    assert cancelling.status in ("cancelling", "cancelled"), cancelling
+    done = wait_batch(b.id)
+    assert done.status == "cancelled", done
+
+    # Bad input: the batch's own fields, a file over the limit, unknown ids.
+    for kwargs, param in [
+        ({"endpoint": "/v1/embeddings"}, "endpoint"),
+        ({"completion_window": "1h"}, "completion_window"),
+        ({"input_file_id": "file-01NOSUCHFILE"}, "input_file_id"),
+    ]:
+        args = {"input_file_id": f.id, "endpoint": "/v1/chat/completions",
+                "completion_window": "24h", **kwargs}
+        try:
+            client.batches.create(**args)
+            raise AssertionError(f"{kwargs} was accepted")
+        except (openai.BadRequestError, openai.NotFoundError) as error:
+            assert error.body["param"] == param, error.body
+    try:
+        client.files.create(file=("big.jsonl", b"x" * 300_000), purpose="batch")
+        raise AssertionError("a file over the limit was stored")
+    except openai.APIStatusError as error:
+        assert error.status_code == 413, error
+    try:
+        client.files.create(file=("in.jsonl", b"{}"), purpose="fine-tune")
+        raise AssertionError("a purpose not served was accepted")
+    except openai.BadRequestError as error:
+        assert error.body["param"] == "purpose", error.body
+
+    # Another tenant's key finds none of it.
+    theirs = openai.OpenAI(base_url=base_url, api_key=arg, max_retries=0, timeout=60)
+    attempts = [
+        lambda: theirs.files.retrieve(f.id),
+        lambda: theirs.files.content(f.id),
+        lambda: theirs.files.delete(f.id),
+        lambda: theirs.batches.retrieve(b.id),
+        lambda: theirs.batches.cancel(b.id),
+        lambda: theirs.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                      completion_window="24h"),
+    ]
+    for attempt in attempts:
+        try:
+            attempt()
+            raise AssertionError("another tenant reached a file or a batch")
+        except openai.NotFoundError:
+            pass
+    assert [x.id for x in theirs.batches.list()] == [], "another tenant's batches are listed"
+    assert [x.id for x in theirs.files.list()] == [], "another tenant's files are listed"
+    assert client.files.retrieve(f.id).id == f.id
+    client.files.delete(f.id)
+    try:
+        client.files.retrieve(f.id)
+        raise AssertionError("a deleted file was read")
+    except openai.NotFoundError:
+        pass
+
+
+def batch_big():
+    count = int(arg)
+    f = upload([chat_line(f"big-{i}", f"line-{i}") for i in range(count)], "big.jsonl")
+    b = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                              completion_window="24h")
+    print(f"BATCH_ID={b.id}", flush=True)
+    done = wait_batch(b.id, within=600, progress=True)
+    assert done.status == "completed", done
+    counts = done.request_counts
+    assert (counts.total, counts.completed, counts.failed) == (count, count, 0), counts
+    out = jsonl(done.output_file_id)
+    ids = [o["custom_id"] for o in out]
+    assert sorted(ids) == sorted(f"big-{i}" for i in range(count)), "not every line once"
+    for o in out:
+        i = o["custom_id"][4:]
+        content = o["response"]["body"]["choices"][0]["message"]["content"]
+        assert content == f"answer to line-{i}", o
+    assert done.error_file_id is None, done
+    print(f"COMPLETED={len(out)}", flush=True)
+
+
 {"responses": responses, "tools": tools, "chain": chain, "background": background,
- "tenants": tenants, "agents": agents}[part]()
+ "tenants": tenants, "agents": agents, "batch": batch, "batch-big": batch_big}[part]()
 print(f"responses client: {part} passed", flush=True)

@@ -13,11 +13,12 @@ use axum::response::{IntoResponse, Response};
 use super::store::Stored;
 use super::wire::{Outcome, Produced};
 use super::{Job, store_unavailable};
-use crate::client::{Client, ClientError, Follow, Lost, Step};
+use crate::client::{Client, ClientError, Follow, Step};
 use crate::gateway::Shared;
+use crate::gateway::collect::{Collected, Collector};
 use crate::gateway::error::ApiError;
-use crate::gateway::mapping::{Mapped, ending_of, ending_of_chain};
-use crate::gateway::run::{CHAIN_SEPARATOR, enqueue, prepare};
+use crate::gateway::mapping::{Mapped, ending_of};
+use crate::gateway::run::{enqueue, prepare};
 use crate::protocol::result::Usage;
 use crate::protocol::{ErrorCode, GenerationResult, Reason, RequestState};
 
@@ -69,11 +70,9 @@ pub(super) async fn start(job: Job, mut mapped: Mapped) -> Result<Response, Resp
 
 /// Follows a background request through its chain, writing its progress and its end.
 async fn follow_to_end(job: Job, mut follow: Follow, client: Client, through_decisions: bool) {
-    let mut produced = Produced::default();
-    let mut usage = Usage::default();
-    let mut separate = false;
+    let mut collector = Collector::new(through_decisions);
     while let Some(step) = follow.next().await {
-        match step {
+        match &step {
             Step::Started { .. } => {
                 modify(&job.shared, &job.tenant, &job.id, |stored| {
                     (stored.status() == "queued").then(|| {
@@ -82,50 +81,30 @@ async fn follow_to_end(job: Job, mut follow: Follow, client: Client, through_dec
                 })
                 .await;
             }
-            Step::Text(text) => {
-                if std::mem::take(&mut separate) && !produced.text.is_empty() {
-                    produced.text.push_str(CHAIN_SEPARATOR);
-                }
-                produced.text.push_str(&text);
-            }
-            Step::Reasoning(text) => produced.reasoning.push_str(&text),
             Step::Continued { request_id } => {
-                separate = true;
                 modify(&job.shared, &job.tenant, &job.id, |stored| {
                     (!stored.is_final()).then(|| stored.request_id = request_id.clone())
                 })
                 .await;
             }
-            Step::Ended(result) => {
-                usage.add(result.usage);
-                let waits = result.reason == Reason::DecisionRequested
-                    && through_decisions
-                    && result.signals.iter().any(|s| s.decision.is_some());
-                if waits {
-                    continue;
-                }
-                produced.tool_calls = result.tool_calls.clone();
-                let outcome = outcome_of_result(&result);
-                settle(&job, &outcome, &produced, usage).await;
-                let _ = client.result(&result.request_id, true).await;
-                return;
-            }
-            Step::ChainEnded { outcome } => {
-                let outcome = Outcome::Incomplete(ending_of_chain(outcome).into());
-                settle(&job, &outcome, &produced, usage).await;
-                return;
-            }
+            _ => {}
+        }
+        match collector.take(step) {
+            Collected::Going => {}
             // The bus went away: a later poll settles the response from the fleet.
-            Step::Lost(Lost::BusClosed) => return,
-            Step::Lost(Lost::Result(message) | Lost::Continuation(message)) => {
-                let outcome = Outcome::Failed {
-                    code: "result_unavailable".into(),
-                    message,
-                };
-                settle(&job, &outcome, &produced, usage).await;
+            Collected::Abandoned => return,
+            Collected::Ended {
+                ending,
+                message,
+                release,
+            } => {
+                let outcome = Outcome::of(&ending, message);
+                settle(&job, &outcome, &collector.produced, collector.usage).await;
+                if let Some(request_id) = release {
+                    let _ = client.result(&request_id, true).await;
+                }
                 return;
             }
-            Step::ToolCall { .. } | Step::ToolResult { .. } => {}
         }
     }
 }

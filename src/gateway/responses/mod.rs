@@ -36,10 +36,10 @@ use self::store::Stored;
 use self::wire::{Echo, ItemIds, Outcome, Produced};
 use super::Shared;
 use super::error::{ApiError, REQUEST_ID_HEADER};
-use super::http::{authorize, model_not_found, now_secs, read_body, request_span, stopping};
-use super::mapping::{Ending, map_request};
+use super::http::{authorize, map_chat, now_secs, read_body, request_span, stopping};
+use super::mapping::{Ending, Mapped};
+use super::page::Page;
 use super::run::{End, Piece, Run};
-use crate::protocol::RequestLimits;
 
 pub(super) fn routes() -> Router<Arc<Shared>> {
     Router::new()
@@ -51,7 +51,7 @@ pub(super) fn routes() -> Router<Arc<Shared>> {
 
 /// One response on its way: what its object and its stored record need besides the run.
 #[derive(Clone)]
-pub(super) struct Job {
+pub(in crate::gateway) struct Job {
     shared: Arc<Shared>,
     tenant: String,
     id: String,
@@ -94,6 +94,20 @@ impl Job {
             request_id: request_id.to_string(),
             background: self.background,
         }
+    }
+
+    /// The response's object once it ended, kept when it is to be stored.
+    pub(in crate::gateway) async fn finish(
+        &self,
+        outcome: &Outcome,
+        produced: &Produced,
+        usage: crate::protocol::result::Usage,
+        request_id: &str,
+    ) -> Value {
+        let output = produced.items(&mut ItemIds::new());
+        let object = self.object(outcome, output, Some(wire::usage(usage)));
+        self.keep(&object, Some(produced), request_id).await;
+        object
     }
 
     /// Keeps the response when it is to be stored. A store that fails is logged: the caller
@@ -142,6 +156,55 @@ fn store_unavailable(error: impl std::fmt::Display) -> ApiError {
     )
 }
 
+/// A Responses request read into the generation request it runs as, and its job: its
+/// `previous_response_id` read in the caller's tenant, its model routed.
+pub(in crate::gateway) async fn prepare_job(
+    shared: &Arc<Shared>,
+    tenant: &str,
+    request: wire::ResponsesRequest,
+) -> Result<(Mapped, Job), Box<ApiError>> {
+    let previous = match &request.previous_response_id {
+        None => None,
+        Some(id) => Some(previous_of(shared, tenant, id).await.map_err(Box::new)?),
+    };
+    let history = previous
+        .as_ref()
+        .map(|p| p.conversation.as_slice())
+        .unwrap_or_default();
+    let mut prepared = wire::prepare(request, history).map_err(|e| Box::new(ApiError::bad(e)))?;
+    let id = format!("resp_{}", crate::protocol::ids::new_id());
+    // A `previous_response_id` chain is one session: its requests go first to the worker
+    // that served it last.
+    let genfleet = prepared.chat.genfleet.get_or_insert_with(Default::default);
+    let session = genfleet
+        .session
+        .clone()
+        .or_else(|| previous.as_ref().map(|p| p.session.clone()))
+        .or_else(|| prepared.chat.user.clone())
+        .unwrap_or_else(|| id.clone());
+    genfleet.session = Some(session.clone());
+    if prepared.background {
+        genfleet.durable = true;
+    }
+    let mapped = map_chat(shared, tenant, prepared.chat).await?;
+    let mut conversation = history.to_vec();
+    conversation.extend(prepared.input_messages);
+    let job = Job {
+        shared: shared.clone(),
+        tenant: tenant.to_string(),
+        id,
+        created_at: now_secs(),
+        echo: prepared.echo,
+        store: prepared.store,
+        background: prepared.background,
+        pool: mapped.pool.clone(),
+        input_items: prepared.input_items,
+        conversation,
+        session,
+    };
+    Ok((mapped, job))
+}
+
 async fn create(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
@@ -165,65 +228,10 @@ async fn create_in(
         return Err(refuse(stopping()));
     }
     let request = wire::parse(&body).map_err(|e| refuse(ApiError::bad(e)))?;
-    let previous = match &request.previous_response_id {
-        None => None,
-        Some(id) => Some(previous_of(&shared, &tenant, id).await.map_err(refuse)?),
-    };
-    let history = previous
-        .as_ref()
-        .map(|p| p.conversation.as_slice())
-        .unwrap_or_default();
-    let mut prepared = wire::prepare(request, history).map_err(|e| refuse(ApiError::bad(e)))?;
-    let id = format!("resp_{}", crate::protocol::ids::new_id());
-    // A `previous_response_id` chain is one session: its requests go first to the worker
-    // that served it last.
-    let genfleet = prepared.chat.genfleet.get_or_insert_with(Default::default);
-    let session = genfleet
-        .session
-        .clone()
-        .or_else(|| previous.as_ref().map(|p| p.session.clone()))
-        .or_else(|| prepared.chat.user.clone())
-        .unwrap_or_else(|| id.clone());
-    genfleet.session = Some(session.clone());
-    if prepared.background {
-        genfleet.durable = true;
-    }
-    let model = prepared.chat.model.clone();
-    let stream = prepared.chat.stream == Some(true);
-    let Some(route) = shared.pools.route(&shared.client, &model).await else {
-        shared
-            .metrics
-            .answered(&tenant, "", "model_not_found", stream);
-        return Err(refuse(model_not_found(&model)));
-    };
-    let limits = RequestLimits {
-        max_metadata_bytes: shared.settings.limits.max_metadata_bytes,
-        ..RequestLimits::default()
-    };
-    let tenant_opt = (!tenant.is_empty()).then_some(tenant.as_str());
-    let mapped = map_request(
-        prepared.chat,
-        route,
-        tenant_opt,
-        shared.settings.gateway.max_request_ms,
-        &limits,
-    )
-    .map_err(|e| refuse(ApiError::bad(e)))?;
-    let mut conversation = history.to_vec();
-    conversation.extend(prepared.input_messages);
-    let job = Job {
-        shared: shared.clone(),
-        tenant: tenant.clone(),
-        id,
-        created_at: now_secs(),
-        echo: prepared.echo,
-        store: prepared.store,
-        background: prepared.background,
-        pool: mapped.pool.clone(),
-        input_items: prepared.input_items,
-        conversation,
-        session,
-    };
+    let stream = request.stream == Some(true);
+    let (mapped, job) = prepare_job(&shared, &tenant, request)
+        .await
+        .map_err(|e| refuse(*e))?;
     if job.background {
         return background::start(job, mapped).await;
     }
@@ -294,10 +302,9 @@ async fn whole(job: Job, mut run: Run) -> Response {
         .answered(&job.tenant, &job.pool, outcome_label(&end), false);
     let outcome = outcome_of(&end);
     produced.tool_calls = end.tool_calls.clone();
-    let output = produced.items(&mut ItemIds::new());
-    let object = job.object(&outcome, output, Some(wire::usage(end.usage)));
-    let request_id = run.caller_id().to_string();
-    job.keep(&object, Some(&produced), &request_id).await;
+    let object = job
+        .finish(&outcome, &produced, end.usage, run.caller_id())
+        .await;
     match end.ending {
         Ending::Error { status, kind, code } => {
             ApiError::new(status, kind, code, end.message).into_response()
@@ -376,9 +383,6 @@ async fn cancel(
     }
 }
 
-/// Most input items one page holds.
-const MAX_PAGE: usize = 100;
-
 async fn input_items(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
@@ -389,7 +393,7 @@ async fn input_items(
         Ok(tenant) => tenant,
         Err(error) => return error.into_response(),
     };
-    let page = match Page::read(&query) {
+    let page = match Page::read(&query, &["include"]) {
         Ok(page) => page,
         Err(error) => return error.into_response(),
     };
@@ -399,113 +403,4 @@ async fn input_items(
         Err(error) => return store_unavailable(error).into_response(),
     };
     axum::Json(page.of(stored.input_items)).into_response()
-}
-
-/// A page of a list: OpenAI's `limit`, `order` and `after`.
-#[derive(Debug)]
-struct Page {
-    limit: usize,
-    ascending: bool,
-    after: Option<String>,
-}
-
-impl Page {
-    fn read(query: &HashMap<String, String>) -> Result<Page, Box<ApiError>> {
-        let bad = |param: &str, message: String| {
-            Box::new(
-                ApiError::new(400, "invalid_request_error", "invalid_request", message)
-                    .with_param(param),
-            )
-        };
-        if let Some(key) = query
-            .keys()
-            .find(|k| !matches!(k.as_str(), "limit" | "order" | "after" | "include"))
-        {
-            return Err(bad(
-                key,
-                format!(
-                    "{}: unknown query parameter (limit, order, after and include are)",
-                    crate::protocol::text::one_line(key)
-                ),
-            ));
-        }
-        let limit = match query.get("limit") {
-            None => 20,
-            Some(text) => match text.parse::<usize>() {
-                Ok(n @ 1..=MAX_PAGE) => n,
-                _ => return Err(bad("limit", format!("limit: must be 1 to {MAX_PAGE}"))),
-            },
-        };
-        let ascending = match query.get("order").map(String::as_str) {
-            None | Some("desc") => false,
-            Some("asc") => true,
-            Some(_) => return Err(bad("order", "order: must be asc or desc".into())),
-        };
-        Ok(Page {
-            limit,
-            ascending,
-            after: query.get("after").cloned(),
-        })
-    }
-
-    /// The page of `items` (oldest first) as OpenAI's list object.
-    fn of(&self, mut items: Vec<Value>) -> Value {
-        if !self.ascending {
-            items.reverse();
-        }
-        let start = match &self.after {
-            Some(after) => items
-                .iter()
-                .position(|item| item["id"].as_str() == Some(after))
-                .map_or(items.len(), |i| i + 1),
-            None => 0,
-        };
-        let rest = items.len().saturating_sub(start);
-        let data: Vec<Value> = items.into_iter().skip(start).take(self.limit).collect();
-        json!({
-            "object": "list",
-            "first_id": data.first().map(|item| item["id"].clone()),
-            "last_id": data.last().map(|item| item["id"].clone()),
-            "has_more": rest > data.len(),
-            "data": data,
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn query(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    #[test]
-    fn a_page_of_input_items_in_either_order() {
-        let items: Vec<Value> = (0..5).map(|i| json!({"id": format!("i{i}")})).collect();
-        let page = Page::read(&query(&[("limit", "2")]))
-            .unwrap()
-            .of(items.clone());
-        assert_eq!(page["data"], json!([{"id": "i4"}, {"id": "i3"}]));
-        assert_eq!(page["has_more"], true);
-        let page = Page::read(&query(&[("order", "asc"), ("after", "i2")]))
-            .unwrap()
-            .of(items.clone());
-        assert_eq!(page["data"], json!([{"id": "i3"}, {"id": "i4"}]));
-        assert_eq!(
-            (page["first_id"].clone(), page["has_more"].clone()),
-            (json!("i3"), json!(false))
-        );
-        for bad in [
-            query(&[("limit", "0")]),
-            query(&[("limit", "101")]),
-            query(&[("order", "up")]),
-            query(&[("before", "x")]),
-        ] {
-            assert!(Page::read(&bad).is_err(), "{bad:?}");
-        }
-    }
 }

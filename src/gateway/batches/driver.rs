@@ -1,0 +1,651 @@
+//! Batches driven to their end: one replica at a time drives a batch, under a lease in its
+//! record, and any other takes it over once the lease ran out (that replica stopped or died).
+//!
+//! Each replica's keeper looks at the batches every [`TICK`] and takes those that are not
+//! final and whose lease ran out. The driver sends the lines as durable requests in band
+//! `low`, at most `gateway.batch_window` at once, each with an id made of the batch's and its
+//! line number, follows each to its end, and keeps each line's outcome in the lines bucket
+//! before releasing its result. Every tick it renews its lease and writes its counts, and
+//! reads whether the batch was cancelled or expired. Once every line ended it writes the output
+//! and error files, and the batch's end.
+//!
+//! Architecture invariants:
+//! - Nothing runs twice: a line's request id is the same for every driver. Lines the record
+//!   says may have been sent (below `reserved`, written before they are) are looked up before
+//!   they are sent again; one that exists is followed, not sent.
+//! - Nothing accepted is lost: a line's outcome is kept before its result is released, so a
+//!   driver that dies between the two leaves a result the next one reads.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use serde_json::{Value, json};
+
+use super::lines::{self, Line};
+use super::store::{LineOutcome, Record};
+use crate::client::{Client, ClientError};
+use crate::gateway::Shared;
+use crate::gateway::collect::{Collected, Collector};
+use crate::gateway::error::ApiError;
+use crate::gateway::mapping::{Ending, Mapped};
+use crate::gateway::openai::{Completion, parse_request};
+use crate::gateway::responses::wire::{self, Outcome};
+use crate::gateway::responses::{Job, prepare_job};
+use crate::gateway::run::{enqueue, prepare};
+use crate::protocol::{ErrorCode, Priority};
+
+/// How often a keeper looks for batches to take, and a driver renews its lease.
+pub const TICK: Duration = Duration::from_secs(1);
+
+/// How long a lease holds without being renewed.
+pub const LEASE: Duration = Duration::from_secs(10);
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// This replica's keeper: takes the batches whose lease ran out and drives them, until the
+/// gateway stops.
+pub(crate) async fn keep(shared: Arc<Shared>) {
+    let mut driving: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
+    let mut ended: HashSet<String> = HashSet::new();
+    loop {
+        tokio::select! {
+            _ = shared.stopping.cancelled() => return,
+            _ = tokio::time::sleep(TICK) => {}
+            _ = shared.batch_wake.notified() => {}
+        }
+        driving.retain(|_, task| !task.is_finished());
+        let keys = match shared.batches.keys().await {
+            Ok(keys) => keys,
+            Err(error) => {
+                tracing::warn!(message = "the batches cannot be listed", %error);
+                continue;
+            }
+        };
+        for key in keys {
+            if driving.contains_key(&key) || ended.contains(&key) {
+                continue;
+            }
+            let Ok(Some(read)) = shared.batches.get_by_key(&key).await else {
+                continue;
+            };
+            if read.record.is_final() {
+                ended.insert(key);
+                continue;
+            }
+            let now = now_ms();
+            if read.record.owner != shared.replica && read.record.lease_until_ms > now {
+                continue;
+            }
+            let mut record = read.record;
+            record.owner = shared.replica.clone();
+            record.lease_until_ms = now + LEASE.as_millis() as u64;
+            if let Ok(Some(revision)) = shared.batches.update(&record, read.revision).await {
+                tracing::info!(message = "driving a batch", batch = %key);
+                let task = tokio::spawn(drive(shared.clone(), record, revision));
+                driving.insert(key, task);
+            }
+        }
+    }
+}
+
+/// Why a batch stopped sending lines before its end.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Stop {
+    Cancelled,
+    Expired,
+}
+
+struct Driver {
+    shared: Arc<Shared>,
+    client: Client,
+    record: Record,
+    revision: u64,
+    id: String,
+    tenant: String,
+    endpoint: String,
+    lines: Vec<Line>,
+    completed: u64,
+    failed: u64,
+    stop: Option<Stop>,
+}
+
+/// What renewing the lease found.
+enum Renewed {
+    Held,
+    /// Another replica holds the batch now (or it is gone): this driver stops.
+    Lost,
+}
+
+async fn drive(shared: Arc<Shared>, record: Record, revision: u64) {
+    let id = record.batch["id"].as_str().unwrap_or_default().to_string();
+    let tenant = record.tenant.clone();
+    let client = if tenant.is_empty() {
+        shared.client.clone()
+    } else {
+        match shared.client.clone().with_tenant(&tenant) {
+            Ok(client) => client,
+            Err(error) => {
+                tracing::warn!(message = "a batch's tenant is not valid", %error, batch = %id);
+                return;
+            }
+        }
+    };
+    let endpoint = record.batch["endpoint"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let mut driver = Driver {
+        shared,
+        client,
+        record,
+        revision,
+        id,
+        tenant,
+        endpoint,
+        lines: Vec::new(),
+        completed: 0,
+        failed: 0,
+        stop: None,
+    };
+    if let Err(error) = driver.run().await {
+        tracing::warn!(message = "a batch's driver stopped", error = %error, batch = %driver.id);
+    }
+}
+
+impl Driver {
+    async fn run(&mut self) -> Result<(), String> {
+        let file_id = self.record.batch["input_file_id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let input = match self.shared.files.read(&self.tenant, &file_id).await {
+            Ok(Some(input)) => input,
+            Ok(None) => {
+                return self
+                    .fail("invalid_file", &format!("the input file {file_id} is gone"))
+                    .await;
+            }
+            Err(error) => return Err(error.to_string()),
+        };
+        self.lines = lines::parse(&input, &self.endpoint);
+        drop(input);
+        if self.lines.is_empty() {
+            return self.fail("empty_file", "the input file has no line").await;
+        }
+        if self.record.status() == "validating" {
+            let now = (now_ms() / 1000).into();
+            self.record.batch["status"] = "in_progress".into();
+            self.record.batch["in_progress_at"] = now;
+            self.record.batch["request_counts"]["total"] = self.lines.len().into();
+            self.write().await?;
+        }
+        // What ended under an earlier driver.
+        let last = self.lines.last().map_or(0, |l| l.number);
+        let outcomes = self
+            .shared
+            .batches
+            .lines(&self.tenant, &self.id, last)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut pending = Vec::new();
+        for place in 0..self.lines.len() {
+            match &outcomes[self.lines[place].number - 1] {
+                Some(outcome) => self.count(outcome.ok),
+                None => pending.push(place),
+            }
+        }
+        let reserved = self.record.reserved;
+        let window = self.shared.settings.gateway.batch_window.max(1);
+        let mut next = 0;
+        let mut in_flight = FuturesUnordered::new();
+        let mut running: HashSet<String> = HashSet::new();
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            while self.stop.is_none() && next < pending.len() && in_flight.len() < window {
+                let place = pending[next];
+                if place >= self.record.reserved {
+                    // Written before the lines are sent: a driver taking over looks them up.
+                    self.record.reserved = (place + window).min(self.lines.len());
+                    self.write().await?;
+                }
+                let line = self.lines[place].clone();
+                let request_id = format!("{}-{}", self.id, line.number);
+                running.insert(self.client.on_bus(&request_id));
+                in_flight.push(self.run_line(line, request_id, place < reserved));
+                next += 1;
+            }
+            if in_flight.is_empty() && (next == pending.len() || self.stop.is_some()) {
+                break;
+            }
+            tokio::select! {
+                ended = in_flight.next() => {
+                    let Some((bus_id, outcome)) = ended else { continue };
+                    running.remove(&bus_id);
+                    match outcome {
+                        Some(ok) => self.count(ok),
+                        // The bus went away: another driver picks the line up.
+                        None => return Err("the bus connection closed".into()),
+                    }
+                }
+                _ = tick.tick() => {
+                    if let Renewed::Lost = self.renew().await? {
+                        return Ok(());
+                    }
+                    if self.stop.is_none() {
+                        self.stop = self.stop_asked();
+                        if let Some(stop) = self.stop {
+                            tracing::info!(message = "a batch stops", batch = %self.id, ?stop);
+                            for request_id in &running {
+                                let _ = self.shared.client.cancel_because(request_id, "its batch was cancelled or expired").await;
+                            }
+                        }
+                    }
+                }
+                _ = self.shared.stopping.cancelled() => {
+                    // Another replica takes it over at once.
+                    self.record.owner.clear();
+                    self.record.lease_until_ms = 0;
+                    let _ = self.write().await;
+                    return Ok(());
+                }
+            }
+        }
+        self.finish().await
+    }
+
+    fn count(&mut self, ok: bool) {
+        if ok {
+            self.completed += 1;
+        } else {
+            self.failed += 1;
+        }
+    }
+
+    /// Whether the batch was asked to stop (cancelled) or ran out of time (expired).
+    fn stop_asked(&self) -> Option<Stop> {
+        if self.record.status() == "cancelling" {
+            return Some(Stop::Cancelled);
+        }
+        let expires_at = self.record.batch["expires_at"].as_u64().unwrap_or(u64::MAX);
+        (now_ms() / 1000 >= expires_at).then_some(Stop::Expired)
+    }
+
+    /// Writes the record over the revision held.
+    async fn write(&mut self) -> Result<(), String> {
+        self.record.batch["request_counts"]["completed"] = self.completed.into();
+        self.record.batch["request_counts"]["failed"] = self.failed.into();
+        match self
+            .shared
+            .batches
+            .update(&self.record, self.revision)
+            .await
+        {
+            Ok(Some(revision)) => {
+                self.revision = revision;
+                Ok(())
+            }
+            // Changed meanwhile (a cancel): read again, keep what changed, write ours.
+            Ok(None) => match self.renew().await? {
+                Renewed::Held => Ok(()),
+                Renewed::Lost => Err("another replica drives the batch now".into()),
+            },
+            Err(error) => Err(error.to_string()),
+        }
+    }
+
+    /// Reads the record (its status may have changed: a cancel), renews the lease and writes
+    /// the counts.
+    async fn renew(&mut self) -> Result<Renewed, String> {
+        for _ in 0..8 {
+            let read = match self.shared.batches.get(&self.tenant, &self.id).await {
+                Ok(Some(read)) => read,
+                Ok(None) => return Ok(Renewed::Lost),
+                Err(error) => return Err(error.to_string()),
+            };
+            if read.record.owner != self.shared.replica {
+                return Ok(Renewed::Lost);
+            }
+            let mut record = read.record;
+            record.lease_until_ms = now_ms() + LEASE.as_millis() as u64;
+            record.reserved = record.reserved.max(self.record.reserved);
+            record.batch["request_counts"]["completed"] = self.completed.into();
+            record.batch["request_counts"]["failed"] = self.failed.into();
+            if record.status() == "in_progress" || record.status() == "validating" {
+                record.batch["status"] = self.record.batch["status"].clone();
+                for key in ["in_progress_at", "finalizing_at"] {
+                    record.batch[key] = self.record.batch[key].clone();
+                }
+                record.batch["request_counts"]["total"] =
+                    self.record.batch["request_counts"]["total"].clone();
+            }
+            match self.shared.batches.update(&record, read.revision).await {
+                Ok(Some(revision)) => {
+                    self.record = record;
+                    self.revision = revision;
+                    return Ok(Renewed::Held);
+                }
+                Ok(None) => continue,
+                Err(error) => return Err(error.to_string()),
+            }
+        }
+        Err("the batch's record kept changing".into())
+    }
+
+    async fn fail(&mut self, code: &str, message: &str) -> Result<(), String> {
+        let now = now_ms() / 1000;
+        self.record.batch["status"] = "failed".into();
+        self.record.batch["failed_at"] = now.into();
+        self.record.batch["errors"] = json!({"object": "list", "data": [
+            {"code": code, "message": message, "param": "input_file_id", "line": null}
+        ]});
+        self.write().await
+    }
+
+    /// Writes the output and error files, and the batch's end.
+    async fn finish(&mut self) -> Result<(), String> {
+        let now = now_ms() / 1000;
+        self.record.batch["status"] = "finalizing".into();
+        self.record.batch["finalizing_at"] = now.into();
+        self.write().await?;
+        let last = self.lines.last().map_or(0, |l| l.number);
+        let outcomes = self
+            .shared
+            .batches
+            .lines(&self.tenant, &self.id, last)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (mut output, mut errors) = (Vec::new(), Vec::new());
+        let (mut completed, mut failed) = (0u64, 0u64);
+        for line in &self.lines {
+            let (ok, text) = match &outcomes[line.number - 1] {
+                Some(outcome) => (outcome.ok, outcome.line.to_string()),
+                None if self.stop == Some(Stop::Expired) => {
+                    let error = lines::LineError {
+                        code: "batch_expired",
+                        message: format!(
+                            "line {}: the batch expired before this line ran",
+                            line.number
+                        ),
+                    };
+                    (
+                        false,
+                        lines::not_a_request(&self.id, line, &error).to_string(),
+                    )
+                }
+                None => continue,
+            };
+            let (file, count) = if ok {
+                (&mut output, &mut completed)
+            } else {
+                (&mut errors, &mut failed)
+            };
+            file.extend_from_slice(text.as_bytes());
+            file.push(b'\n');
+            *count += 1;
+        }
+        for (bytes, key, name) in [
+            (output, "output_file_id", "output"),
+            (errors, "error_file_id", "error"),
+        ] {
+            if bytes.is_empty() {
+                continue;
+            }
+            let filename = format!("{}_{name}.jsonl", self.id);
+            let file = self
+                .shared
+                .files
+                .put(&self.tenant, "batch_output", &filename, &bytes)
+                .await
+                .map_err(|e| e.to_string())?;
+            self.record.batch[key] = file.id.into();
+        }
+        self.completed = completed;
+        self.failed = failed;
+        let now = now_ms() / 1000;
+        let (status, at) = match self.stop {
+            None => ("completed", "completed_at"),
+            Some(Stop::Cancelled) => ("cancelled", "cancelled_at"),
+            Some(Stop::Expired) => ("expired", "expired_at"),
+        };
+        self.record.batch["status"] = status.into();
+        self.record.batch[at] = now.into();
+        self.record.owner.clear();
+        self.record.lease_until_ms = 0;
+        self.write().await?;
+        tracing::info!(message = "a batch ended", batch = %self.id, status, completed, failed);
+        Ok(())
+    }
+
+    /// Runs one line to its end and keeps its outcome: `(its id on the bus, Some(answered
+    /// well))`, or `None` when the bus went away before its end was known.
+    fn run_line(
+        &self,
+        line: Line,
+        request_id: String,
+        maybe_sent: bool,
+    ) -> impl std::future::Future<Output = (String, Option<bool>)> + use<> {
+        let shared = self.shared.clone();
+        let client = self.client.clone();
+        let tenant = self.tenant.clone();
+        let batch_id = self.id.clone();
+        let endpoint = self.endpoint.clone();
+        let expires_at = self.record.batch["expires_at"].as_u64().unwrap_or(0);
+        let bus_id = client.on_bus(&request_id);
+        async move {
+            let line_run = LineRun {
+                shared: &shared,
+                tenant: &tenant,
+                batch_id: &batch_id,
+                endpoint: &endpoint,
+                expires_at,
+            };
+            let outcome = line_run.run(&line, request_id, maybe_sent).await;
+            let Some(outcome) = outcome else {
+                return (bus_id, None);
+            };
+            let kept = shared
+                .batches
+                .put_line(&tenant, &batch_id, line.number, &outcome.kept)
+                .await;
+            if let Err(error) = kept {
+                tracing::warn!(message = "a batch line's outcome was not kept", %error, batch = %batch_id, line = line.number);
+                return (bus_id, None);
+            }
+            if let Some(release) = outcome.release {
+                let _ = shared.client.result(&release, true).await;
+            }
+            (bus_id, Some(outcome.kept.ok))
+        }
+    }
+}
+
+/// A line's outcome, and the request whose stored result to release once it is kept.
+struct Ran {
+    kept: LineOutcome,
+    release: Option<String>,
+}
+
+/// What one line's run needs.
+struct LineRun<'a> {
+    shared: &'a Arc<Shared>,
+    tenant: &'a str,
+    batch_id: &'a str,
+    endpoint: &'a str,
+    expires_at: u64,
+}
+
+/// How a line's answer is written.
+enum Answerer {
+    Chat { model: String },
+    Response(Box<Job>),
+}
+
+impl LineRun<'_> {
+    fn refused(&self, line: &Line, error: &ApiError) -> Ran {
+        Ran {
+            kept: LineOutcome {
+                ok: false,
+                line: lines::answered(
+                    self.batch_id,
+                    line,
+                    error.status(),
+                    None,
+                    error.body_value(),
+                ),
+            },
+            release: None,
+        }
+    }
+
+    async fn run(&self, line: &Line, request_id: String, maybe_sent: bool) -> Option<Ran> {
+        let body = match &line.body {
+            Ok(body) => body,
+            Err(error) => {
+                return Some(Ran {
+                    kept: LineOutcome {
+                        ok: false,
+                        line: lines::not_a_request(self.batch_id, line, error),
+                    },
+                    release: None,
+                });
+            }
+        };
+        let (mut mapped, answerer) = match self.map(body).await {
+            Ok(mapped) => mapped,
+            Err(error) => return Some(self.refused(line, &error)),
+        };
+        mapped.request.request_id = Some(request_id.clone());
+        mapped.request.priority = Some(Priority::Low);
+        mapped.durable = true;
+        // A line may wait in the queue behind the rest of the window: it runs until the batch
+        // expires, not gateway.max_request_ms.
+        let left = (self.expires_at * 1000).saturating_sub(now_ms()).max(1);
+        mapped.request.deadline_ms = Some(left);
+        let (client, bus_id) = match prepare(self.shared, &mut mapped, self.tenant, false).await {
+            Ok(prepared) => prepared,
+            Err(error) => {
+                let error = ApiError::not_started(error, 0);
+                return Some(self.refused(line, &error));
+            }
+        };
+        let mut follow = client
+            .follow_chain(&bus_id, mapped.follow_decisions)
+            .await
+            .ok()?;
+        let known = maybe_sent
+            && match client.status(&bus_id).await {
+                Ok(_) => true,
+                Err(ClientError::Wire(error)) if error.code == ErrorCode::NotFound => false,
+                Err(_) => return None,
+            };
+        if !known {
+            match enqueue(&client, &mapped).await {
+                Ok(_) => {}
+                // Sent by an earlier driver within the queue's duplicate window: followed.
+                Err(ClientError::Wire(error)) if error.code == ErrorCode::DuplicateRequestId => {}
+                Err(ClientError::Wire(error)) => {
+                    let error =
+                        ApiError::not_started(crate::gateway::run::StartError::Refused(error), 0);
+                    return Some(self.refused(line, &error));
+                }
+                Err(_) => return None,
+            }
+        }
+        let mut collector = Collector::new(mapped.follow_decisions);
+        let (ending, message, release) = loop {
+            match collector.take(follow.next().await?) {
+                Collected::Going => {}
+                Collected::Abandoned => return None,
+                Collected::Ended {
+                    ending,
+                    message,
+                    release,
+                } => break (ending, message, release),
+            }
+        };
+        let caller_id = request_id.as_str();
+        let line_out = match (&ending, answerer) {
+            (Ending::Error { status, kind, code }, _) => {
+                let error = ApiError::new(*status, kind, code, message);
+                lines::answered(
+                    self.batch_id,
+                    line,
+                    *status,
+                    Some(caller_id),
+                    error.body_value(),
+                )
+            }
+            (Ending::Finish(finish), Answerer::Chat { model }) => {
+                let produced = &collector.produced;
+                let completion = Completion::new(
+                    format!("chatcmpl-{caller_id}"),
+                    now_ms() / 1000,
+                    model,
+                    produced.text.clone(),
+                    produced.reasoning.clone(),
+                    produced.tool_calls.clone(),
+                    finish,
+                    collector.usage,
+                );
+                let body = serde_json::to_value(completion).expect("completions serialize");
+                lines::answered(self.batch_id, line, 200, Some(caller_id), body)
+            }
+            (Ending::Finish(_), Answerer::Response(job)) => {
+                let outcome = Outcome::of(&ending, message);
+                let object = job
+                    .finish(&outcome, &collector.produced, collector.usage, &bus_id)
+                    .await;
+                lines::answered(self.batch_id, line, 200, Some(caller_id), object)
+            }
+        };
+        let ok = matches!(ending, Ending::Finish(_));
+        Some(Ran {
+            kept: LineOutcome { ok, line: line_out },
+            release,
+        })
+    }
+
+    /// A line's body as the request it runs as.
+    async fn map(&self, body: &Value) -> Result<(Mapped, Answerer), ApiError> {
+        let bytes = serde_json::to_vec(body).expect("values serialize");
+        let whole = |param: &str| {
+            ApiError::new(
+                400,
+                "invalid_request_error",
+                "invalid_request",
+                format!("{param}: a batch line is answered whole, in the output file"),
+            )
+            .with_param(param)
+        };
+        if self.endpoint == "/v1/responses" {
+            let request = wire::parse(&bytes).map_err(ApiError::bad)?;
+            if request.stream == Some(true) {
+                return Err(whole("stream"));
+            }
+            if request.background == Some(true) {
+                return Err(whole("background"));
+            }
+            let (mapped, job) = prepare_job(self.shared, self.tenant, request)
+                .await
+                .map_err(|e| *e)?;
+            return Ok((mapped, Answerer::Response(Box::new(job))));
+        }
+        let chat = parse_request(&bytes).map_err(ApiError::bad)?;
+        if chat.stream == Some(true) {
+            return Err(whole("stream"));
+        }
+        let model = chat.model.clone();
+        let mapped = crate::gateway::http::map_chat(self.shared, self.tenant, chat)
+            .await
+            .map_err(|e| *e)?;
+        Ok((mapped, Answerer::Chat { model }))
+    }
+}

@@ -1,0 +1,262 @@
+//! Batches as every gateway replica reads them: a record per batch in `gateway.batches_bucket`
+//! (the batch object, and which replica drives it until when), and each line's outcome in the
+//! bucket of the same name with `_LINES` after it, written once the line ended.
+//!
+//! Architecture invariant: a batch belongs to its tenant. Its keys are `<tenant>.<batch id>`
+//! and `<tenant>.<batch id>.<line>`, built from the caller's own tenant, so another tenant's id
+//! is a 404 exactly as an unknown one.
+
+use std::time::Duration;
+
+use async_nats::jetstream::kv;
+use futures_util::{StreamExt, TryStreamExt};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::client::BusError;
+use crate::settings::Settings;
+
+/// Longest batch id read from a path: `batch_` and a ULID are 32 characters.
+const MAX_ID_LEN: usize = 64;
+
+/// Line outcomes read at once.
+const READ_AHEAD: usize = 64;
+
+/// A batch's record.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Record {
+    /// The batch object as `GET /v1/batches/{id}` serves it.
+    pub batch: Value,
+    /// The tenant it belongs to ("" for the default tenant).
+    pub tenant: String,
+    /// The replica driving it ("" when none), and until when (ms since the epoch) its lease
+    /// holds: another replica takes the batch over once it ran out.
+    pub owner: String,
+    pub lease_until_ms: u64,
+    /// Lines below this one (by their place in the file) may have been sent: one that was
+    /// taken over looks its request up before sending it again.
+    pub reserved: usize,
+}
+
+impl Record {
+    pub fn status(&self) -> &str {
+        self.batch["status"].as_str().unwrap_or("")
+    }
+
+    pub fn is_final(&self) -> bool {
+        matches!(
+            self.status(),
+            "completed" | "failed" | "expired" | "cancelled"
+        )
+    }
+}
+
+/// One line's outcome: its line of the output or of the error file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LineOutcome {
+    /// The line of the output file (`false`: of the error file).
+    pub ok: bool,
+    pub line: Value,
+}
+
+/// A record as read, with its revision.
+pub struct Read {
+    pub record: Record,
+    pub revision: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the batches bucket: {0}")]
+pub struct BatchesError(pub String);
+
+fn err(error: impl std::fmt::Display) -> BatchesError {
+    BatchesError(error.to_string())
+}
+
+/// The batches' buckets.
+#[derive(Clone)]
+pub struct Batches {
+    records: kv::Store,
+    lines: kv::Store,
+}
+
+impl Batches {
+    pub async fn open(nats: &async_nats::Client, settings: &Settings) -> Result<Self, BusError> {
+        let jetstream = async_nats::jetstream::new(nats.clone());
+        let bucket = &settings.gateway.batches_bucket;
+        let ttl = Duration::from_millis(settings.gateway.batches_ttl_ms);
+        let replicas = settings.jetstream.replicas;
+        let open = |name: String| {
+            let jetstream = jetstream.clone();
+            async move {
+                crate::client::streams::ensure_bucket(&jetstream, &name, 1, ttl, replicas).await
+            }
+        };
+        Ok(Batches {
+            records: open(bucket.clone()).await?,
+            lines: open(format!("{bucket}_LINES")).await?,
+        })
+    }
+
+    pub async fn get(&self, tenant: &str, id: &str) -> Result<Option<Read>, BatchesError> {
+        let Some(key) = key(tenant, id) else {
+            return Ok(None);
+        };
+        self.get_key(&key).await
+    }
+
+    async fn get_key(&self, key: &str) -> Result<Option<Read>, BatchesError> {
+        let Some(entry) = self.records.entry(key).await.map_err(err)? else {
+            return Ok(None);
+        };
+        if entry.operation != kv::Operation::Put {
+            return Ok(None);
+        }
+        let record = serde_json::from_slice(&entry.value)
+            .map_err(|e| BatchesError(format!("a batch record cannot be read: {e}")))?;
+        Ok(Some(Read {
+            record,
+            revision: entry.revision,
+        }))
+    }
+
+    /// Writes a new batch's record; `Ok(false)` when its key is taken.
+    pub async fn create(&self, record: &Record) -> Result<bool, BatchesError> {
+        let key = own_key(record)?;
+        let body = serde_json::to_vec(record).expect("records serialize");
+        match self.records.create(key, body.into()).await {
+            Ok(_) => Ok(true),
+            Err(error) if error.kind() == kv::CreateErrorKind::AlreadyExists => Ok(false),
+            Err(error) => Err(err(error)),
+        }
+    }
+
+    /// Writes a record over the revision read; `Ok(None)` when it changed since, else the new
+    /// revision.
+    pub async fn update(
+        &self,
+        record: &Record,
+        revision: u64,
+    ) -> Result<Option<u64>, BatchesError> {
+        let key = own_key(record)?;
+        let body = serde_json::to_vec(record).expect("records serialize");
+        match self.records.update(key, body.into(), revision).await {
+            Ok(revision) => Ok(Some(revision)),
+            Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(None),
+            Err(error) => Err(err(error)),
+        }
+    }
+
+    /// Every batch's key (`<tenant>.<id>`), of every tenant.
+    pub async fn keys(&self) -> Result<Vec<String>, BatchesError> {
+        let keys = self.records.keys().await.map_err(err)?;
+        keys.try_collect().await.map_err(err)
+    }
+
+    /// The record of a key [`Batches::keys`] gave.
+    pub async fn get_by_key(&self, key: &str) -> Result<Option<Read>, BatchesError> {
+        self.get_key(key).await
+    }
+
+    /// The tenant's batches, newest first.
+    pub async fn list(&self, tenant: &str) -> Result<Vec<Record>, BatchesError> {
+        let prefix = format!("{}.", tenant_token(tenant));
+        let mut records = Vec::new();
+        for key in self.keys().await? {
+            if key.starts_with(&prefix)
+                && let Some(read) = self.get_key(&key).await?
+            {
+                records.push(read.record);
+            }
+        }
+        records.sort_by(|a, b| {
+            let at = |r: &Record| (r.batch["created_at"].as_u64(), r.batch["id"].to_string());
+            at(b).cmp(&at(a))
+        });
+        Ok(records)
+    }
+
+    /// Keeps a line's outcome (again: the same line written twice is one line).
+    pub async fn put_line(
+        &self,
+        tenant: &str,
+        id: &str,
+        line: usize,
+        outcome: &LineOutcome,
+    ) -> Result<(), BatchesError> {
+        let key = line_key(tenant, id, line)?;
+        let body = serde_json::to_vec(outcome).expect("outcomes serialize");
+        self.lines.put(key, body.into()).await.map_err(err)?;
+        Ok(())
+    }
+
+    /// The outcomes of lines `1..=count`, in order (`None` for a line not ended).
+    pub async fn lines(
+        &self,
+        tenant: &str,
+        id: &str,
+        count: usize,
+    ) -> Result<Vec<Option<LineOutcome>>, BatchesError> {
+        let keys = (1..=count)
+            .map(|line| line_key(tenant, id, line))
+            .collect::<Result<Vec<_>, _>>()?;
+        futures_util::stream::iter(keys)
+            .map(|key| async move {
+                match self.lines.get(key).await.map_err(err)? {
+                    Some(body) => serde_json::from_slice(&body)
+                        .map(Some)
+                        .map_err(|e| BatchesError(format!("a line's outcome cannot be read: {e}"))),
+                    None => Ok(None),
+                }
+            })
+            .buffered(READ_AHEAD)
+            .try_collect()
+            .await
+    }
+}
+
+fn tenant_token(tenant: &str) -> &str {
+    if tenant.is_empty() { "default" } else { tenant }
+}
+
+fn own_key(record: &Record) -> Result<String, BatchesError> {
+    let id = record.batch["id"].as_str().unwrap_or_default();
+    key(&record.tenant, id).ok_or_else(|| BatchesError(format!("{id:?} is not a batch id")))
+}
+
+fn line_key(tenant: &str, id: &str, line: usize) -> Result<String, BatchesError> {
+    key(tenant, id)
+        .map(|key| format!("{key}.{line}"))
+        .ok_or_else(|| BatchesError(format!("{id:?} is not a batch id")))
+}
+
+/// The key of a tenant's batch: `None` for an id no batch has.
+pub fn key(tenant: &str, id: &str) -> Option<String> {
+    let valid = id.len() <= MAX_ID_LEN
+        && id.strip_prefix("batch_").is_some_and(|rest| {
+            !rest.is_empty() && rest.chars().all(|c| c.is_ascii_alphanumeric())
+        });
+    valid.then(|| format!("{}.{id}", tenant_token(tenant)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_the_tenant_s_and_only_a_batch_id_makes_one() {
+        assert_eq!(key("t", "batch_01AB").as_deref(), Some("t.batch_01AB"));
+        assert_eq!(key("", "batch_01AB").as_deref(), Some("default.batch_01AB"));
+        for bad in [
+            "",
+            "batch_",
+            "batch_*",
+            "batch_a.b",
+            "t.batch_1",
+            "batch_a>",
+        ] {
+            assert_eq!(key("t", bad), None, "{bad:?}");
+        }
+        assert_eq!(line_key("t", "batch_01AB", 7).unwrap(), "t.batch_01AB.7");
+    }
+}
