@@ -43,6 +43,13 @@ pub const TICK: Duration = Duration::from_secs(1);
 /// How long a lease holds without being renewed.
 pub const LEASE: Duration = Duration::from_secs(10);
 
+/// Most batches one replica drives at once (each holds its input in memory): the others wait
+/// for a replica with room.
+pub const MAX_DRIVEN: usize = 4;
+
+/// Why a driver stops when another replica took its batch over.
+const LOST: &str = "another replica drives the batch now";
+
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -69,6 +76,9 @@ pub(crate) async fn keep(shared: Arc<Shared>) {
             }
         };
         for key in keys {
+            if driving.len() >= MAX_DRIVEN {
+                break;
+            }
             if driving.contains_key(&key) || ended.contains(&key) {
                 continue;
             }
@@ -201,6 +211,7 @@ impl Driver {
                 None => pending.push(place),
             }
         }
+        self.stop = self.stop_asked();
         let reserved = self.record.reserved;
         let window = self.shared.settings.gateway.batch_window.max(1);
         let mut next = 0;
@@ -237,6 +248,7 @@ impl Driver {
                 }
                 _ = tick.tick() => {
                     if let Renewed::Lost = self.renew().await? {
+                        tracing::info!(message = "another replica drives the batch now", batch = %self.id);
                         return Ok(());
                     }
                     if self.stop.is_none() {
@@ -250,10 +262,10 @@ impl Driver {
                     }
                 }
                 _ = self.shared.stopping.cancelled() => {
-                    // Another replica takes it over at once.
+                    // Another replica takes it over at once; the lines running go on.
                     self.record.owner.clear();
                     self.record.lease_until_ms = 0;
-                    let _ = self.write().await;
+                    let _ = self.shared.batches.update(&self.record, self.revision).await;
                     return Ok(());
                 }
             }
@@ -278,65 +290,52 @@ impl Driver {
         (now_ms() / 1000 >= expires_at).then_some(Stop::Expired)
     }
 
-    /// Writes the record over the revision held.
+    /// Writes the record (with the counts) over the revision held. Another write came first
+    /// when the revision moved on: a cancel (taken in while the batch runs) or another
+    /// replica's take-over (then this driver stops).
     async fn write(&mut self) -> Result<(), String> {
-        self.record.batch["request_counts"]["completed"] = self.completed.into();
-        self.record.batch["request_counts"]["failed"] = self.failed.into();
-        match self
-            .shared
-            .batches
-            .update(&self.record, self.revision)
-            .await
-        {
-            Ok(Some(revision)) => {
-                self.revision = revision;
-                Ok(())
-            }
-            // Changed meanwhile (a cancel): read again, keep what changed, write ours.
-            Ok(None) => match self.renew().await? {
-                Renewed::Held => Ok(()),
-                Renewed::Lost => Err("another replica drives the batch now".into()),
-            },
-            Err(error) => Err(error.to_string()),
-        }
-    }
-
-    /// Reads the record (its status may have changed: a cancel), renews the lease and writes
-    /// the counts.
-    async fn renew(&mut self) -> Result<Renewed, String> {
         for _ in 0..8 {
+            self.record.batch["request_counts"]["completed"] = self.completed.into();
+            self.record.batch["request_counts"]["failed"] = self.failed.into();
+            match self
+                .shared
+                .batches
+                .update(&self.record, self.revision)
+                .await
+            {
+                Ok(Some(revision)) => {
+                    self.revision = revision;
+                    return Ok(());
+                }
+                Ok(None) => {}
+                Err(error) => return Err(error.to_string()),
+            }
             let read = match self.shared.batches.get(&self.tenant, &self.id).await {
                 Ok(Some(read)) => read,
-                Ok(None) => return Ok(Renewed::Lost),
+                Ok(None) => return Err("the batch is gone".into()),
                 Err(error) => return Err(error.to_string()),
             };
             if read.record.owner != self.shared.replica {
-                return Ok(Renewed::Lost);
+                return Err(LOST.into());
             }
-            let mut record = read.record;
-            record.lease_until_ms = now_ms() + LEASE.as_millis() as u64;
-            record.reserved = record.reserved.max(self.record.reserved);
-            record.batch["request_counts"]["completed"] = self.completed.into();
-            record.batch["request_counts"]["failed"] = self.failed.into();
-            if record.status() == "in_progress" || record.status() == "validating" {
-                record.batch["status"] = self.record.batch["status"].clone();
-                for key in ["in_progress_at", "finalizing_at"] {
-                    record.batch[key] = self.record.batch[key].clone();
-                }
-                record.batch["request_counts"]["total"] =
-                    self.record.batch["request_counts"]["total"].clone();
+            let running = matches!(self.record.status(), "validating" | "in_progress");
+            if read.record.status() == "cancelling" && running {
+                self.record.batch["status"] = "cancelling".into();
+                self.record.batch["cancelling_at"] = read.record.batch["cancelling_at"].clone();
             }
-            match self.shared.batches.update(&record, read.revision).await {
-                Ok(Some(revision)) => {
-                    self.record = record;
-                    self.revision = revision;
-                    return Ok(Renewed::Held);
-                }
-                Ok(None) => continue,
-                Err(error) => return Err(error.to_string()),
-            }
+            self.revision = read.revision;
         }
         Err("the batch's record kept changing".into())
+    }
+
+    /// Renews the lease (and writes the counts, and takes in a cancel).
+    async fn renew(&mut self) -> Result<Renewed, String> {
+        self.record.lease_until_ms = now_ms() + LEASE.as_millis() as u64;
+        match self.write().await {
+            Ok(()) => Ok(Renewed::Held),
+            Err(error) if error == LOST => Ok(Renewed::Lost),
+            Err(error) => Err(error),
+        }
     }
 
     async fn fail(&mut self, code: &str, message: &str) -> Result<(), String> {
