@@ -516,10 +516,10 @@ async fn the_gateway_reaches_what_it_uses_and_nothing_of_a_workers() {
             .await
             .expect("the gateway deletes a file")
     );
-    let batches = genfleet::gateway::batches::store::Batches::open(&raw, &f.settings)
+    let batches = genfleet::client::batches::Batches::open(&raw, &f.settings)
         .await
         .expect("the gateway opens the batches buckets");
-    let record = genfleet::gateway::batches::store::Record {
+    let record = genfleet::client::batches::Record {
         batch: serde_json::json!({"id": "batch_01PERMISSIONS", "status": "validating"}),
         tenant: "team-a".into(),
         owner: String::new(),
@@ -549,7 +549,7 @@ async fn the_gateway_reaches_what_it_uses_and_nothing_of_a_workers() {
         .update(&read.record, read.revision)
         .await
         .expect("the gateway updates a batch");
-    let outcome = genfleet::gateway::batches::store::LineOutcome {
+    let outcome = genfleet::client::batches::LineOutcome {
         ok: true,
         line: serde_json::json!({"custom_id": "a"}),
     };

@@ -7,12 +7,15 @@
 //! - `reply`: the bodies and headers of requests and replies on the bus (JSON or MessagePack);
 //! - `streams` and `records`: the fleet's streams and buckets, and a request's record as every
 //!   process reads it;
+//! - `batches`: the gateway's batches and their lines' outcomes, as the gateway writes them and
+//!   the console reads them;
 //! - `caller`: [`Client`], submitting, queueing, placing, cancelling and deciding;
 //! - `follow`: one stream of a request's events through its whole decision chain, to its last
 //!   continuation;
 //! - `tool_service`: serving a tool to the fleet (registered in the tools bucket, answering
 //!   `tools.<name>`).
 
+pub mod batches;
 pub mod caller;
 pub mod connect;
 pub mod fleet;

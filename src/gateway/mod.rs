@@ -69,7 +69,7 @@ pub(crate) struct Shared {
     /// The files of the Files API (batch input and output).
     pub files: files::Files,
     /// The batches of the Batch API, and the wake-up of this replica's keeper of them.
-    pub batches: batches::store::Batches,
+    pub batches: crate::client::batches::Batches,
     pub batch_wake: tokio::sync::Notify,
     /// This replica's id, for the leases of the batches it drives.
     pub replica: String,
@@ -114,7 +114,7 @@ impl Gateway {
         let files = files::Files::open(client.nats(), settings)
             .await
             .map_err(|e| GatewayError::Connect(e.to_string()))?;
-        let batches = batches::store::Batches::open(client.nats(), settings)
+        let batches = crate::client::batches::Batches::open(client.nats(), settings)
             .await
             .map_err(|e| GatewayError::Connect(e.to_string()))?;
         let (listener, addr) =

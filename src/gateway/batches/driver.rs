@@ -25,7 +25,7 @@ use futures_util::stream::FuturesUnordered;
 use serde_json::{Value, json};
 
 use super::lines::{self, Line};
-use super::store::{LineOutcome, Record};
+use crate::client::batches::{LineOutcome, Record};
 use crate::client::{Client, ClientError};
 use crate::gateway::Shared;
 use crate::gateway::collect::{Collected, Collector};

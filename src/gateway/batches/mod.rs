@@ -8,13 +8,12 @@
 //! | `POST /v1/batches/{id}/cancel` | stops it: lines running are cancelled, the rest not sent |
 //!
 //! A batch's record and its lines' outcomes live in buckets every replica shares
-//! ([`store`]); one replica at a time drives it ([`driver`]), and another takes it over when
+//! ([`crate::client::batches`]); one replica at a time drives it ([`driver`]), and another takes it over when
 //! that one stops or dies. Each line runs as a durable request in band `low` under the
 //! batch's tenant.
 
 pub mod driver;
 pub mod lines;
-pub mod store;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,11 +28,11 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use self::store::Record;
 use super::Shared;
 use super::error::ApiError;
 use super::http::{authorize, now_secs, read_body, stopping};
 use super::page::Page;
+use crate::client::batches::Record;
 
 /// The endpoints a batch's lines may call.
 pub const ENDPOINTS: &[&str] = &["/v1/chat/completions", "/v1/responses"];
