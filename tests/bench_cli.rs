@@ -619,7 +619,13 @@ async fn the_gateway_phase_reports_the_gateway_beside_the_bus_and_the_mock() {
     let concurrencies: Vec<f64> = levels.iter().map(|l| number(l, "/concurrency")).collect();
     assert_eq!(concurrencies, vec![1.0, 3.0]);
     for (i, level) in levels.iter().enumerate() {
-        for path in ["through_gateway", "through_bus", "backend_direct"] {
+        for path in [
+            "through_gateway",
+            "through_responses",
+            "through_responses_stored",
+            "through_bus",
+            "backend_direct",
+        ] {
             let at = |key: &str| format!("/levels/{i}/{path}/{key}");
             // Every request of every path completed, with the asked answer.
             assert_eq!(number(&report, &at("requests")), 12.0, "{path}");
@@ -660,17 +666,43 @@ async fn the_gateway_phase_reports_the_gateway_beside_the_bus_and_the_mock() {
         );
         number(level, "/gateway_added_over_direct_p99_ms");
         assert!(number(level, "/gateway_throughput_vs_bus") > 0.0);
+        let responses = number(
+            &report,
+            &format!("/levels/{i}/through_responses/latency_ms/p50"),
+        );
+        same(
+            number(level, "/responses_added_p50_ms"),
+            responses - gateway,
+            "responses added p50",
+        );
+        number(level, "/responses_added_p99_ms");
+        number(level, "/responses_stored_added_p50_ms");
     }
+    // The batch: as many lines as requests, every one answered, beside the drain of as many.
+    assert_eq!(number(&report, "/batch/lines"), 12.0, "{report}");
+    assert_eq!(field(&report, "/batch/status"), "completed", "{report}");
+    assert_eq!(number(&report, "/batch/completed"), 12.0, "{report}");
+    assert!(number(&report, "/batch/drain_per_sec") > 0.0, "{report}");
+    let ratio = number(&report, "/batch/batch_vs_drain");
+    same(
+        ratio,
+        number(&report, "/batch/batch_per_sec") / number(&report, "/batch/drain_per_sec"),
+        "the batch against the drain",
+    );
     // Every target is reported: at concurrency 1 over the direct call (p50, p99) and over the
-    // bus path; at concurrency 3 the throughput one is not measured.
+    // bus path; at concurrency 3 the throughput one is not measured; the Responses path at
+    // concurrency 1; the batch, measured but not under its conditions (10,000 lines, two
+    // workers).
     let targets = field(&report, "/targets").as_array().unwrap();
-    assert_eq!(targets.len(), 4, "{report}");
-    for at_one in &targets[..3] {
+    assert_eq!(targets.len(), 6, "{report}");
+    for at_one in [&targets[0], &targets[1], &targets[2], &targets[4]] {
         assert!(at_one["value"].is_number(), "{report}");
         assert_eq!(at_one["conditions_met"], Value::Bool(true));
     }
     assert!(targets[3]["value"].is_null(), "{report}");
     assert_eq!(targets[3]["conditions_met"], Value::Bool(false));
+    assert!(targets[5]["value"].is_number(), "{report}");
+    assert_eq!(targets[5]["conditions_met"], Value::Bool(false));
 
     // The table carries the same figures.
     let output = run(&[
@@ -693,6 +725,10 @@ async fn the_gateway_phase_reports_the_gateway_beside_the_bus_and_the_mock() {
         "added p50",
         "gateway added p50 over the bus path",
         "gateway throughput vs the bus path",
+        "HTTP → gateway /v1/responses → fleet → mock",
+        "responses added p50 over chat completions",
+        "batch of 4 lines on 1 worker(s): completed",
+        "batch rate vs the durable drain rate",
         "genfleet gateway (",
     ] {
         assert!(table.contains(expected), "{expected} missing from\n{table}");

@@ -9,7 +9,13 @@
 //!   as the gateway has), followed until its `finished` event, its stored result released
 //!   afterwards off the timed path (as the gateway releases it);
 //! - straight to the mock's `/v1/chat/completions` over HTTP (what the model call costs without
-//!   genfleet).
+//!   genfleet);
+//! - through the gateway's Responses API: `POST /v1/responses` with the same text as `input`,
+//!   once with `store: false` (what the Responses mapping adds to a chat completion) and once
+//!   stored (the default: the response kept in the responses bucket before it is answered).
+//!
+//! Then a batch ([`super::batch`]): the durable queue's drain rate and a batch's rate through
+//! the Batch API, on the same fleet.
 //!
 //! Every answer is checked: a reply of another length counts as an error.
 
@@ -61,15 +67,27 @@ pub struct GatewayReport {
     pub backend_url: String,
     pub spec: GatewaySpec,
     pub levels: Vec<GatewayLevel>,
+    /// The batch against the durable drain (absent with `--batch-lines 0`).
+    pub batch: Option<super::batch::BatchReport>,
     pub targets: Vec<TargetCheck>,
     pub notes: Vec<String>,
 }
 
-/// The three paths at one concurrency.
+/// The paths at one concurrency.
 #[derive(Debug, Clone, Serialize)]
 pub struct GatewayLevel {
     pub concurrency: usize,
     pub through_gateway: PathFigures,
+    /// `POST /v1/responses`, `store: false`.
+    pub through_responses: PathFigures,
+    /// `POST /v1/responses`, stored (the default).
+    pub through_responses_stored: PathFigures,
+    /// Responses p50 − chat completions p50 through the gateway, ms.
+    pub responses_added_p50_ms: Option<f64>,
+    /// Responses p99 − chat completions p99 through the gateway, ms.
+    pub responses_added_p99_ms: Option<f64>,
+    /// Stored responses p50 − chat completions p50 through the gateway, ms.
+    pub responses_stored_added_p50_ms: Option<f64>,
     pub through_bus: PathFigures,
     pub backend_direct: PathFigures,
     /// Gateway p50 − bus p50, ms.
@@ -83,6 +101,19 @@ pub struct GatewayLevel {
     pub gateway_added_over_direct_p50_ms: Option<f64>,
     /// Gateway p99 − the mock called directly's p99, ms.
     pub gateway_added_over_direct_p99_ms: Option<f64>,
+}
+
+impl GatewayLevel {
+    /// Each path's figures, by the path's name.
+    pub fn paths(&self) -> [(&'static str, &PathFigures); 5] {
+        [
+            ("gateway", &self.through_gateway),
+            ("responses", &self.through_responses),
+            ("responses stored", &self.through_responses_stored),
+            ("bus", &self.through_bus),
+            ("mock direct", &self.backend_direct),
+        ]
+    }
 }
 
 /// One path at one concurrency.
@@ -101,18 +132,31 @@ pub struct PathFigures {
     pub processes: Vec<ProcessUsage>,
 }
 
-/// The three ways a request is sent.
+/// The ways a request is sent.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Path {
     Gateway,
+    Responses,
+    ResponsesStored,
     Bus,
     Direct,
 }
+
+/// Every path, in the order each level runs them.
+const PATHS: [Path; 5] = [
+    Path::Gateway,
+    Path::Responses,
+    Path::ResponsesStored,
+    Path::Bus,
+    Path::Direct,
+];
 
 impl Path {
     fn label(self) -> &'static str {
         match self {
             Path::Gateway => "gateway",
+            Path::Responses => "responses",
+            Path::ResponsesStored => "responses stored",
             Path::Bus => "bus",
             Path::Direct => "mock direct",
         }
@@ -126,6 +170,8 @@ struct Callers {
     gateway_url: String,
     backend_url: String,
     gateway_body: bytes::Bytes,
+    responses_body: bytes::Bytes,
+    responses_stored_body: bytes::Bytes,
     direct_body: bytes::Bytes,
     spec: GatewaySpec,
     run_id: String,
@@ -146,10 +192,21 @@ impl Callers {
                 let url = format!("{}/chat/completions", self.backend_url);
                 self.http_call(&url, self.direct_body.clone()).await
             }
+            Path::Responses | Path::ResponsesStored => {
+                let url = format!("{}/responses", self.gateway_url);
+                let body = if path == Path::Responses {
+                    self.responses_body.clone()
+                } else {
+                    self.responses_stored_body.clone()
+                };
+                self.http_call(&url, body).await
+            }
             Path::Bus => self.bus_call().await,
         }
     }
 
+    /// An HTTP call: its answer's text (a completion's message, or a response's message item)
+    /// must be of the asked length.
     async fn http_call(&self, url: &str, body: bytes::Bytes) -> Result<(), String> {
         let response = self
             .http
@@ -172,6 +229,11 @@ impl Callers {
             serde_json::from_slice(&bytes).map_err(|_| "an answer that is not JSON".to_string())?;
         let content = answer
             .pointer("/choices/0/message/content")
+            .or_else(|| {
+                let output = answer.get("output")?.as_array()?;
+                let message = output.iter().find(|item| item["type"] == "message")?;
+                message.pointer("/content/0/text")
+            })
             .and_then(|c| c.as_str())
             .unwrap_or_default();
         self.check_length(content)
@@ -248,6 +310,16 @@ pub async fn run(
         "messages": [{"role": "user", "content": text}],
         "max_tokens": max_tokens,
     }))?;
+    let responses = |store: bool| {
+        serde_json::to_vec(&json!({
+            "model": spec.pool,
+            "input": text,
+            "max_output_tokens": max_tokens,
+            "store": store,
+        }))
+    };
+    let responses_body = responses(false)?;
+    let responses_stored_body = responses(true)?;
     let direct_body = serde_json::to_vec(&json!({
         "model": spec.model,
         "messages": [{"role": "user", "content": text}],
@@ -263,6 +335,8 @@ pub async fn run(
         gateway_url: gateway.base_url.trim_end_matches('/').to_string(),
         backend_url: fleet.backend_url.trim_end_matches('/').to_string(),
         gateway_body: gateway_body.into(),
+        responses_body: responses_body.into(),
+        responses_stored_body: responses_stored_body.into(),
         direct_body: direct_body.into(),
         spec: spec.clone(),
         run_id: format!("bench-gateway-{}", crate::protocol::ids::new_id()),
@@ -285,7 +359,7 @@ pub async fn run(
         monitor: None,
     };
     // One of each first: a path that cannot answer at all fails the run here, plainly.
-    for path in [Path::Gateway, Path::Bus, Path::Direct] {
+    for path in PATHS {
         callers
             .call(path)
             .await
@@ -296,7 +370,7 @@ pub async fn run(
     let mut levels = Vec::new();
     for &concurrency in &spec.levels {
         let mut figures = Vec::new();
-        for path in [Path::Gateway, Path::Bus, Path::Direct] {
+        for path in PATHS {
             // Warm-up: one request per client, so every connection is open.
             let warm = (0..concurrency as u64).map(|_| callers.call(path));
             futures_util::future::join_all(warm).await;
@@ -316,13 +390,23 @@ pub async fn run(
         }
         let direct = figures.pop().unwrap_or_default();
         let bus = figures.pop().unwrap_or_default();
+        let stored = figures.pop().unwrap_or_default();
+        let responses = figures.pop().unwrap_or_default();
         let through = figures.pop().unwrap_or_default();
         let at = |f: &PathFigures, p: fn(&Summary) -> f64| f.latency_ms.as_ref().map(p);
         let added = |p: fn(&Summary) -> f64| at(&through, p).zip(at(&bus, p)).map(|(g, b)| g - b);
         let over_direct =
             |p: fn(&Summary) -> f64| at(&through, p).zip(at(&direct, p)).map(|(g, d)| g - d);
+        let over_chat = |f: &PathFigures, p: fn(&Summary) -> f64| {
+            at(f, p).zip(at(&through, p)).map(|(r, g)| r - g)
+        };
         levels.push(GatewayLevel {
             concurrency,
+            responses_added_p50_ms: over_chat(&responses, |s| s.p50),
+            responses_added_p99_ms: over_chat(&responses, |s| s.p99),
+            responses_stored_added_p50_ms: over_chat(&stored, |s| s.p50),
+            through_responses: responses,
+            through_responses_stored: stored,
             gateway_added_over_direct_p50_ms: over_direct(|s| s.p50),
             gateway_added_over_direct_p99_ms: over_direct(|s| s.p99),
             gateway_added_p50_ms: added(|s| s.p50),
@@ -374,6 +458,7 @@ pub fn targets(spec: &GatewaySpec, levels: &[GatewayLevel]) -> Vec<TargetCheck> 
     let over_direct_p50 = one.and_then(|l| l.gateway_added_over_direct_p50_ms);
     let over_direct_p99 = one.and_then(|l| l.gateway_added_over_direct_p99_ms);
     let ratio = sixteen.and_then(|l| l.gateway_throughput_vs_bus);
+    let responses = one.and_then(|l| l.responses_added_p50_ms);
     vec![
         TargetCheck {
             name: "gateway added p50 over the direct call",
@@ -406,6 +491,14 @@ pub fn targets(spec: &GatewaySpec, levels: &[GatewayLevel]) -> Vec<TargetCheck> 
             unit: "%",
             met: ratio.map(|r| r >= 0.95),
             conditions_met: Some(zero_delay && sixteen.is_some()),
+        },
+        TargetCheck {
+            name: "responses added p50 over chat completions",
+            target: "<= 0.1 ms at concurrency 1, store false (zero-delay mock, one worker)",
+            value: responses,
+            unit: "ms",
+            met: responses.map(|ms| ms <= 0.1),
+            conditions_met: Some(zero_delay),
         },
     ]
 }
@@ -460,6 +553,16 @@ pub fn table(report: &GatewayReport) -> String {
                     level.gateway_added_over_direct_p99_ms,
                 )),
             ),
+            (
+                "HTTP → gateway /v1/responses → fleet → mock",
+                &level.through_responses,
+                None,
+            ),
+            (
+                "the same, stored",
+                &level.through_responses_stored,
+                None,
+            ),
             ("Rust client → bus → fleet → mock", &level.through_bus, None),
             ("HTTP → mock", &level.backend_direct, None),
         ] {
@@ -491,11 +594,16 @@ pub fn table(report: &GatewayReport) -> String {
                 .gateway_throughput_vs_bus
                 .map_or("-".into(), |r| format!("{:.1}%", r * 100.0))
         );
-        for (name, f) in [
-            ("gateway", &level.through_gateway),
-            ("bus", &level.through_bus),
-            ("mock direct", &level.backend_direct),
-        ] {
+        let _ = writeln!(
+            out,
+            "concurrency {}: /v1/responses adds {} ms p50 ({} ms p99) over /v1/chat/completions; \
+             stored, {} ms p50",
+            level.concurrency,
+            ms(level.responses_added_p50_ms),
+            ms(level.responses_added_p99_ms),
+            ms(level.responses_stored_added_p50_ms),
+        );
+        for (name, f) in level.paths() {
             if let Some(error) = &f.first_error {
                 let _ = writeln!(
                     out,
@@ -507,11 +615,7 @@ pub fn table(report: &GatewayReport) -> String {
     }
     let mut cpu = Table::new(&["path", "process", "cores", "CPU µs/req"]).text_columns(2);
     for level in &report.levels {
-        for (name, f) in [
-            ("gateway", &level.through_gateway),
-            ("bus", &level.through_bus),
-            ("mock direct", &level.backend_direct),
-        ] {
+        for (name, f) in level.paths() {
             for p in &f.processes {
                 cpu.row(vec![
                     format!("{name} c{}", level.concurrency),
@@ -524,6 +628,27 @@ pub fn table(report: &GatewayReport) -> String {
         }
     }
     let _ = writeln!(out, "\n{}", cpu.render());
+    if let Some(batch) = &report.batch {
+        let _ = writeln!(
+            out,
+            "batch of {} lines on {} worker(s): {} ({} completed, {} failed) in {:.2} s, \
+             {:.0} lines/s; the durable drain of as many requests: {:.0}/s in {:.2} s; the \
+             batch at {} of the drain rate (the upload took {:.2} s)\n",
+            batch.lines,
+            batch.workers,
+            batch.status,
+            batch.completed,
+            batch.failed,
+            batch.batch_secs,
+            batch.batch_per_sec,
+            batch.drain_per_sec,
+            batch.drain_secs,
+            batch
+                .batch_vs_drain
+                .map_or("-".into(), |r| format!("{:.1}%", r * 100.0)),
+            batch.upload_secs,
+        );
+    }
     let _ = writeln!(out, "{}", targets_table(&report.targets));
     for note in &report.notes {
         let _ = writeln!(out, "note: {note}");

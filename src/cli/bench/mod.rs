@@ -18,6 +18,7 @@
 //! The result is a set of tables, or one JSON object with `--json`; docs/benchmarks.md
 //! explains the figures and holds the project's own.
 
+mod batch;
 mod book;
 mod budget;
 mod caller;
@@ -90,6 +91,10 @@ pub struct BenchArgs {
     /// Durable burst size when --requests is not given.
     #[arg(long, default_value_t = 2000)]
     pub burst: u64,
+    /// Gateway mode: lines of the batch run through the Batch API, and of the durable drain
+    /// it is compared with [default: --requests, else 10000].
+    #[arg(long, value_name = "N")]
+    pub batch_lines: Option<u64>,
     /// Interactive phase: calls of each path at concurrency 1 (the bus path, the backend called
     /// directly streamed and not, NATS request-reply, the two JetStream writes), made in turns
     /// from one client thread [default: --requests, else 1000].
@@ -873,6 +878,34 @@ async fn gateway_phase(
         Duration::from_secs(args.timeout_secs),
     )
     .await?;
+    let lines = args.batch_lines.or(args.requests).unwrap_or(10_000);
+    let batch = if lines > 0 {
+        let target = Target::connect(
+            settings.clone(),
+            spec.pool.clone(),
+            1,
+            Duration::from_secs(args.timeout_secs),
+        )
+        .await?;
+        let mut watched = fleet.watched();
+        if let Some(pid) = gateway.pid() {
+            watched.push(procstat::Watched {
+                role: "genfleet gateway".into(),
+                pid,
+            });
+        }
+        let meter = meter::Meter {
+            watched,
+            monitor: None,
+        };
+        let url = gateway.base_url.trim_end_matches('/');
+        let report =
+            batch::run(&target, &meter, url, lines, args.reply_tokens, args.workers).await?;
+        target.close().await;
+        Some(report)
+    } else {
+        None
+    };
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut notes = run_notes(load_average_before, cpus);
     notes.push(
@@ -880,6 +913,8 @@ async fn gateway_phase(
          worker(s), the mock and nats-server are processes of their own"
             .into(),
     );
+    let mut targets = gateway::targets(&spec, &levels);
+    targets.push(batch::target(batch.as_ref()));
     let report = gateway::GatewayReport {
         genfleet_version: env!("CARGO_PKG_VERSION"),
         build: if cfg!(debug_assertions) {
@@ -891,9 +926,10 @@ async fn gateway_phase(
         load_average_before,
         gateway_url: gateway.base_url.clone(),
         backend_url: fleet.backend_url.clone(),
-        targets: gateway::targets(&spec, &levels),
+        targets,
         spec,
         levels,
+        batch,
         notes,
     };
     drop(gateway);
@@ -903,11 +939,7 @@ async fn gateway_phase(
         print!("{}", gateway::table(&report));
     }
     for level in &report.levels {
-        for (path, figures) in [
-            ("gateway", &level.through_gateway),
-            ("bus", &level.through_bus),
-            ("mock direct", &level.backend_direct),
-        ] {
+        for (path, figures) in level.paths() {
             anyhow::ensure!(
                 figures.completed > 0 || figures.requests == 0,
                 "no request of the gateway phase's {path} path completed at concurrency {}: {}",
@@ -918,6 +950,15 @@ async fn gateway_phase(
                     .unwrap_or("no error recorded")
             );
         }
+    }
+    if let Some(batch) = &report.batch {
+        anyhow::ensure!(
+            batch.status == "completed" && batch.completed == batch.lines,
+            "the gateway phase's batch ended {} with {} of {} lines completed",
+            batch.status,
+            batch.completed,
+            batch.lines
+        );
     }
     Ok(())
 }
