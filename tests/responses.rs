@@ -394,3 +394,89 @@ async fn a_batch_goes_on_when_its_gateway_is_killed_and_every_replica_reports_th
     assert_eq!(ids.len(), 300, "every line once: {}", text.lines().count());
     assert_eq!(text.lines().count(), 300);
 }
+
+/// Answers the next decision the fleet asks, with option `a`.
+async fn answer_next(f: &Fleet, asks: &mut async_nats::Subscriber) {
+    use futures_util::StreamExt;
+    let signal = wait::within("the model asks", WITHIN, asks.next())
+        .await
+        .unwrap();
+    let signal: Value = serde_json::from_slice(&signal.payload).unwrap();
+    let decision_id = signal["decision"]["decision_id"].as_str().unwrap();
+    let answer = genfleet::protocol::DecisionAnswer {
+        option_id: "a".into(),
+        rationale: None,
+        decided_by: Some("test".into()),
+        modified_prompt: None,
+        guidance: None,
+        confidence_boost: None,
+    };
+    f.client.decide(decision_id, &answer).await.unwrap();
+}
+
+/// A decision the model asks is answered and the chain goes on, as on chat completions: one
+/// response, whole or in the background, its parts set apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_chain_is_one_response_whole_or_in_the_background() {
+    let f = fleet(1).await;
+    let gateway = Gateway::start(&f, free_port(), &[]).await;
+    let mut asks = f
+        .client
+        .nats()
+        .subscribe("signals.decision_request.>")
+        .await
+        .unwrap();
+    f.client.nats().flush().await.unwrap();
+    let body = json!({"model": "default", "input": "gw-ask where the report goes"});
+    let whole = tokio::spawn({
+        let url = format!("{}/responses", gateway.base_url());
+        let body = body.clone();
+        async move {
+            let response = http()
+                .post(url)
+                .bearer_auth(KEY)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            response.json::<Value>().await.unwrap()
+        }
+    });
+    answer_next(&f, &mut asks).await;
+    let whole = wait::within("the response", WITHIN, whole).await.unwrap();
+    assert_eq!(whole["status"], "completed", "{whole}");
+    let text = |r: &Value| {
+        r["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|item| item["type"] == "message")
+            .map(|item| item["content"][0]["text"].clone())
+    };
+    assert_eq!(
+        text(&whole),
+        Some(json!("Two places fit.\n\nFiled as chosen.")),
+        "{whole}"
+    );
+
+    let mut background = body;
+    background["background"] = json!(true);
+    let (status, queued) = create(&gateway, background).await;
+    assert_eq!(status, 200, "{queued}");
+    answer_next(&f, &mut asks).await;
+    let id = queued["id"].as_str().unwrap().to_string();
+    let done = wait::until("the background response to end", WITHIN, || async {
+        let (_, body) = get(&gateway, KEY, &format!("responses/{id}")).await;
+        match body["status"].as_str() {
+            Some("queued" | "in_progress") => Err(body.to_string()),
+            _ => Ok(body),
+        }
+    })
+    .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(
+        text(&done),
+        Some(json!("Two places fit.\n\nFiled as chosen.")),
+        "{done}"
+    );
+}
