@@ -71,8 +71,10 @@ pub async fn run(
     let started = Instant::now();
     let batch: Value = http
         .post(format!("{gateway_url}/batches"))
-        .json(&json!({"input_file_id": file, "endpoint": "/v1/chat/completions",
-                      "completion_window": "24h"}))
+        .json(
+            &json!({"input_file_id": file, "endpoint": "/v1/chat/completions",
+                      "completion_window": "24h"}),
+        )
         .send()
         .await?
         .json()
@@ -98,7 +100,10 @@ pub async fn run(
         if done != last_progress.1 {
             last_progress = (Instant::now(), done);
         } else if last_progress.0.elapsed() > target.timeout {
-            anyhow::bail!("the batch made no progress for {:?}: {batch}", target.timeout);
+            anyhow::bail!(
+                "the batch made no progress for {:?}: {batch}",
+                target.timeout
+            );
         }
     };
     let batch_secs = started.elapsed().as_secs_f64();
@@ -120,7 +125,11 @@ pub async fn run(
 }
 
 /// The file uploaded as `multipart/form-data`, as any client sends it; its id.
-async fn upload(http: &reqwest::Client, gateway_url: &str, jsonl: String) -> anyhow::Result<String> {
+async fn upload(
+    http: &reqwest::Client,
+    gateway_url: &str,
+    jsonl: String,
+) -> anyhow::Result<String> {
     let boundary = format!("genfleet-bench-{}", crate::protocol::ids::new_id());
     let mut body = format!(
         "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n\

@@ -558,11 +558,7 @@ pub fn table(report: &GatewayReport) -> String {
                 &level.through_responses,
                 None,
             ),
-            (
-                "the same, stored",
-                &level.through_responses_stored,
-                None,
-            ),
+            ("the same, stored", &level.through_responses_stored, None),
             ("Rust client → bus → fleet → mock", &level.through_bus, None),
             ("HTTP → mock", &level.backend_direct, None),
         ] {
