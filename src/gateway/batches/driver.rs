@@ -126,6 +126,16 @@ struct Driver {
     stop: Option<Stop>,
 }
 
+/// Whether a batch was asked to stop (cancelled) or ran out of time (expired) at `now`
+/// (seconds since the epoch).
+fn stop_of(record: &Record, now: u64) -> Option<Stop> {
+    if record.status() == "cancelling" {
+        return Some(Stop::Cancelled);
+    }
+    let expires_at = record.batch["expires_at"].as_u64().unwrap_or(u64::MAX);
+    (now >= expires_at).then_some(Stop::Expired)
+}
+
 /// What renewing the lease found.
 enum Renewed {
     Held,
@@ -281,13 +291,8 @@ impl Driver {
         }
     }
 
-    /// Whether the batch was asked to stop (cancelled) or ran out of time (expired).
     fn stop_asked(&self) -> Option<Stop> {
-        if self.record.status() == "cancelling" {
-            return Some(Stop::Cancelled);
-        }
-        let expires_at = self.record.batch["expires_at"].as_u64().unwrap_or(u64::MAX);
-        (now_ms() / 1000 >= expires_at).then_some(Stop::Expired)
+        stop_of(&self.record, now_ms() / 1000)
     }
 
     /// Writes the record (with the counts) over the revision held. Another write came first
@@ -646,5 +651,38 @@ impl LineRun<'_> {
             .await
             .map_err(|e| *e)?;
         Ok((mapped, Answerer::Chat { model }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(status: &str, expires_at: u64) -> Record {
+        Record {
+            batch: json!({"id": "batch_01T", "status": status, "expires_at": expires_at}),
+            tenant: String::new(),
+            owner: String::new(),
+            lease_until_ms: 0,
+            reserved: 0,
+        }
+    }
+
+    #[test]
+    fn a_batch_stops_when_cancelled_or_once_its_window_ran_out() {
+        assert_eq!(stop_of(&record("in_progress", 100), 99), None);
+        assert_eq!(
+            stop_of(&record("in_progress", 100), 100),
+            Some(Stop::Expired)
+        );
+        assert_eq!(
+            stop_of(&record("cancelling", 100), 0),
+            Some(Stop::Cancelled)
+        );
+        assert_eq!(
+            stop_of(&record("cancelling", 100), 200),
+            Some(Stop::Cancelled)
+        );
+        assert_eq!(stop_of(&record("validating", 100), 5), None);
     }
 }
