@@ -80,6 +80,21 @@ impl ApiError {
         }
     }
 
+    /// A 400 naming the field at fault.
+    pub(super) fn invalid(param: &str, message: impl Into<String>) -> ApiError {
+        ApiError::new(400, "invalid_request_error", "invalid_request", message).with_param(param)
+    }
+
+    /// The 503 of a bucket (`what`: stored responses, files, batches) that cannot be reached.
+    pub(super) fn unreachable(what: &str, error: impl std::fmt::Display) -> ApiError {
+        ApiError::new(
+            503,
+            "api_connection_error",
+            "bus_unavailable",
+            format!("{what} cannot be reached: {error}"),
+        )
+    }
+
     /// The 401 of a caller without a key, or with a key the gateway does not know.
     pub(super) fn unauthorized(refused: Refused) -> ApiError {
         let message = match refused {

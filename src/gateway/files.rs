@@ -31,7 +31,7 @@ use tokio::io::AsyncReadExt;
 
 use super::Shared;
 use super::error::ApiError;
-use super::http::{authorize, now_secs};
+use super::http::{Tenant, authorize, now_secs};
 use crate::client::BusError;
 use crate::settings::Settings;
 
@@ -259,16 +259,7 @@ pub(super) fn not_found(id: &str) -> ApiError {
 }
 
 pub(super) fn unavailable(error: impl std::fmt::Display) -> ApiError {
-    ApiError::new(
-        503,
-        "api_connection_error",
-        "bus_unavailable",
-        format!("files cannot be reached: {error}"),
-    )
-}
-
-fn bad(param: &str, message: impl Into<String>) -> ApiError {
-    ApiError::new(400, "invalid_request_error", "invalid_request", message).with_param(param)
+    ApiError::unreachable("files", error)
 }
 
 fn too_large(max: usize) -> ApiError {
@@ -307,7 +298,7 @@ async fn upload_in(
         return Err(Box::new(too_large(max)));
     }
     let mut multipart = multipart.map_err(|rejection| {
-        Box::new(bad(
+        Box::new(ApiError::invalid(
             "file",
             format!("the body must be multipart/form-data with purpose and file: {rejection}"),
         ))
@@ -318,7 +309,12 @@ async fn upload_in(
             Ok(Some(field)) => field,
             Ok(None) => break,
             Err(error) if error.status().as_u16() == 413 => return Err(Box::new(too_large(max))),
-            Err(error) => return Err(Box::new(bad("file", format!("the upload: {error}")))),
+            Err(error) => {
+                return Err(Box::new(ApiError::invalid(
+                    "file",
+                    format!("the upload: {error}"),
+                )));
+            }
         };
         let name = field.name().unwrap_or_default().to_string();
         match name.as_str() {
@@ -335,7 +331,7 @@ async fn upload_in(
                 file = Some((filename, bytes));
             }
             other => {
-                return Err(Box::new(bad(
+                return Err(Box::new(ApiError::invalid(
                     other,
                     format!(
                         "{}: unknown field (purpose and file are)",
@@ -346,11 +342,11 @@ async fn upload_in(
         }
     }
     let purpose = match purpose {
-        None => return Err(Box::new(bad("purpose", "purpose: required"))),
+        None => return Err(Box::new(ApiError::invalid("purpose", "purpose: required"))),
         Some(purpose) => String::from_utf8_lossy(&purpose).into_owned(),
     };
     if purpose != "batch" {
-        return Err(Box::new(bad(
+        return Err(Box::new(ApiError::invalid(
             "purpose",
             format!(
                 "purpose: {:?} is not served (batch is: the gateway keeps files for batches)",
@@ -359,7 +355,7 @@ async fn upload_in(
         )));
     }
     let Some((filename, bytes)) = file else {
-        return Err(Box::new(bad("file", "file: required")));
+        return Err(Box::new(ApiError::invalid("file", "file: required")));
     };
     shared
         .files
@@ -403,20 +399,21 @@ async fn read_field(
                     .with_param(param),
                 ));
             }
-            Err(error) => return Err(Box::new(bad(param, format!("{param}: {error}")))),
+            Err(error) => {
+                return Err(Box::new(ApiError::invalid(
+                    param,
+                    format!("{param}: {error}"),
+                )));
+            }
         }
     }
 }
 
 async fn list(
     State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
+    Tenant(tenant): Tenant,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    let tenant = match authorize(&shared, &headers) {
-        Ok(tenant) => tenant,
-        Err(error) => return error.into_response(),
-    };
     let page = match super::page::Page::read(&query, &["purpose"]) {
         Ok(page) => page,
         Err(error) => return error.into_response(),
@@ -438,13 +435,9 @@ async fn list(
 
 async fn retrieve(
     State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
+    Tenant(tenant): Tenant,
     Path(id): Path<String>,
 ) -> Response {
-    let tenant = match authorize(&shared, &headers) {
-        Ok(tenant) => tenant,
-        Err(error) => return error.into_response(),
-    };
     match shared.files.info(&tenant, &id).await {
         Ok(Some(object)) => axum::Json(object.json()).into_response(),
         Ok(None) => not_found(&id).into_response(),
@@ -454,13 +447,9 @@ async fn retrieve(
 
 async fn content(
     State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
+    Tenant(tenant): Tenant,
     Path(id): Path<String>,
 ) -> Response {
-    let tenant = match authorize(&shared, &headers) {
-        Ok(tenant) => tenant,
-        Err(error) => return error.into_response(),
-    };
     match shared.files.read(&tenant, &id).await {
         Ok(Some(bytes)) => {
             ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response()
@@ -472,13 +461,9 @@ async fn content(
 
 async fn delete(
     State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
+    Tenant(tenant): Tenant,
     Path(id): Path<String>,
 ) -> Response {
-    let tenant = match authorize(&shared, &headers) {
-        Ok(tenant) => tenant,
-        Err(error) => return error.into_response(),
-    };
     match shared.files.delete(&tenant, &id).await {
         Ok(true) => {
             axum::Json(json!({"id": id, "object": "file", "deleted": true})).into_response()

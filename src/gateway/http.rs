@@ -85,6 +85,23 @@ async fn scaling(State(shared): State<Arc<Shared>>) -> Response {
     .into_response()
 }
 
+/// The caller's tenant ("" with no keys configured), from its API key: as an extractor, a
+/// handler that takes it answers 401 before anything else when the key is missing or wrong.
+pub(super) struct Tenant(pub String);
+
+impl axum::extract::FromRequestParts<Arc<Shared>> for Tenant {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        shared: &Arc<Shared>,
+    ) -> Result<Tenant, Response> {
+        authorize(shared, &parts.headers)
+            .map(Tenant)
+            .map_err(|error| error.into_response())
+    }
+}
+
 /// The caller's tenant ("" with no keys configured), or the 401 to send.
 pub(super) fn authorize(shared: &Shared, headers: &HeaderMap) -> Result<String, Box<ApiError>> {
     let authorization = headers

@@ -30,7 +30,7 @@ use serde_json::{Map, Value, json};
 
 use super::Shared;
 use super::error::ApiError;
-use super::http::{authorize, now_secs, read_body, stopping};
+use super::http::{Tenant, authorize, now_secs, read_body, stopping};
 use super::page::Page;
 use crate::client::batches::Record;
 
@@ -75,16 +75,7 @@ fn not_found(id: &str) -> ApiError {
 }
 
 fn unavailable(error: impl std::fmt::Display) -> ApiError {
-    ApiError::new(
-        503,
-        "api_connection_error",
-        "bus_unavailable",
-        format!("batches cannot be reached: {error}"),
-    )
-}
-
-fn bad(param: &str, message: impl Into<String>) -> ApiError {
-    ApiError::new(400, "invalid_request_error", "invalid_request", message).with_param(param)
+    ApiError::unreachable("batches", error)
 }
 
 async fn create(
@@ -117,16 +108,19 @@ async fn create_in(
             } else {
                 path
             };
-            Box::new(bad(&param, format!("{param}: {}", error.into_inner())))
+            Box::new(ApiError::invalid(
+                &param,
+                format!("{param}: {}", error.into_inner()),
+            ))
         })?;
     if !ENDPOINTS.contains(&request.endpoint.as_str()) {
-        return Err(Box::new(bad(
+        return Err(Box::new(ApiError::invalid(
             "endpoint",
             format!("endpoint: must be one of {}", ENDPOINTS.join(", ")),
         )));
     }
     if request.completion_window != WINDOW {
-        return Err(Box::new(bad(
+        return Err(Box::new(ApiError::invalid(
             "completion_window",
             format!("completion_window: must be {WINDOW}"),
         )));
@@ -137,7 +131,7 @@ async fn create_in(
             .iter()
             .any(|(k, v)| k.len() > 64 || v.as_str().is_none_or(|v| v.len() > 512))
     {
-        return Err(Box::new(bad(
+        return Err(Box::new(ApiError::invalid(
             "metadata",
             "metadata: at most 16 pairs, keys of at most 64 characters, values strings of at \
              most 512",
@@ -183,13 +177,9 @@ async fn create_in(
 
 async fn retrieve(
     State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
+    Tenant(tenant): Tenant,
     Path(id): Path<String>,
 ) -> Response {
-    let tenant = match authorize(&shared, &headers) {
-        Ok(tenant) => tenant,
-        Err(error) => return error.into_response(),
-    };
     match shared.batches.get(&tenant, &id).await {
         Ok(Some(read)) => axum::Json(read.record.batch).into_response(),
         Ok(None) => not_found(&id).into_response(),
@@ -199,13 +189,9 @@ async fn retrieve(
 
 async fn cancel(
     State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
+    Tenant(tenant): Tenant,
     Path(id): Path<String>,
 ) -> Response {
-    let tenant = match authorize(&shared, &headers) {
-        Ok(tenant) => tenant,
-        Err(error) => return error.into_response(),
-    };
     for _ in 0..8 {
         let read = match shared.batches.get(&tenant, &id).await {
             Ok(Some(read)) => read,
@@ -232,13 +218,9 @@ async fn cancel(
 
 async fn list(
     State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
+    Tenant(tenant): Tenant,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    let tenant = match authorize(&shared, &headers) {
-        Ok(tenant) => tenant,
-        Err(error) => return error.into_response(),
-    };
     let page = match Page::read(&query, &[]) {
         Ok(page) => page,
         Err(error) => return error.into_response(),

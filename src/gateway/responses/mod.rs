@@ -36,7 +36,7 @@ use self::store::Stored;
 use self::wire::{Echo, ItemIds, Outcome, Produced};
 use super::Shared;
 use super::error::{ApiError, REQUEST_ID_HEADER};
-use super::http::{authorize, map_chat, now_secs, read_body, request_span, stopping};
+use super::http::{Tenant, authorize, map_chat, now_secs, read_body, request_span, stopping};
 use super::mapping::{Ending, Mapped};
 use super::page::Page;
 use super::run::{End, Piece, Run};
@@ -148,12 +148,7 @@ fn not_found(id: &str) -> ApiError {
 }
 
 fn store_unavailable(error: impl std::fmt::Display) -> ApiError {
-    ApiError::new(
-        503,
-        "api_connection_error",
-        "bus_unavailable",
-        format!("stored responses cannot be reached: {error}"),
-    )
+    ApiError::unreachable("stored responses", error)
 }
 
 /// A Responses request read into the generation request it runs as, and its job: its
@@ -315,13 +310,9 @@ async fn whole(job: Job, mut run: Run) -> Response {
 
 async fn retrieve(
     State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
+    Tenant(tenant): Tenant,
     Path(id): Path<String>,
 ) -> Response {
-    let tenant = match authorize(&shared, &headers) {
-        Ok(tenant) => tenant,
-        Err(error) => return error.into_response(),
-    };
     match background::current(&shared, &tenant, &id).await {
         Ok(Some(stored)) => axum::Json(stored.response).into_response(),
         Ok(None) => not_found(&id).into_response(),
@@ -331,13 +322,9 @@ async fn retrieve(
 
 async fn delete(
     State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
+    Tenant(tenant): Tenant,
     Path(id): Path<String>,
 ) -> Response {
-    let tenant = match authorize(&shared, &headers) {
-        Ok(tenant) => tenant,
-        Err(error) => return error.into_response(),
-    };
     // A response that still runs is cancelled first: nobody can read its answer any more.
     match background::cancel(&shared, &tenant, &id, "its response was deleted").await {
         Ok(None) => return not_found(&id).into_response(),
@@ -355,13 +342,9 @@ async fn delete(
 
 async fn cancel(
     State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
+    Tenant(tenant): Tenant,
     Path(id): Path<String>,
 ) -> Response {
-    let tenant = match authorize(&shared, &headers) {
-        Ok(tenant) => tenant,
-        Err(error) => return error.into_response(),
-    };
     match shared.responses.get(&tenant, &id).await {
         Ok(Some(read)) if !read.stored.background => {
             return ApiError::new(
@@ -385,14 +368,10 @@ async fn cancel(
 
 async fn input_items(
     State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
+    Tenant(tenant): Tenant,
     Path(id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    let tenant = match authorize(&shared, &headers) {
-        Ok(tenant) => tenant,
-        Err(error) => return error.into_response(),
-    };
     let page = match Page::read(&query, &["include"]) {
         Ok(page) => page,
         Err(error) => return error.into_response(),
