@@ -1124,6 +1124,134 @@ async fn the_requests_list_is_filtered_each_request_has_a_timeline_and_one_is_ca
     c.stop().await;
 }
 
+/// A batch's record as a gateway writes it.
+fn batch_record(
+    tenant: &str,
+    id: &str,
+    created_at: u64,
+    status: &str,
+    counts: [u64; 3],
+    owner: &str,
+) -> genfleet::client::batches::Record {
+    genfleet::client::batches::Record {
+        batch: json!({
+            "id": id, "object": "batch", "endpoint": "/v1/chat/completions",
+            "status": status, "created_at": created_at, "in_progress_at": created_at + 1,
+            "output_file_id": (status == "completed").then(|| format!("file-out-{id}")),
+            "error_file_id": null,
+            "request_counts": {"total": counts[0], "completed": counts[1], "failed": counts[2]},
+            "metadata": {"team": "search"},
+        }),
+        tenant: tenant.into(),
+        owner: owner.into(),
+        lease_until_ms: 0,
+        reserved: 0,
+    }
+}
+
+#[tokio::test]
+async fn the_batches_of_every_tenant_are_listed_newest_first() {
+    let nats = common::nats::NatsServer::start().await;
+    let mut settings = Settings::defaults();
+    settings.nats.url = nats.url();
+    let c = console(&settings, TOKEN, false).await;
+    // No gateway yet: an empty list that says why, and the console made no bucket.
+    let (status, page) = c.get("/api/batches").await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["batches"], json!([]), "{page}");
+    assert!(
+        page["note"].as_str().unwrap().contains("GENFLEET_BATCHES"),
+        "{page}"
+    );
+    let jetstream = async_nats::jetstream::new(nats.client().await);
+    assert!(jetstream.get_key_value("GENFLEET_BATCHES").await.is_err());
+
+    // A gateway's batches: one of the default tenant running, a newer one of acme done.
+    let batches = genfleet::client::batches::Batches::open(&nats.client().await, &settings)
+        .await
+        .unwrap();
+    let running = batch_record(
+        "",
+        "batch_01OLDER",
+        1_700_000_000,
+        "in_progress",
+        [3, 1, 1],
+        "gw-7",
+    );
+    let done = batch_record(
+        "acme",
+        "batch_01NEWER",
+        1_700_000_100,
+        "completed",
+        [2, 2, 0],
+        "",
+    );
+    assert!(batches.create(&running).await.unwrap());
+    assert!(batches.create(&done).await.unwrap());
+    let page = wait::until("both batches are listed", WAIT, || async {
+        let (status, page) = c.get("/api/batches").await;
+        assert_eq!(status, 200, "{page}");
+        if page["batches"].as_array().unwrap().len() == 2 {
+            Ok(page)
+        } else {
+            Err(format!("the list: {page:#}"))
+        }
+    })
+    .await;
+    assert_eq!(page["total"], 2);
+    assert_eq!(page["max"], 2000);
+    assert!(page.get("note").is_none(), "{page}");
+    assert_eq!(
+        page["batches"],
+        json!([
+            {
+                "id": "batch_01NEWER", "tenant": "acme", "status": "completed",
+                "endpoint": "/v1/chat/completions", "created_at": 1_700_000_100u64,
+                "request_counts": {"total": 2, "completed": 2, "failed": 0},
+                "output_file_id": "file-out-batch_01NEWER", "error_file_id": null,
+                "driven_by": null,
+            },
+            {
+                "id": "batch_01OLDER", "tenant": "default", "status": "in_progress",
+                "endpoint": "/v1/chat/completions", "created_at": 1_700_000_000u64,
+                "request_counts": {"total": 3, "completed": 1, "failed": 1},
+                "output_file_id": null, "error_file_id": null,
+                "driven_by": "gw-7",
+            },
+        ])
+    );
+    // Behind the same gate as every /api route: another host name is refused.
+    let rebound = http()
+        .get(c.url("/api/batches"))
+        .header("host", "attacker.example:8080")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), 421);
+    assert_eq!(
+        rebound.json::<Value>().await.unwrap()["error"]["code"],
+        "UNAUTHORIZED"
+    );
+    c.stop().await;
+
+    // At most console.max_requests of them: the newest.
+    let mut small = settings.clone();
+    small.console.max_requests = 1;
+    let c = console(&small, "", true).await;
+    let (status, page) = c.get("/api/batches").await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["total"], 2, "{page}");
+    assert_eq!(page["max"], 1, "{page}");
+    let ids: Vec<&str> = page["batches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["batch_01NEWER"]);
+    c.stop().await;
+}
+
 #[tokio::test]
 async fn the_page_is_embedded_with_a_strict_policy_and_streams_are_capped() {
     let f = fleet().await;
@@ -1373,6 +1501,7 @@ async fn the_console_in_a_browser() {
         "signals",
         "inbox-narrow",
         "fleet-narrow",
+        "batches",
     ] {
         let path = shots.join(format!("{shot}.png"));
         let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -1397,6 +1526,37 @@ async fn late_console(f: &Fleet, started: &mut Vec<ConsoleProcess>) -> Value {
     let url = late.url.clone();
     started.push(late);
     json!({"url": url, "read_id": read_id, "running_id": running_id})
+}
+
+/// A batch of tenant `acme` as a gateway writes it: a new one running (1 completed, 1 failed
+/// of 3), or the one named, completed (2 completed, 1 failed of 3).
+async fn batch_step(f: &Fleet, id: Option<&str>) -> Value {
+    let batches = genfleet::client::batches::Batches::open(f.client.nats(), &f.settings)
+        .await
+        .unwrap();
+    let Some(id) = id else {
+        let id = format!("batch_{}", genfleet::protocol::ids::new_id());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let record = batch_record("acme", &id, now, "in_progress", [3, 1, 1], "gw-browser");
+        assert!(batches.create(&record).await.unwrap());
+        return json!({"id": id});
+    };
+    let read = batches.get("acme", id).await.unwrap().expect("the batch");
+    let mut record = read.record;
+    record.batch["status"] = json!("completed");
+    record.batch["request_counts"] = json!({"total": 3, "completed": 2, "failed": 1});
+    record.owner.clear();
+    assert!(
+        batches
+            .update(&record, read.revision)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    json!({"id": id})
 }
 
 /// What the browser script asks of the fleet.
@@ -1429,6 +1589,7 @@ async fn browser_step(f: &Fleet, step: &Value, started: &mut Vec<ConsoleProcess>
             None => json!({"error": format!("decision {decision_id} has no answer")}),
         },
         "pending" => json!({"pending": f.record(decision_id).await.is_pending()}),
+        "batch" => batch_step(f, step["id"].as_str()).await,
         other => json!({"error": format!("unknown step {other}")}),
     }
 }

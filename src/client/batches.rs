@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
-use futures_util::{StreamExt, TryStreamExt};
+use futures_util::{Stream, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -98,6 +98,33 @@ impl Batches {
         })
     }
 
+    /// Opens the buckets as a gateway made them, creating nothing, for a reader that must not
+    /// create them (the console): `Ok(None)` while they do not exist (no gateway has started).
+    pub async fn open_existing(
+        nats: &async_nats::Client,
+        settings: &Settings,
+    ) -> Result<Option<Self>, BatchesError> {
+        let jetstream = async_nats::jetstream::new(nats.clone());
+        let open = |name: String| {
+            let jetstream = jetstream.clone();
+            async move {
+                match jetstream.get_key_value(&name).await {
+                    Ok(store) => Ok(Some(store)),
+                    Err(error) if is_absent(&error) => Ok(None),
+                    Err(error) => Err(BatchesError(format!("cannot open bucket {name}: {error}"))),
+                }
+            }
+        };
+        let bucket = &settings.gateway.batches_bucket;
+        let (Some(records), Some(lines)) = (
+            open(bucket.clone()).await?,
+            open(format!("{bucket}_LINES")).await?,
+        ) else {
+            return Ok(None);
+        };
+        Ok(Some(Batches { records, lines }))
+    }
+
     pub async fn get(&self, tenant: &str, id: &str) -> Result<Option<Read>, BatchesError> {
         let Some(key) = key(tenant, id) else {
             return Ok(None);
@@ -158,6 +185,22 @@ impl Batches {
         self.get_key(key).await
     }
 
+    /// Every batch's record, of every tenant, in no particular order, read `READ_AHEAD` at a
+    /// time; a batch removed meanwhile is left out. Nothing is kept: the reader decides what
+    /// to hold.
+    pub async fn records(
+        &self,
+    ) -> Result<impl Stream<Item = Result<Record, BatchesError>> + '_, BatchesError> {
+        let keys = self.records.keys().await.map_err(err)?;
+        Ok(keys
+            .map(move |key| async move {
+                let key = key.map_err(err)?;
+                Ok(self.get_key(&key).await?.map(|read| read.record))
+            })
+            .buffer_unordered(READ_AHEAD)
+            .try_filter_map(|record| async move { Ok(record) }))
+    }
+
     /// The tenant's batches, newest first.
     pub async fn list(&self, tenant: &str) -> Result<Vec<Record>, BatchesError> {
         let prefix = format!("{}.", tenant_token(tenant));
@@ -215,7 +258,22 @@ impl Batches {
     }
 }
 
-fn tenant_token(tenant: &str) -> &str {
+/// Whether opening a bucket failed because it does not exist (JetStream's "stream not
+/// found"), rather than for want of an answer or a permission.
+fn is_absent(error: &async_nats::jetstream::context::KeyValueError) -> bool {
+    use async_nats::jetstream::ErrorCode;
+    use async_nats::jetstream::context::{GetStreamError, GetStreamErrorKind, KeyValueErrorKind};
+    error.kind() == KeyValueErrorKind::GetBucket
+        && std::error::Error::source(error)
+            .and_then(|source| source.downcast_ref::<GetStreamError>())
+            .is_some_and(|source| {
+                matches!(source.kind(), GetStreamErrorKind::JetStream(e)
+                    if e.error_code() == ErrorCode::STREAM_NOT_FOUND)
+            })
+}
+
+/// A tenant's name as its batches' keys spell it: "default" for the default tenant ("").
+pub fn tenant_token(tenant: &str) -> &str {
     if tenant.is_empty() { "default" } else { tenant }
 }
 

@@ -9,6 +9,7 @@
 //! | `GET /api/requests/{id}` | `{"status", "result"}`: the request's status and its result, peeked |
 //! | `GET /api/requests/{id}/timeline` | the request as the list knows it, with its timeline |
 //! | `POST /api/requests/{id}/cancel` | cancels it (`gen.cancel.<id>`): `{"user"}` → the fleet's reply |
+//! | `GET /api/batches` | `{"batches", "total", "max"}`: the gateway's batches of every tenant with their progress, newest first |
 //! | `GET /api/requests/{id}/stream` | server-sent events: `status` (or `status_error`), `result` (or `result_error`) when it is terminal, then every `event` of `gen.events.<id>` |
 //! | `POST /api/session` | checks the token and a name: `{"user"}` → `{"decided_by"}` |
 //! | `POST /api/decisions/{decision_id}` | answers: `{"user", "option_id", "rationale"?, "modified_prompt"?, "guidance"?, "confidence_boost"?}` → the fleet's reply |
@@ -77,6 +78,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/api/requests/{id}/stream", get(request_stream))
         .route("/api/requests/{id}/timeline", get(timeline))
         .route("/api/requests/{id}/cancel", post(cancel))
+        .route("/api/batches", get(batches))
         .route("/api/session", post(session))
         .route("/api/decisions/{decision_id}", post(decide))
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -350,6 +352,21 @@ async fn timeline(State(shared): State<Arc<Shared>>, Path(id): Path<String>) -> 
                     shared.settings.console.max_requests
                 ),
             ),
+        ),
+    }
+}
+
+/// The gateway's batches of every tenant, newest first (at most `console.max_requests`).
+async fn batches(State(shared): State<Arc<Shared>>) -> Response {
+    match shared
+        .batches
+        .read(shared.client.nats(), &shared.settings)
+        .await
+    {
+        Ok(list) => axum::Json(list.as_ref()).into_response(),
+        Err(problem) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &WireError::new(ErrorCode::Internal, problem),
         ),
     }
 }

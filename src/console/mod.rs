@@ -13,6 +13,8 @@
 //! - the requests list follows the results bucket (`GENFLEET_RESULTS`, from its newest
 //!   `console.max_requests` records on), the events, the signals and the decisions; a cancel
 //!   goes to `gen.cancel.<id>`;
+//! - the batches list reads the gateway's batches bucket (`gateway.batches_bucket`, read only)
+//!   when a page asks, keeping the newest `console.max_requests`;
 //! - an answer goes to `decisions.<decision_id>`, the checked path `genfleet decide` and the
 //!   manager use (compare-and-set on the record: one answer wins), with `decided_by:
 //!   human:<name>`.
@@ -20,14 +22,15 @@
 //! One axum server serves the page (HTML, CSS and JS embedded in the binary; no build step)
 //! and pushes every change to open pages with server-sent events.
 //!
-//! Architecture invariant: memory is bounded whatever the fleet does. The inbox, the feed and
-//! the requests list have a size (`console.max_inbox`, `console.max_signals`,
+//! Architecture invariant: memory is bounded whatever the fleet does. The inbox, the feed, the
+//! requests list and the batches list have a size (`console.max_inbox`, `console.max_signals`,
 //! `console.max_requests`), live streams a count
 //! (`console.max_clients`), and a page that cannot keep up gets a fresh snapshot instead of
 //! a growing backlog (a bounded broadcast channel; a lagging receiver starts over).
 
 mod assets;
 pub mod auth;
+mod batches;
 mod feed;
 mod http;
 pub mod requests;
@@ -99,6 +102,8 @@ pub(crate) struct Shared {
     pub clients: Arc<Semaphore>,
     decisions: OnceCell<kv::Store>,
     results: OnceCell<kv::Store>,
+    /// The gateway's batches, read when a page asks.
+    pub batches: batches::BatchList,
     pub shutdown: CancellationToken,
 }
 
@@ -228,6 +233,7 @@ impl Console {
             clients: Arc::new(Semaphore::new(settings.console.max_clients)),
             decisions: OnceCell::new(),
             results: OnceCell::new(),
+            batches: batches::BatchList::default(),
             shutdown: CancellationToken::new(),
         };
         Ok(Console {

@@ -396,6 +396,22 @@ try {
   await page.click('button[type="reset"]');
   await page.waitForFunction((n) => document.querySelectorAll('li.signal').length === n, all);
 
+  // ---- the gateway's batches, with their progress, read again while the view is shown ----
+  const batch = await ask('batch');
+  await page.click('nav a[data-view="batches"]');
+  const batchRow = page.locator(`tr[data-batch-row="${batch.id}"]`);
+  await batchRow.waitFor();
+  const batchText = await batchRow.textContent();
+  for (const needle of ['acme', 'in_progress', '/v1/chat/completions', '1 completed, 1 failed of 3', 'gw-browser']) {
+    check(batchText.includes(needle), `the batch row does not show ${JSON.stringify(needle)}: ${batchText}`);
+  }
+  const bar = await batchRow.locator('progress').evaluate((p) => [p.value, p.max]);
+  check(bar[0] === 2 && bar[1] === 3, `the batch's progress bar is ${JSON.stringify(bar)}`);
+  await checkTimes(page, 'the batches list');
+  await page.screenshot({ path: path.join(shots, 'batches.png'), fullPage: false });
+  await ask('batch', { id: batch.id });
+  await page.locator(`tr[data-batch-row="${batch.id}"][data-status="completed"]`, { hasText: '2 completed, 1 failed of 3' }).waitFor();
+
   // ---- a narrow screen, answered by keyboard ----
   const phone = await browser.newContext({ viewport: { width: 390, height: 844 }, isMobile: true, hasTouch: true });
   phone.setDefaultTimeout(20000);

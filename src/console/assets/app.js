@@ -250,7 +250,7 @@
     const parts = path.split('/');
     const params = new URLSearchParams(query || '');
     if (parts[0] === 'request' && parts[1]) return { name: 'request', id: decoded(parts[1]), params };
-    if (parts[0] === 'fleet' || parts[0] === 'signals' || parts[0] === 'requests') return { name: parts[0], params };
+    if (['fleet', 'signals', 'requests', 'batches'].includes(parts[0])) return { name: parts[0], params };
     return { name: 'inbox', params };
   }
 
@@ -290,6 +290,7 @@
     else if (r.name === 'fleet') renderFleet();
     else if (r.name === 'signals') renderSignals(r.params, changed);
     else if (r.name === 'requests') renderRequests(r.params, changed);
+    else if (r.name === 'batches' && changed) renderBatches();
     else if (r.name === 'request' && changed) renderRequest(r.id);
   }
 
@@ -1219,6 +1220,68 @@
       const again = list.querySelector('[data-request-link="' + CSS.escape(had) + '"]');
       if (again) again.focus({ preventScroll: true });
     }
+  }
+
+  // ---------- batches ----------
+
+  // The gateway's batches are read from their bucket when asked: the view asks again every
+  // BATCHES_POLL_MS while it is shown.
+  const BATCHES_POLL_MS = 5000;
+  const BATCH_STATES = { completed: 'state-completed', failed: 'state-failed', expired: 'state-failed', cancelled: 'state-cancelled', cancelling: 'state-cancelled' };
+
+  function renderBatches() {
+    let timer = null;
+    let left = false;
+    leaveView = () => { left = true; clearTimeout(timer); };
+    append(main, [
+      h('h1', { text: 'Batches' }),
+      h('p', { class: 'muted', id: 'batch-count', role: 'status', text: 'Reading the batches…' }),
+      h('div', { id: 'batch-list' }),
+    ]);
+    const poll = async () => {
+      await loadBatches();
+      if (!left) timer = setTimeout(poll, BATCHES_POLL_MS);
+    };
+    poll();
+  }
+
+  function batchProgress(b) {
+    const counts = b.request_counts || {};
+    const total = counts.total || 0;
+    const completed = counts.completed || 0;
+    const failed = counts.failed || 0;
+    const text = completed + ' completed, ' + failed + ' failed of ' + total;
+    return h('td', { 'data-field': 'progress', class: 'batch-progress' },
+      h('progress', { max: Math.max(total, 1), value: Math.min(completed + failed, Math.max(total, 1)), 'aria-label': text }),
+      ' ', h('span', { text }));
+  }
+
+  async function loadBatches() {
+    let page = null;
+    let problem = null;
+    try {
+      const response = await fetch('/api/batches', { credentials: 'omit' });
+      const data = await response.json();
+      if (response.ok) page = data; else problem = errorText(data, response.status);
+    } catch (e) {
+      problem = 'the console does not answer';
+    }
+    const list = document.getElementById('batch-list');
+    if (viewName !== 'batches' || !list) return;
+    const count = document.getElementById('batch-count');
+    if (!page) { count.textContent = 'The batches cannot be read: ' + problem + '.'; return; }
+    count.textContent = page.note ? page.note + '.'
+      : page.total + (page.total === 1 ? ' batch' : ' batches') + ', newest first' + (page.batches.length < page.total ? ', the newest ' + page.batches.length + ' shown (console.max_requests)' : '') + '.';
+    clear(list).append(table('Batches of every tenant', ['batch', 'tenant', 'status', 'endpoint', 'progress', 'created', 'driven by'],
+      page.batches.length ? page.batches.map((b) => h('tr', { 'data-batch-row': b.id, 'data-status': b.status },
+        h('td', {}, h('code', { class: 'id', text: b.id })),
+        h('td', { 'data-field': 'tenant', text: b.tenant }),
+        h('td', {}, badge(b.status, 'batch-status state ' + (BATCH_STATES[b.status] || ''))),
+        h('td', {}, h('code', { text: b.endpoint || '-' })),
+        batchProgress(b),
+        h('td', {}, time(typeof b.created_at === 'number' ? new Date(b.created_at * 1000).toISOString() : null)),
+        h('td', {}, b.driven_by ? h('code', { text: b.driven_by }) : '-')))
+        : h('tr', {}, h('td', { colspan: 7, class: 'muted', text: 'No batch yet.' }))));
   }
 
   // ---------- sparklines ----------
