@@ -480,3 +480,95 @@ async fn a_decision_chain_is_one_response_whole_or_in_the_background() {
         "{done}"
     );
 }
+
+/// A response that fails is an error whole (and kept as `failed`), and ends a stream with
+/// `response.failed` carrying the error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_generation_is_an_error_whole_a_failed_response_kept_and_a_failed_event() {
+    let f = fleet(1).await;
+    let gateway = Gateway::start(&f, free_port(), &[]).await;
+    let body = json!({"model": "default", "input": "gw-badtool now"});
+    let (status, error) = create(&gateway, body.clone()).await;
+    assert_eq!(status, 422, "{error}");
+    assert_eq!(error["error"]["code"], "tool_parse_error", "{error}");
+
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let response = http()
+        .post(format!("{}/responses", gateway.base_url()))
+        .bearer_auth(KEY)
+        .json(&streamed)
+        .send()
+        .await
+        .unwrap();
+    let text = response.text().await.unwrap();
+    let events: Vec<Value> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .map(|data| serde_json::from_str(data).unwrap())
+        .collect();
+    let last = events
+        .last()
+        .unwrap_or_else(|| panic!("no event in {text}"));
+    assert_eq!(last["type"], "response.failed", "{text}");
+    assert_eq!(last["response"]["status"], "failed", "{text}");
+    assert_eq!(
+        last["response"]["error"]["code"], "tool_parse_error",
+        "{text}"
+    );
+    assert_eq!(events[0]["type"], "response.created", "{text}");
+    // Kept as it ended.
+    let id = last["response"]["id"].as_str().unwrap();
+    let (status, kept) = get(&gateway, KEY, &format!("responses/{id}")).await;
+    assert_eq!(
+        (status, kept["status"].clone()),
+        (200, json!("failed")),
+        "{kept}"
+    );
+}
+
+/// A `previous_response_id` chain is one session: each of its turns goes to the worker that
+/// served the one before, whichever of two workers that is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_previous_response_id_chain_stays_on_the_worker_that_served_it() {
+    let script = Script::from_file(root().join("tests/data/gateway.toml")).unwrap();
+    let mut f = Fleet::builder()
+        .mock_script(script)
+        .workers(2)
+        .slots(4)
+        .start()
+        .await;
+    f.client = f.client.clone().with_tenant(TENANT).unwrap();
+    let gateway = Gateway::start(&f, free_port(), &[]).await;
+    for chain in 0..3 {
+        let mut previous: Option<String> = None;
+        let mut workers = Vec::new();
+        for turn in 0..4 {
+            let mut body = json!({"model": "default", "input": format!("gw-chain {chain} {turn}")});
+            if let Some(previous) = &previous {
+                body["previous_response_id"] = json!(previous);
+            }
+            let response = http()
+                .post(format!("{}/responses", gateway.base_url()))
+                .bearer_auth(KEY)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let request_id = response.headers()[genfleet::gateway::REQUEST_ID_HEADER]
+                .to_str()
+                .unwrap()
+                .to_string();
+            let answer: Value = response.json().await.unwrap();
+            assert_eq!(answer["status"], "completed", "{answer}");
+            previous = Some(answer["id"].as_str().unwrap().to_string());
+            let status = f.client.status(&request_id).await.unwrap();
+            let finished = status.finished.expect("a finished summary");
+            workers.push(finished.worker_id);
+        }
+        assert!(
+            workers.iter().all(|w| *w == workers[0]),
+            "chain {chain} moved between workers: {workers:?}"
+        );
+    }
+}
