@@ -1146,6 +1146,7 @@ fn batch_record(
         owner: owner.into(),
         lease_until_ms: 0,
         reserved: 0,
+        chunks: 0,
     }
 }
 

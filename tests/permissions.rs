@@ -525,6 +525,7 @@ async fn the_gateway_reaches_what_it_uses_and_nothing_of_a_workers() {
         owner: String::new(),
         lease_until_ms: 0,
         reserved: 0,
+        chunks: 0,
     };
     assert!(
         batches
@@ -554,14 +555,14 @@ async fn the_gateway_reaches_what_it_uses_and_nothing_of_a_workers() {
         line: serde_json::json!({"custom_id": "a"}),
     };
     batches
-        .put_line("team-a", "batch_01PERMISSIONS", 1, &outcome)
+        .put_chunk("team-a", "batch_01PERMISSIONS", 1, &[(1, outcome)])
         .await
-        .expect("the gateway keeps a line's outcome");
-    let lines = batches
-        .lines("team-a", "batch_01PERMISSIONS", 1)
+        .expect("the gateway keeps a chunk of outcomes");
+    let outcomes = batches
+        .outcomes("team-a", "batch_01PERMISSIONS", 1)
         .await
-        .expect("the gateway reads the lines' outcomes");
-    assert!(lines[0].is_some());
+        .expect("the gateway reads the outcomes");
+    assert_eq!(outcomes.len(), 1);
     for subject in ["$SRV.INFO.genfleet", "$SRV.STATS.genfleet"] {
         let reply = wait::within(
             &format!("{subject} answered"),

@@ -1,9 +1,10 @@
 //! Batches as every gateway replica reads them: a record per batch in `gateway.batches_bucket`
-//! (the batch object, and which replica drives it until when), and each line's outcome in the
-//! bucket of the same name with `_LINES` after it, written once the line ended.
+//! (the batch object, and which replica drives it until when), and the lines' outcomes in the
+//! bucket of the same name with `_LINES` after it, in chunks: the lines that ended since the
+//! chunk before, each chunk written once and counted in the record.
 //!
 //! Architecture invariant: a batch belongs to its tenant. Its keys are `<tenant>.<batch id>`
-//! and `<tenant>.<batch id>.<line>`, built from the caller's own tenant, so another tenant's id
+//! and `<tenant>.<batch id>.<chunk>`, built from the caller's own tenant, so another tenant's id
 //! is a 404 exactly as an unknown one.
 
 use std::time::Duration;
@@ -36,6 +37,9 @@ pub struct Record {
     /// Lines below this one (by their place in the file) may have been sent: one that was
     /// taken over looks its request up before sending it again.
     pub reserved: usize,
+    /// The chunks of outcomes kept (`<tenant>.<id>.<n>` in the lines bucket, `n` from 1).
+    #[serde(default)]
+    pub chunks: usize,
 }
 
 impl Record {
@@ -219,42 +223,44 @@ impl Batches {
         Ok(records)
     }
 
-    /// Keeps a line's outcome (again: the same line written twice is one line).
-    pub async fn put_line(
+    /// Keeps chunk `chunk` of a batch's outcomes (the lines that ended since the chunk
+    /// before), each with its line number. Writing a chunk again replaces it.
+    pub async fn put_chunk(
         &self,
         tenant: &str,
         id: &str,
-        line: usize,
-        outcome: &LineOutcome,
+        chunk: usize,
+        outcomes: &[(usize, LineOutcome)],
     ) -> Result<(), BatchesError> {
-        let key = line_key(tenant, id, line)?;
-        let body = serde_json::to_vec(outcome).expect("outcomes serialize");
+        let key = chunk_key(tenant, id, chunk)?;
+        let body = serde_json::to_vec(outcomes).expect("outcomes serialize");
         self.lines.put(key, body.into()).await.map_err(err)?;
         Ok(())
     }
 
-    /// The outcomes of lines `1..=count`, in order (`None` for a line not ended).
-    pub async fn lines(
+    /// Every outcome of chunks `1..=chunks`, each with its line number.
+    pub async fn outcomes(
         &self,
         tenant: &str,
         id: &str,
-        count: usize,
-    ) -> Result<Vec<Option<LineOutcome>>, BatchesError> {
-        let keys = (1..=count)
-            .map(|line| line_key(tenant, id, line))
+        chunks: usize,
+    ) -> Result<Vec<(usize, LineOutcome)>, BatchesError> {
+        let keys = (1..=chunks)
+            .map(|chunk| chunk_key(tenant, id, chunk))
             .collect::<Result<Vec<_>, _>>()?;
-        futures_util::stream::iter(keys)
+        let read: Vec<Vec<(usize, LineOutcome)>> = futures_util::stream::iter(keys)
             .map(|key| async move {
-                match self.lines.get(key).await.map_err(err)? {
-                    Some(body) => serde_json::from_slice(&body)
-                        .map(Some)
-                        .map_err(|e| BatchesError(format!("a line's outcome cannot be read: {e}"))),
-                    None => Ok(None),
+                match self.lines.get(&key).await.map_err(err)? {
+                    Some(body) => serde_json::from_slice(&body).map_err(|e| {
+                        BatchesError(format!("the outcomes of {key} cannot be read: {e}"))
+                    }),
+                    None => Err(BatchesError(format!("the outcomes of {key} are gone"))),
                 }
             })
             .buffered(READ_AHEAD)
             .try_collect()
-            .await
+            .await?;
+        Ok(read.into_iter().flatten().collect())
     }
 }
 
@@ -282,9 +288,9 @@ fn own_key(record: &Record) -> Result<String, BatchesError> {
     key(&record.tenant, id).ok_or_else(|| BatchesError(format!("{id:?} is not a batch id")))
 }
 
-fn line_key(tenant: &str, id: &str, line: usize) -> Result<String, BatchesError> {
+fn chunk_key(tenant: &str, id: &str, chunk: usize) -> Result<String, BatchesError> {
     key(tenant, id)
-        .map(|key| format!("{key}.{line}"))
+        .map(|key| format!("{key}.{chunk}"))
         .ok_or_else(|| BatchesError(format!("{id:?} is not a batch id")))
 }
 
@@ -315,6 +321,6 @@ mod tests {
         ] {
             assert_eq!(key("t", bad), None, "{bad:?}");
         }
-        assert_eq!(line_key("t", "batch_01AB", 7).unwrap(), "t.batch_01AB.7");
+        assert_eq!(chunk_key("t", "batch_01AB", 7).unwrap(), "t.batch_01AB.7");
     }
 }

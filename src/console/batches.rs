@@ -208,6 +208,7 @@ mod tests {
             owner: owner.into(),
             lease_until_ms: 0,
             reserved: 0,
+            chunks: 0,
         }
     }
 

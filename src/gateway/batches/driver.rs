@@ -47,6 +47,13 @@ pub const LEASE: Duration = Duration::from_secs(10);
 /// for a replica with room.
 pub const MAX_DRIVEN: usize = 4;
 
+/// Lines whose outcomes are kept together as one chunk, at the most (a chunk is also kept
+/// every tick).
+const CHUNK_LINES: usize = 256;
+
+/// Results released at once after their chunk was kept.
+const RELEASES_AT_ONCE: usize = 64;
+
 /// Why a driver stops when another replica took its batch over.
 const LOST: &str = "another replica drives the batch now";
 
@@ -207,20 +214,16 @@ impl Driver {
             self.write().await?;
         }
         // What ended under an earlier driver.
-        let last = self.lines.last().map_or(0, |l| l.number);
-        let outcomes = self
-            .shared
-            .batches
-            .lines(&self.tenant, &self.id, last)
-            .await
-            .map_err(|e| e.to_string())?;
+        let kept = self.kept().await?;
         let mut pending = Vec::new();
         for place in 0..self.lines.len() {
-            match &outcomes[self.lines[place].number - 1] {
+            match kept.get(&self.lines[place].number) {
                 Some(outcome) => self.count(outcome.ok),
                 None => pending.push(place),
             }
         }
+        drop(kept);
+        let mut unkept: Vec<(usize, Ran)> = Vec::new();
         self.stop = self.stop_asked();
         let reserved = self.record.reserved;
         let window = self.shared.settings.gateway.batch_window.max(1);
@@ -248,15 +251,22 @@ impl Driver {
             }
             tokio::select! {
                 ended = in_flight.next() => {
-                    let Some((bus_id, outcome)) = ended else { continue };
+                    let Some((bus_id, number, ran)) = ended else { continue };
                     running.remove(&bus_id);
-                    match outcome {
-                        Some(ok) => self.count(ok),
+                    match ran {
+                        Some(ran) => {
+                            self.count(ran.kept.ok);
+                            unkept.push((number, ran));
+                            if unkept.len() >= CHUNK_LINES {
+                                self.keep(&mut unkept).await?;
+                            }
+                        }
                         // The bus went away: another driver picks the line up.
                         None => return Err("the bus connection closed".into()),
                     }
                 }
                 _ = tick.tick() => {
+                    self.keep(&mut unkept).await?;
                     if let Renewed::Lost = self.renew().await? {
                         tracing::info!(message = "another replica drives the batch now", batch = %self.id);
                         return Ok(());
@@ -273,6 +283,7 @@ impl Driver {
                 }
                 _ = self.shared.stopping.cancelled() => {
                     // Another replica takes it over at once; the lines running go on.
+                    let _ = self.keep(&mut unkept).await;
                     self.record.owner.clear();
                     self.record.lease_until_ms = 0;
                     let _ = self.shared.batches.update(&self.record, self.revision).await;
@@ -280,7 +291,56 @@ impl Driver {
                 }
             }
         }
+        self.keep(&mut unkept).await?;
         self.finish().await
+    }
+
+    /// The outcomes kept so far, by line number.
+    async fn kept(&self) -> Result<HashMap<usize, LineOutcome>, String> {
+        let outcomes = self
+            .shared
+            .batches
+            .outcomes(&self.tenant, &self.id, self.record.chunks)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(outcomes.into_iter().collect())
+    }
+
+    /// Keeps the outcomes of the lines that ended as the next chunk, counts it in the record,
+    /// and only then releases their results: a driver that dies before leaves them for the
+    /// next one to read.
+    async fn keep(&mut self, unkept: &mut Vec<(usize, Ran)>) -> Result<(), String> {
+        if unkept.is_empty() {
+            return Ok(());
+        }
+        let chunk = self.record.chunks + 1;
+        let outcomes: Vec<(usize, LineOutcome)> = unkept
+            .iter()
+            .map(|(number, ran)| (*number, ran.kept.clone()))
+            .collect();
+        self.shared
+            .batches
+            .put_chunk(&self.tenant, &self.id, chunk, &outcomes)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.record.chunks = chunk;
+        self.write().await?;
+        let releases: Vec<String> = unkept
+            .drain(..)
+            .filter_map(|(_, ran)| ran.release)
+            .collect();
+        let client = self.shared.client.clone();
+        tokio::spawn(async move {
+            futures_util::stream::iter(releases)
+                .for_each_concurrent(RELEASES_AT_ONCE, |request_id| {
+                    let client = client.clone();
+                    async move {
+                        let _ = client.result(&request_id, true).await;
+                    }
+                })
+                .await;
+        });
+        Ok(())
     }
 
     fn count(&mut self, ok: bool) {
@@ -359,17 +419,11 @@ impl Driver {
         self.record.batch["status"] = "finalizing".into();
         self.record.batch["finalizing_at"] = now.into();
         self.write().await?;
-        let last = self.lines.last().map_or(0, |l| l.number);
-        let outcomes = self
-            .shared
-            .batches
-            .lines(&self.tenant, &self.id, last)
-            .await
-            .map_err(|e| e.to_string())?;
+        let outcomes = self.kept().await?;
         let (mut output, mut errors) = (Vec::new(), Vec::new());
         let (mut completed, mut failed) = (0u64, 0u64);
         for line in &self.lines {
-            let (ok, text) = match &outcomes[line.number - 1] {
+            let (ok, text) = match outcomes.get(&line.number) {
                 Some(outcome) => (outcome.ok, outcome.line.to_string()),
                 None if self.stop == Some(Stop::Expired) => {
                     let error = lines::LineError {
@@ -428,21 +482,20 @@ impl Driver {
         Ok(())
     }
 
-    /// Runs one line to its end and keeps its outcome: `(its id on the bus, Some(answered
-    /// well))`, or `None` when the bus went away before its end was known.
+    /// Runs one line to its end: `(its id on the bus, its line number, its outcome)`, the
+    /// outcome `None` when the bus went away before its end was known.
     fn run_line(
         &self,
         line: Line,
         request_id: String,
         maybe_sent: bool,
-    ) -> impl std::future::Future<Output = (String, Option<bool>)> + use<> {
+    ) -> impl std::future::Future<Output = (String, usize, Option<Ran>)> + use<> {
         let shared = self.shared.clone();
-        let client = self.client.clone();
         let tenant = self.tenant.clone();
         let batch_id = self.id.clone();
         let endpoint = self.endpoint.clone();
         let expires_at = self.record.batch["expires_at"].as_u64().unwrap_or(0);
-        let bus_id = client.on_bus(&request_id);
+        let bus_id = self.client.on_bus(&request_id);
         async move {
             let line_run = LineRun {
                 shared: &shared,
@@ -451,22 +504,8 @@ impl Driver {
                 endpoint: &endpoint,
                 expires_at,
             };
-            let outcome = line_run.run(&line, request_id, maybe_sent).await;
-            let Some(outcome) = outcome else {
-                return (bus_id, None);
-            };
-            let kept = shared
-                .batches
-                .put_line(&tenant, &batch_id, line.number, &outcome.kept)
-                .await;
-            if let Err(error) = kept {
-                tracing::warn!(message = "a batch line's outcome was not kept", %error, batch = %batch_id, line = line.number);
-                return (bus_id, None);
-            }
-            if let Some(release) = outcome.release {
-                let _ = shared.client.result(&release, true).await;
-            }
-            (bus_id, Some(outcome.kept.ok))
+            let ran = line_run.run(&line, request_id, maybe_sent).await;
+            (bus_id, line.number, ran)
         }
     }
 }
@@ -665,6 +704,7 @@ mod tests {
             owner: String::new(),
             lease_until_ms: 0,
             reserved: 0,
+            chunks: 0,
         }
     }
 

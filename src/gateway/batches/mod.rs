@@ -164,6 +164,7 @@ async fn create_in(
         owner: String::new(),
         lease_until_ms: 0,
         reserved: 0,
+        chunks: 0,
     };
     match shared.batches.create(&record).await {
         Ok(true) => {}
