@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 
 use super::durable;
 use super::meter::Meter;
+use super::procstat::ProcessUsage;
 use super::target::Target;
 use super::target_check::TargetCheck;
 use super::workload;
@@ -38,6 +39,9 @@ pub struct BatchReport {
     pub failed: u64,
     /// The batch's rate ÷ the drain rate.
     pub batch_vs_drain: Option<f64>,
+    /// CPU of each process per request of the drain, and per line of the batch.
+    pub drain_processes: Vec<ProcessUsage>,
+    pub batch_processes: Vec<ProcessUsage>,
 }
 
 /// Drains a burst of `lines`, then runs the same requests as one batch through the gateway at
@@ -68,6 +72,7 @@ pub async fn run(
     let uploaded = Instant::now();
     let file = upload(&http, gateway_url, jsonl).await?;
     let upload_secs = uploaded.elapsed().as_secs_f64();
+    let cost = meter.start().await;
     let started = Instant::now();
     let batch: Value = http
         .post(format!("{gateway_url}/batches"))
@@ -107,6 +112,7 @@ pub async fn run(
         }
     };
     let batch_secs = started.elapsed().as_secs_f64();
+    let spent = meter.stop(cost).await;
     let completed = batch["request_counts"]["completed"].as_u64().unwrap_or(0);
     let batch_per_sec = completed as f64 / batch_secs.max(1e-9);
     Ok(BatchReport {
@@ -121,6 +127,8 @@ pub async fn run(
         completed,
         failed: batch["request_counts"]["failed"].as_u64().unwrap_or(0),
         batch_vs_drain: (drain.drain_per_sec > 0.0).then(|| batch_per_sec / drain.drain_per_sec),
+        drain_processes: drain.processes,
+        batch_processes: spent.per_request(completed).processes,
     })
 }
 

@@ -644,6 +644,23 @@ pub fn table(report: &GatewayReport) -> String {
                 .map_or("-".into(), |r| format!("{:.1}%", r * 100.0)),
             batch.upload_secs,
         );
+        let mut cpu = Table::new(&["process", "drain µs/request", "batch µs/line"]).text_columns(1);
+        for drained in &batch.drain_processes {
+            let per = |p: &ProcessUsage| {
+                p.cpu_us_per_request
+                    .map_or("-".into(), |us| format!("{us:.0}"))
+            };
+            let batched = batch
+                .batch_processes
+                .iter()
+                .find(|p| p.role == drained.role && p.pid == drained.pid);
+            cpu.row(vec![
+                format!("{} ({})", drained.role, drained.pid),
+                per(drained),
+                batched.map_or("-".into(), per),
+            ]);
+        }
+        let _ = writeln!(out, "{}", cpu.render());
     }
     let _ = writeln!(out, "{}", targets_table(&report.targets));
     for note in &report.notes {
