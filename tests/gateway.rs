@@ -7,7 +7,7 @@
 mod common;
 
 use common::fleet::Fleet;
-use common::gateway::{Gateway, KEY, TENANT, WITHIN, fleet, python, root};
+use common::gateway::{Gateway, KEY, TENANT, WITHIN, answer_next_decision, fleet, python, root};
 use common::nats::free_port;
 use common::wait;
 use futures_util::StreamExt;
@@ -351,20 +351,7 @@ async fn a_decision_chain_is_one_completion_with_its_parts_set_apart() {
         )
         .send(),
     );
-    let signal = wait::within("the model asks", WITHIN, asks.next())
-        .await
-        .unwrap();
-    let signal: Value = serde_json::from_slice(&signal.payload).unwrap();
-    let decision_id = signal["decision"]["decision_id"].as_str().unwrap();
-    let answer = genfleet::protocol::DecisionAnswer {
-        option_id: "a".into(),
-        rationale: None,
-        decided_by: Some("test".into()),
-        modified_prompt: None,
-        guidance: None,
-        confidence_boost: None,
-    };
-    f.client.decide(decision_id, &answer).await.unwrap();
+    answer_next_decision(&f.client, &mut asks).await;
     let response = wait::within("the completion", WITHIN, response)
         .await
         .unwrap()

@@ -7,7 +7,7 @@
 mod common;
 
 use common::fleet::Fleet;
-use common::gateway::{Gateway, KEY, TENANT, WITHIN, fleet, python, root};
+use common::gateway::{Gateway, KEY, TENANT, WITHIN, answer_next_decision, fleet, python, root};
 use common::nats::free_port;
 use common::wait;
 use genfleet::llm::mock::Script;
@@ -395,25 +395,6 @@ async fn a_batch_goes_on_when_its_gateway_is_killed_and_every_replica_reports_th
     assert_eq!(text.lines().count(), 300);
 }
 
-/// Answers the next decision the fleet asks, with option `a`.
-async fn answer_next(f: &Fleet, asks: &mut async_nats::Subscriber) {
-    use futures_util::StreamExt;
-    let signal = wait::within("the model asks", WITHIN, asks.next())
-        .await
-        .unwrap();
-    let signal: Value = serde_json::from_slice(&signal.payload).unwrap();
-    let decision_id = signal["decision"]["decision_id"].as_str().unwrap();
-    let answer = genfleet::protocol::DecisionAnswer {
-        option_id: "a".into(),
-        rationale: None,
-        decided_by: Some("test".into()),
-        modified_prompt: None,
-        guidance: None,
-        confidence_boost: None,
-    };
-    f.client.decide(decision_id, &answer).await.unwrap();
-}
-
 /// A decision the model asks is answered and the chain goes on, as on chat completions: one
 /// response, whole or in the background, its parts set apart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -442,7 +423,7 @@ async fn a_decision_chain_is_one_response_whole_or_in_the_background() {
             response.json::<Value>().await.unwrap()
         }
     });
-    answer_next(&f, &mut asks).await;
+    answer_next_decision(&f.client, &mut asks).await;
     let whole = wait::within("the response", WITHIN, whole).await.unwrap();
     assert_eq!(whole["status"], "completed", "{whole}");
     let text = |r: &Value| {
@@ -463,7 +444,7 @@ async fn a_decision_chain_is_one_response_whole_or_in_the_background() {
     background["background"] = json!(true);
     let (status, queued) = create(&gateway, background).await;
     assert_eq!(status, 200, "{queued}");
-    answer_next(&f, &mut asks).await;
+    answer_next_decision(&f.client, &mut asks).await;
     let id = queued["id"].as_str().unwrap().to_string();
     let done = wait::until("the background response to end", WITHIN, || async {
         let (_, body) = get(&gateway, KEY, &format!("responses/{id}")).await;

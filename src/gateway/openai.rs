@@ -235,19 +235,26 @@ impl BadField {
 
 /// Reads a body, naming the field of the first error (`messages[2].role`, `genfleet.durable`).
 pub fn parse_request(body: &[u8]) -> Result<ChatRequest, BadField> {
+    read_strictly(body, "a chat completions request")
+}
+
+/// Reads a body as `T`, naming the field of the first error; `what` the body should be, for an
+/// error of the whole body.
+pub fn read_strictly<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    what: &str,
+) -> Result<T, BadField> {
     let mut deserializer = serde_json::Deserializer::from_slice(body);
-    let request: ChatRequest =
-        serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
-            let path = error.path().to_string();
-            let inner = error.into_inner();
-            let param = (path != ".").then_some(path);
-            let message = match &param {
-                Some(path) => format!("{path}: {inner}"),
-                None => format!("the body is not a chat completions request: {inner}"),
-            };
-            BadField { param, message }
-        })?;
-    Ok(request)
+    serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+        let path = error.path().to_string();
+        let inner = error.into_inner();
+        let param = (path != ".").then_some(path);
+        let message = match &param {
+            Some(path) => format!("{path}: {inner}"),
+            None => format!("the body is not {what}: {inner}"),
+        };
+        BadField { param, message }
+    })
 }
 
 /// Reads one message of the body. Keys whose value is null, an empty `annotations` and the

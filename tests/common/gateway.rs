@@ -113,3 +113,26 @@ pub fn python() -> String {
         venv.to_string_lossy().into_owned()
     })
 }
+
+/// Answers the next decision asked on `asks` (a subscription to `signals.decision_request.>`)
+/// with option `a`, as a manager would.
+pub async fn answer_next_decision(
+    client: &genfleet::client::Client,
+    asks: &mut async_nats::Subscriber,
+) {
+    use futures_util::StreamExt;
+    let signal = super::wait::within("the model asks", WITHIN, asks.next())
+        .await
+        .unwrap();
+    let signal: serde_json::Value = serde_json::from_slice(&signal.payload).unwrap();
+    let decision_id = signal["decision"]["decision_id"].as_str().unwrap();
+    let answer = genfleet::protocol::DecisionAnswer {
+        option_id: "a".into(),
+        rationale: None,
+        decided_by: Some("test".into()),
+        modified_prompt: None,
+        guidance: None,
+        confidence_boost: None,
+    };
+    client.decide(decision_id, &answer).await.unwrap();
+}

@@ -99,20 +99,8 @@ async fn create_in(
     if shared.stopping.is_cancelled() {
         return Err(Box::new(stopping()));
     }
-    let mut deserializer = serde_json::Deserializer::from_slice(&body);
-    let request: CreateBatch =
-        serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
-            let path = error.path().to_string();
-            let param = if path == "." {
-                "body".to_string()
-            } else {
-                path
-            };
-            Box::new(ApiError::invalid(
-                &param,
-                format!("{param}: {}", error.into_inner()),
-            ))
-        })?;
+    let request: CreateBatch = super::openai::read_strictly(&body, "a batch")
+        .map_err(|field| Box::new(ApiError::bad(field)))?;
     if !ENDPOINTS.contains(&request.endpoint.as_str()) {
         return Err(Box::new(ApiError::invalid(
             "endpoint",

@@ -115,17 +115,7 @@ pub struct ReasoningConfig {
 
 /// Reads a body, naming the field of the first error (`input`, `genfleet.durable`).
 pub fn parse(body: &[u8]) -> Result<ResponsesRequest, BadField> {
-    let mut deserializer = serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
-        let path = error.path().to_string();
-        let inner = error.into_inner();
-        let param = (path != ".").then_some(path);
-        let message = match &param {
-            Some(path) => format!("{path}: {inner}"),
-            None => format!("the body is not a Responses API request: {inner}"),
-        };
-        BadField { param, message }
-    })
+    crate::gateway::openai::read_strictly(body, "a Responses API request")
 }
 
 /// A Responses request read into what the fleet runs, and what its response echoes.
