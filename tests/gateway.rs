@@ -7,7 +7,9 @@
 mod common;
 
 use common::fleet::Fleet;
-use common::gateway::{Gateway, KEY, TENANT, WITHIN, answer_next_decision, fleet, python, root};
+use common::gateway::{
+    Gateway, KEY, TENANT, WITHIN, answer_next_decision, fleet, python_part, root,
+};
 use common::nats::free_port;
 use common::wait;
 use futures_util::StreamExt;
@@ -16,22 +18,7 @@ use serde_json::{Value, json};
 
 /// Runs one part of tests/python/gateway_client.py and returns what it printed.
 async fn sdk(gateway: &Gateway, part: &str) -> String {
-    let python = python();
-    let output = tokio::process::Command::new(&python)
-        .arg(root().join("tests/python/gateway_client.py"))
-        .args([&gateway.base_url(), KEY, part])
-        .kill_on_drop(true)
-        .output()
-        .await
-        .unwrap_or_else(|e| panic!("{python} runs: {e}"));
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success() && stdout.contains(&format!("gateway client: {part} passed")),
-        "the openai SDK's {part} failed ({}):\n{stdout}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    stdout
+    python_part(gateway, "gateway_client.py", "gateway client", part, &[]).await
 }
 
 fn printed(stdout: &str, key: &str) -> String {

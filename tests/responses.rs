@@ -7,7 +7,9 @@
 mod common;
 
 use common::fleet::Fleet;
-use common::gateway::{Gateway, KEY, TENANT, WITHIN, answer_next_decision, fleet, python, root};
+use common::gateway::{
+    Gateway, KEY, TENANT, WITHIN, answer_next_decision, fleet, python, python_part, root,
+};
 use common::nats::free_port;
 use common::wait;
 use genfleet::llm::mock::Script;
@@ -20,27 +22,15 @@ const OTHER_TENANT: &str = "team-other";
 
 /// Runs one part of tests/python/responses_client.py.
 async fn sdk(gateway: &Gateway, part: &str, arg: Option<&str>) -> String {
-    let python = python();
-    let mut command = tokio::process::Command::new(&python);
-    command
-        .arg(root().join("tests/python/responses_client.py"))
-        .args([&gateway.base_url(), KEY, part]);
-    if let Some(arg) = arg {
-        command.arg(arg);
-    }
-    let output = command
-        .kill_on_drop(true)
-        .output()
-        .await
-        .unwrap_or_else(|e| panic!("{python} runs: {e}"));
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success() && stdout.contains(&format!("responses client: {part} passed")),
-        "the SDK's {part} failed ({}):\n{stdout}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    stdout
+    let args: Vec<&str> = arg.into_iter().collect();
+    python_part(
+        gateway,
+        "responses_client.py",
+        "responses client",
+        part,
+        &args,
+    )
+    .await
 }
 
 fn http() -> reqwest::Client {
@@ -520,6 +510,10 @@ async fn a_previous_response_id_chain_stays_on_the_worker_that_served_it() {
         .start()
         .await;
     f.client = f.client.clone().with_tenant(TENANT).unwrap();
+    // The workers rank a key alike only once each sees the other.
+    let ids: Vec<String> = f.workers.iter().map(|w| w.worker_id.clone()).collect();
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    common::fleet::wait_placement(f.client.nats(), &ids, WITHIN).await;
     let gateway = Gateway::start(&f, free_port(), &[]).await;
     for chain in 0..3 {
         let mut previous: Option<String> = None;

@@ -136,3 +136,32 @@ pub async fn answer_next_decision(
     };
     client.decide(decision_id, &answer).await.unwrap();
 }
+
+/// Runs one part of a client script of tests/python/ (`<script>.py BASE_URL KEY PART [ARGS]`)
+/// against the gateway, and returns what it printed; the part must end printing
+/// `<passed_as>: PART passed`.
+pub async fn python_part(
+    gateway: &Gateway,
+    script: &str,
+    passed_as: &str,
+    part: &str,
+    args: &[&str],
+) -> String {
+    let python = python();
+    let output = tokio::process::Command::new(&python)
+        .arg(root().join("tests/python").join(script))
+        .args([&gateway.base_url(), KEY, part])
+        .args(args)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{python} runs: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success() && stdout.contains(&format!("{passed_as}: {part} passed")),
+        "{script} {part} failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
