@@ -15,6 +15,8 @@
 //!   keys), built from the caller's own tenant on every route, so another tenant's id is a 404.
 //! - An upload over `gateway.max_file_bytes` is refused as soon as that many bytes came,
 //!   before anything is stored.
+//! - Memory is bounded whatever callers send: an upload is held whole before it is stored, and
+//!   at most [`UPLOADS_AT_ONCE`] are read at once (the others wait their turn).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,6 +39,10 @@ use crate::settings::Settings;
 
 /// Longest file id read from a path: `file-` and a ULID are 31 characters.
 const MAX_ID_LEN: usize = 64;
+
+/// Uploads read at once: each is held whole (up to `gateway.max_file_bytes`) before it is
+/// stored.
+pub const UPLOADS_AT_ONCE: usize = 2;
 
 /// What a multipart upload may carry besides the file: its fields' text, bounded.
 const MAX_FIELD_BYTES: usize = 1024;
@@ -67,6 +73,7 @@ impl FileObject {
 pub struct Files {
     bucket: object_store::ObjectStore,
     ttl: Duration,
+    uploads: Arc<tokio::sync::Semaphore>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -80,8 +87,13 @@ impl Files {
         let jetstream = jetstream::new(nats.clone());
         let bucket = &settings.gateway.files_bucket;
         let ttl = Duration::from_millis(settings.gateway.files_ttl_ms);
+        let uploads = Arc::new(tokio::sync::Semaphore::new(UPLOADS_AT_ONCE));
         if let Ok(store) = jetstream.get_object_store(bucket).await {
-            return Ok(Files { bucket: store, ttl });
+            return Ok(Files {
+                bucket: store,
+                ttl,
+                uploads,
+            });
         }
         let config = stream::Config {
             name: format!("OBJ_{bucket}"),
@@ -99,7 +111,11 @@ impl Files {
             .get_object_store(bucket)
             .await
             .map_err(|e| BusError::Setup(format!("cannot open bucket {bucket}: {e}")))?;
-        Ok(Files { bucket: store, ttl })
+        Ok(Files {
+            bucket: store,
+            ttl,
+            uploads,
+        })
     }
 
     /// Stores a file of the tenant's.
@@ -297,6 +313,14 @@ async fn upload_in(
     if declared.is_some_and(|n| n > max.saturating_add(64 * 1024)) {
         return Err(Box::new(too_large(max)));
     }
+    // Held until the file is stored: at most UPLOADS_AT_ONCE files in memory.
+    let _turn = shared
+        .files
+        .uploads
+        .clone()
+        .acquire_owned()
+        .await
+        .expect("the uploads' semaphore is never closed");
     let mut multipart = multipart.map_err(|rejection| {
         Box::new(ApiError::invalid(
             "file",
