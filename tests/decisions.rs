@@ -802,6 +802,57 @@ async fn walk(follow: &mut genfleet::client::Follow) -> Vec<(String, GenerationR
     parts
 }
 
+/// Requests followed on one subscription, as a batch's lines are: each follower gets its own
+/// request's text, whole and once, even one that read nothing until its request ended with
+/// more events than a follower holds (the rest comes from its stored result), and one that
+/// takes only what ends a part (all of it from its result).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_on_one_fanout_each_get_their_own_text_whole_and_once() {
+    let words: Vec<String> = (0..genfleet::client::fanout::EVENTS_HELD + 44)
+        .map(|n| format!("w{n}"))
+        .collect();
+    let script = format!(
+        "[[rules]]\nreply = \"{{{{last_user}}}} {}\"\n",
+        words.join(" ")
+    );
+    // Every word its own event.
+    let f = fleet(&script, |s| s.generation.delta_coalesce_bytes = 1).await;
+    let client = &f.fleet.client;
+    let fanout = client.event_fanout().await.unwrap();
+    let ids = ["fan1", "fan2", "fan3"];
+    // The last one takes only what ends a part, as a batch's lines do.
+    let mut follows: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let events = match *id {
+                "fan3" => fanout.follow_ends(id),
+                _ => fanout.follow(id),
+            };
+            client.follow_chain_on(id, false, events)
+        })
+        .collect();
+    assert_eq!(fanout.followed(), ids.len());
+    for id in ids {
+        let request = fleet::request(id, &format!("say {id}"));
+        client.enqueue("default", &request).await.unwrap();
+    }
+    // Nothing is read until every request ended: each follower falls behind its events.
+    for id in ids {
+        fleet::terminal(client, id, Duration::from_secs(30)).await;
+    }
+    for (id, follow) in ids.iter().zip(&mut follows) {
+        let parts = walk(follow).await;
+        assert_eq!(parts.len(), 1, "{id}: {parts:?}");
+        let (text, result) = &parts[0];
+        assert_eq!(result.request_id, *id);
+        assert_eq!(result.state, RequestState::Completed, "{result:?}");
+        assert_eq!(text, &result.output, "{id}: its text, whole and once");
+        assert!(text.starts_with(&format!("say {id} w0 ")), "{text}");
+    }
+    drop(follows);
+    assert_eq!(fanout.followed(), 0, "a dropped follower stops following");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn following_a_chain_gives_each_parts_text_once_through_its_decision_and_after_the_fact() {
     let mut f = fleet(DEPLOY, |_| {}).await;

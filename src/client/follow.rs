@@ -108,11 +108,24 @@ impl Client {
         through_decisions: bool,
     ) -> Result<Follow, ClientError> {
         let root = self.on_bus(request_id);
-        let events: Events = Box::pin(self.follow(&root).await?);
+        let events = self.follow(&root).await?;
+        Ok(self.follow_chain_on(&root, through_decisions, events))
+    }
+
+    /// [`Client::follow_chain`] given the first request's events (from an
+    /// [`EventFanout`](super::fanout::EventFanout), say); a continuation's are subscribed to.
+    pub fn follow_chain_on(
+        &self,
+        request_id: &str,
+        through_decisions: bool,
+        events: impl Stream<Item = Event> + Send + 'static,
+    ) -> Follow {
+        let root = self.on_bus(request_id);
+        let events: Events = Box::pin(events);
         let mut check = tokio::time::interval(CHECK_AFTER);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         check.reset();
-        Ok(Follow {
+        Follow {
             client: self.clone(),
             events,
             current: root.clone(),
@@ -127,7 +140,7 @@ impl Client {
             check,
             pending: VecDeque::new(),
             done: false,
-        })
+        }
     }
 }
 

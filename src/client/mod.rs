@@ -12,12 +12,15 @@
 //! - `caller`: [`Client`], submitting, queueing, placing, cancelling and deciding;
 //! - `follow`: one stream of a request's events through its whole decision chain, to its last
 //!   continuation;
+//! - `fanout`: one subscription to a tenant's events, handed to many requests' followers (a
+//!   batch's lines);
 //! - `tool_service`: serving a tool to the fleet (registered in the tools bucket, answering
 //!   `tools.<name>`).
 
 pub mod batches;
 pub mod caller;
 pub mod connect;
+pub mod fanout;
 pub mod fleet;
 pub mod follow;
 pub mod records;

@@ -325,7 +325,7 @@ async fn follow_events(shared: Arc<Shared>) -> Result<(), String> {
         .map_err(|e| format!("cannot subscribe to {subject}: {e}"))?;
     link(&shared, |l| l.events = None);
     while let Some(message) = sub.next().await {
-        if let Ok(event) = serde_json::from_slice::<Event>(&message.payload) {
+        if let Ok(event) = Event::from_json(&message.payload) {
             let now = Instant::now();
             shared.apply(|state| {
                 state.fleet.apply_event(&event, now);

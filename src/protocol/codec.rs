@@ -339,4 +339,58 @@ mod tests {
             json!({"request_id": "r", "seq": 0, "ts": "t", "event": "delta", "text": "hi"})
         );
     }
+
+    #[test]
+    fn an_event_reads_back_whole_whichever_way_its_fields_are_laid_out() {
+        let finished = Event {
+            request_id: "acme.r1".into(),
+            seq: 7,
+            ts: "2026-11-28T18:00:00.000Z".into(),
+            body: EventBody::Finished {
+                result: Box::new(sample_result()),
+            },
+        };
+        let payload = serde_json::to_vec(&finished).unwrap();
+        assert_eq!(Event::type_of(&payload), Some(b"finished".as_slice()));
+        assert_eq!(Event::from_json(&payload).unwrap(), finished);
+        // The type last (another writer's layout): read all the same.
+        let result = serde_json::to_string(&sample_result()).unwrap();
+        let reordered = format!(
+            r#"{{"request_id":"acme.r1","seq":7,"ts":"2026-11-28T18:00:00.000Z","result":{result},"event":"finished"}}"#
+        );
+        assert_eq!(Event::from_json(reordered.as_bytes()).unwrap(), finished);
+        // A tool's result that looks like a finished event, ahead of the type: read as what it
+        // is.
+        let tool = r#"{"request_id":"r","seq":1,"ts":"t","call_id":"c","name":"n","ok":true,"result":{"event":"finished"},"event":"tool_result"}"#;
+        assert_eq!(
+            Event::type_of(tool.as_bytes()),
+            Some(b"finished".as_slice())
+        );
+        assert_eq!(
+            Event::from_json(tool.as_bytes()).unwrap().body,
+            EventBody::ToolResult {
+                call_id: "c".into(),
+                name: "n".into(),
+                ok: true,
+                result: json!({"event": "finished"}),
+            }
+        );
+        // A text that names another type is not taken for the event's own.
+        let delta = Event {
+            body: EventBody::Delta {
+                text: r#"say "event":"finished" here"#.into(),
+            },
+            ..finished.clone()
+        };
+        let payload = serde_json::to_vec(&delta).unwrap();
+        assert_eq!(Event::type_of(&payload), Some(b"delta".as_slice()));
+        assert_eq!(Event::from_json(&payload).unwrap(), delta);
+        // A finished event whose result does not read is an error, as any other.
+        let mut broken = serde_json::to_value(&finished).unwrap();
+        broken["result"]["state"] = json!("NOT_A_STATE");
+        let broken = serde_json::to_vec(&broken).unwrap();
+        assert!(Event::from_json(&broken).is_err());
+        assert_eq!(Event::type_of(b"{}"), None);
+        assert_eq!(Event::type_of(br#"{"event":"unterminated"#), None);
+    }
 }

@@ -85,6 +85,45 @@ pub enum EventBody {
     },
 }
 
+impl Event {
+    /// An event from its JSON payload. A `finished` event, the largest (it carries the whole
+    /// result), is read in one pass when it is laid out as a worker writes it; any other, or
+    /// one laid out otherwise, as its type says (its fields gathered first, then read).
+    pub fn from_json(payload: &[u8]) -> Result<Event, serde_json::Error> {
+        #[derive(Deserialize)]
+        struct Finished {
+            request_id: String,
+            seq: u64,
+            ts: String,
+            result: Box<GenerationResult>,
+        }
+        if Event::type_of(payload) == Some(b"finished".as_slice())
+            && let Ok(finished) = serde_json::from_slice::<Finished>(payload)
+        {
+            return Ok(Event {
+                request_id: finished.request_id,
+                seq: finished.seq,
+                ts: finished.ts,
+                body: EventBody::Finished {
+                    result: finished.result,
+                },
+            });
+        }
+        serde_json::from_slice(payload)
+    }
+
+    /// An event's type, read from its payload without parsing it: the first `"event":"`
+    /// names it as a worker writes an event (the fields before it, the request id, the
+    /// sequence number and the time, hold no quote). `None` when there is none; a payload laid
+    /// out otherwise may name another type here than its own.
+    pub fn type_of(payload: &[u8]) -> Option<&[u8]> {
+        const TAG: &[u8] = b"\"event\":\"";
+        let at = payload.windows(TAG.len()).position(|w| w == TAG)? + TAG.len();
+        let len = payload[at..].iter().position(|b| *b == b'"')?;
+        Some(&payload[at..at + len])
+    }
+}
+
 impl EventBody {
     pub fn name(&self) -> &'static str {
         match self {

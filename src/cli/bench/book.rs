@@ -66,7 +66,7 @@ impl Book {
         let filling = book.clone();
         let task = tokio::spawn(async move {
             while let Some(message) = events.next().await {
-                if let Ok(event) = serde_json::from_slice::<Event>(&message.payload) {
+                if let Ok(event) = Event::from_json(&message.payload) {
                     filling.record(event);
                 }
             }

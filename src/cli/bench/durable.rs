@@ -87,7 +87,7 @@ pub async fn run(
             let mut left = index.len();
             let mut all_done_tx = Some(all_done_tx);
             while let Some(message) = events.next().await {
-                let Ok(event) = serde_json::from_slice::<Event>(&message.payload) else {
+                let Ok(event) = Event::from_json(&message.payload) else {
                     continue;
                 };
                 let EventBody::Finished { result } = event.body else {

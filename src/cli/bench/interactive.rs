@@ -287,7 +287,7 @@ pub(super) async fn one_request(
                 break;
             }
         };
-        let Ok(event) = serde_json::from_slice::<Event>(&message.payload) else {
+        let Ok(event) = Event::from_json(&message.payload) else {
             outcome.error = Some("undecodable event".into());
             break;
         };

@@ -459,7 +459,7 @@ async fn listen_finished(
     let run_id = run_id.to_string();
     let task = tokio::spawn(async move {
         while let Some(message) = events.next().await {
-            let Ok(event) = serde_json::from_slice::<Event>(&message.payload) else {
+            let Ok(event) = Event::from_json(&message.payload) else {
                 continue;
             };
             let EventBody::Finished { result } = event.body else {
