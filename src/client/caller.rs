@@ -505,11 +505,16 @@ impl Client {
         pool: &str,
         request: &GenerationRequest,
     ) -> Result<Queued, ClientError> {
-        let mut request = request.clone();
-        let request_id = request
-            .request_id
-            .get_or_insert_with(crate::protocol::ids::new_id)
-            .clone();
+        // Sent as it is when it names itself (no copy of a large conversation).
+        let request = match request.request_id {
+            Some(_) => std::borrow::Cow::Borrowed(request),
+            None => {
+                let mut named = request.clone();
+                named.request_id = Some(crate::protocol::ids::new_id());
+                std::borrow::Cow::Owned(named)
+            }
+        };
+        let request_id = request.request_id.clone().unwrap_or_default();
         // The duplicate window is the stream's, shared by every tenant: the message's id is
         // the request's id on the bus, which carries the tenant.
         let on_bus = self.on_bus(&request_id);
@@ -569,9 +574,7 @@ impl Client {
             .subscribe(self.subjects.events(&self.on_bus(request_id)))
             .await
             .map_err(|e| ClientError::Transport(e.to_string()))?;
-        Ok(sub.filter_map(|message| async move {
-            serde_json::from_slice::<Event>(&message.payload).ok()
-        }))
+        Ok(sub.filter_map(|message| async move { Event::from_json(&message.payload).ok() }))
     }
 
     pub async fn status(&self, request_id: &str) -> Result<StatusReply, ClientError> {
