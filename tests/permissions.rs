@@ -550,12 +550,13 @@ async fn the_gateway_reaches_what_it_uses_and_nothing_of_a_workers() {
         .update(&read.record, read.revision)
         .await
         .expect("the gateway updates a batch");
-    let outcome = genfleet::client::batches::LineOutcome {
+    let outcome = genfleet::client::batches::KeptLine {
+        number: 1,
         ok: true,
-        line: serde_json::json!({"custom_id": "a"}),
+        text: serde_json::json!({"custom_id": "a"}).to_string(),
     };
     batches
-        .put_chunk("team-a", "batch_01PERMISSIONS", 1, &[(1, outcome)])
+        .put_chunk("team-a", "batch_01PERMISSIONS", 1, &[outcome])
         .await
         .expect("the gateway keeps a chunk of outcomes");
     let outcomes = batches

@@ -268,6 +268,26 @@ async fn a_thousand_line_batch_answers_every_line_once_though_a_worker_is_killed
         killed,
         "the batch ended before a worker could be killed:\n{printed}"
     );
+    // Once the batch ended, its lines' stored results are released (their outcomes are in the
+    // batch's files): none is left to age out of the results bucket.
+    let batch_id = printed
+        .lines()
+        .find_map(|line| line.strip_prefix("BATCH_ID="))
+        .expect("the client printed the batch's id")
+        .to_string();
+    let client = f.client.clone().with_tenant(TENANT).unwrap();
+    for n in 1..=1000 {
+        let id = format!("{batch_id}-{n}");
+        wait::until(&format!("{id}'s result to be released"), WITHIN, || async {
+            match client.result(&id, false).await {
+                Err(error) if error.code() == Some(genfleet::protocol::ErrorCode::NotFound) => {
+                    Ok(())
+                }
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    }
 }
 
 /// A batch's JSONL file uploaded as `POST /v1/files` would take it from any client.

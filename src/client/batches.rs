@@ -63,6 +63,36 @@ pub struct LineOutcome {
     pub line: Value,
 }
 
+/// One line's outcome as its driver holds it: its line number, whether it goes to the output
+/// file (`false`: the error file), and its line of that file as JSON text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeptLine {
+    pub number: usize,
+    pub ok: bool,
+    pub text: String,
+}
+
+/// A chunk as it is stored: `[[<number>, {"ok": <ok>, "line": <line>}], ...]`, read back as
+/// `(usize, LineOutcome)` pairs. The lines' texts go in as they are (each is JSON already),
+/// not parsed and written again.
+fn chunk_body(outcomes: &[KeptLine]) -> Vec<u8> {
+    let mut body =
+        Vec::with_capacity(outcomes.iter().map(|o| o.text.len() + 32).sum::<usize>() + 2);
+    body.push(b'[');
+    for (i, outcome) in outcomes.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(
+            format!("[{},{{\"ok\":{},\"line\":", outcome.number, outcome.ok).as_bytes(),
+        );
+        body.extend_from_slice(outcome.text.as_bytes());
+        body.extend_from_slice(b"}]");
+    }
+    body.push(b']');
+    body
+}
+
 /// A record as read, with its revision.
 pub struct Read {
     pub record: Record,
@@ -230,11 +260,13 @@ impl Batches {
         tenant: &str,
         id: &str,
         chunk: usize,
-        outcomes: &[(usize, LineOutcome)],
+        outcomes: &[KeptLine],
     ) -> Result<(), BatchesError> {
         let key = chunk_key(tenant, id, chunk)?;
-        let body = serde_json::to_vec(outcomes).expect("outcomes serialize");
-        self.lines.put(key, body.into()).await.map_err(err)?;
+        self.lines
+            .put(key, chunk_body(outcomes).into())
+            .await
+            .map_err(err)?;
         Ok(())
     }
 
@@ -322,5 +354,33 @@ mod tests {
             assert_eq!(key("t", bad), None, "{bad:?}");
         }
         assert_eq!(chunk_key("t", "batch_01AB", 7).unwrap(), "t.batch_01AB.7");
+    }
+
+    #[test]
+    fn a_chunk_written_from_texts_reads_back_as_its_outcomes() {
+        let kept = [
+            KeptLine {
+                number: 3,
+                ok: true,
+                text: r#"{"id":"batch_req_1-3","custom_id":"a \"quoted\" one","error":null}"#
+                    .into(),
+            },
+            KeptLine {
+                number: 1,
+                ok: false,
+                text: r#"{"id":"batch_req_1-1","error":{"code":"invalid_json","line":1}}"#.into(),
+            },
+        ];
+        let read: Vec<(usize, LineOutcome)> = serde_json::from_slice(&chunk_body(&kept)).unwrap();
+        assert_eq!(read.len(), 2);
+        for ((number, outcome), kept) in read.iter().zip(&kept) {
+            assert_eq!((*number, outcome.ok), (kept.number, kept.ok));
+            assert_eq!(
+                outcome.line,
+                serde_json::from_str::<Value>(&kept.text).unwrap()
+            );
+        }
+        let none: Vec<(usize, LineOutcome)> = serde_json::from_slice(&chunk_body(&[])).unwrap();
+        assert!(none.is_empty());
     }
 }

@@ -4,7 +4,8 @@
 //! Each replica's keeper looks at the batches every [`TICK`] and takes those that are not
 //! final and whose lease ran out. The driver sends the lines as durable requests in band
 //! `low`, at most `gateway.batch_window` at once, each with an id made of the batch's and its
-//! line number, follows each to its end, and keeps each line's outcome in the lines bucket
+//! line number, follows each to its end (every line's events on one subscription, an
+//! [`EventFanout`]), and keeps each line's outcome in the lines bucket
 //! before releasing its result. Every tick it renews its lease and writes its counts, and
 //! reads whether the batch was cancelled or expired. Once every line ended it writes the output
 //! and error files, and the batch's end.
@@ -15,6 +16,11 @@
 //!   they are sent again; one that exists is followed, not sent.
 //! - Nothing accepted is lost: a line's outcome is kept before its result is released, so a
 //!   driver that dies between the two leaves a result the next one reads.
+//!
+//! The lines' results are released once the batch ended (or its driver stops): kept in their
+//! outcomes, they are only housekeeping, which waits rather than take the fleet from the
+//! lines still to run. Those of a driver that died age out of the results bucket
+//! (`jetstream.results_ttl_ms`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -25,7 +31,8 @@ use futures_util::stream::FuturesUnordered;
 use serde_json::{Value, json};
 
 use super::lines::{self, Line};
-use crate::client::batches::{LineOutcome, Record};
+use crate::client::batches::{KeptLine, LineOutcome, Record};
+use crate::client::fanout::{EventFanout, FannedEvents};
 use crate::client::{Client, ClientError};
 use crate::gateway::Shared;
 use crate::gateway::collect::{Collected, Collector};
@@ -34,7 +41,7 @@ use crate::gateway::mapping::{Ending, Mapped};
 use crate::gateway::openai::{Completion, parse_request};
 use crate::gateway::responses::wire::{self, Outcome};
 use crate::gateway::responses::{Job, prepare_job};
-use crate::gateway::run::{enqueue, prepare};
+use crate::gateway::run::enqueue;
 use crate::protocol::{ErrorCode, Priority};
 
 /// How often a keeper looks for batches to take, and a driver renews its lease.
@@ -43,15 +50,15 @@ pub const TICK: Duration = Duration::from_secs(1);
 /// How long a lease holds without being renewed.
 pub const LEASE: Duration = Duration::from_secs(10);
 
-/// Most batches one replica drives at once (each holds its input in memory): the others wait
-/// for a replica with room.
+/// Most batches one replica drives at once (each holds its input in memory, and its lines'
+/// answers as they end): the others wait for a replica with room.
 pub const MAX_DRIVEN: usize = 4;
 
 /// Lines whose outcomes are kept together as one chunk, at the most (a chunk is also kept
 /// every tick).
 const CHUNK_LINES: usize = 256;
 
-/// Results released at once after their chunk was kept.
+/// Results released at once, once the batch ended.
 const RELEASES_AT_ONCE: usize = 64;
 
 /// Why a driver stops when another replica took its batch over.
@@ -127,7 +134,15 @@ struct Driver {
     id: String,
     tenant: String,
     endpoint: String,
-    lines: Vec<Line>,
+    lines: Vec<Arc<Line>>,
+    line_run: Arc<LineRun>,
+    /// Requests whose outcomes are kept: their stored results are released at the end.
+    kept_results: Vec<String>,
+    /// The output or error file's line of each line this driver kept the outcome of, by line
+    /// number: the files are written from them, unless an earlier driver kept some.
+    kept_lines: HashMap<usize, (bool, String)>,
+    /// The chunks of outcomes kept before this driver took the batch.
+    inherited_chunks: usize,
     completed: u64,
     failed: u64,
     stop: Option<Stop>,
@@ -168,6 +183,14 @@ async fn drive(shared: Arc<Shared>, record: Record, revision: u64) {
         .as_str()
         .unwrap_or_default()
         .to_string();
+    let line_run = Arc::new(LineRun {
+        shared: shared.clone(),
+        client: client.clone(),
+        tenant: tenant.clone(),
+        batch_id: id.clone(),
+        endpoint: endpoint.clone(),
+        expires_at: record.batch["expires_at"].as_u64().unwrap_or(0),
+    });
     let mut driver = Driver {
         shared,
         client,
@@ -177,6 +200,10 @@ async fn drive(shared: Arc<Shared>, record: Record, revision: u64) {
         tenant,
         endpoint,
         lines: Vec::new(),
+        line_run,
+        kept_results: Vec::new(),
+        kept_lines: HashMap::new(),
+        inherited_chunks: 0,
         completed: 0,
         failed: 0,
         stop: None,
@@ -201,7 +228,10 @@ impl Driver {
             }
             Err(error) => return Err(error.to_string()),
         };
-        self.lines = lines::parse(&input, &self.endpoint);
+        self.lines = lines::parse(&input, &self.endpoint)
+            .into_iter()
+            .map(Arc::new)
+            .collect();
         drop(input);
         if self.lines.is_empty() {
             return self.fail("empty_file", "the input file has no line").await;
@@ -213,7 +243,9 @@ impl Driver {
             self.record.batch["request_counts"]["total"] = self.lines.len().into();
             self.write().await?;
         }
+        tracing::info!(message = "a batch's lines are read", batch = %self.id, lines = self.lines.len());
         // What ended under an earlier driver.
+        self.inherited_chunks = self.record.chunks;
         let kept = self.kept().await?;
         let mut pending = Vec::new();
         for place in 0..self.lines.len() {
@@ -223,7 +255,13 @@ impl Driver {
             }
         }
         drop(kept);
-        let mut unkept: Vec<(usize, Ran)> = Vec::new();
+        let mut unkept = Unkept::default();
+        // The lines' events, on one subscription for the whole batch.
+        let fanout = self
+            .client
+            .event_fanout()
+            .await
+            .map_err(|e| format!("cannot follow the lines' events: {e}"))?;
         self.stop = self.stop_asked();
         let reserved = self.record.reserved;
         let window = self.shared.settings.gateway.batch_window.max(1);
@@ -243,7 +281,7 @@ impl Driver {
                 let line = self.lines[place].clone();
                 let request_id = format!("{}-{}", self.id, line.number);
                 running.insert(self.client.on_bus(&request_id));
-                in_flight.push(self.run_line(line, request_id, place < reserved));
+                in_flight.push(self.run_line(line, request_id, place < reserved, &fanout));
                 next += 1;
             }
             if in_flight.is_empty() && (next == pending.len() || self.stop.is_some()) {
@@ -251,13 +289,14 @@ impl Driver {
             }
             tokio::select! {
                 ended = in_flight.next() => {
-                    let Some((bus_id, number, ran)) = ended else { continue };
+                    let Some((bus_id, ran)) = ended else { continue };
                     running.remove(&bus_id);
                     match ran {
                         Some(ran) => {
                             self.count(ran.kept.ok);
-                            unkept.push((number, ran));
-                            if unkept.len() >= CHUNK_LINES {
+                            unkept.outcomes.push(ran.kept);
+                            unkept.results.extend(ran.release);
+                            if unkept.outcomes.len() >= CHUNK_LINES {
                                 self.keep(&mut unkept).await?;
                             }
                         }
@@ -269,6 +308,7 @@ impl Driver {
                     self.keep(&mut unkept).await?;
                     if let Renewed::Lost = self.renew().await? {
                         tracing::info!(message = "another replica drives the batch now", batch = %self.id);
+                        self.release_kept();
                         return Ok(());
                     }
                     if self.stop.is_none() {
@@ -287,12 +327,15 @@ impl Driver {
                     self.record.owner.clear();
                     self.record.lease_until_ms = 0;
                     let _ = self.shared.batches.update(&self.record, self.revision).await;
+                    self.release_kept();
                     return Ok(());
                 }
             }
         }
         self.keep(&mut unkept).await?;
-        self.finish().await
+        self.finish().await?;
+        self.release_kept();
+        Ok(())
     }
 
     /// The outcomes kept so far, by line number.
@@ -306,29 +349,37 @@ impl Driver {
         Ok(outcomes.into_iter().collect())
     }
 
-    /// Keeps the outcomes of the lines that ended as the next chunk, counts it in the record,
-    /// and only then releases their results: a driver that dies before leaves them for the
-    /// next one to read.
-    async fn keep(&mut self, unkept: &mut Vec<(usize, Ran)>) -> Result<(), String> {
-        if unkept.is_empty() {
+    /// Keeps the outcomes of the lines that ended as the next chunk and counts it in the
+    /// record; only then may their results be released ([`Driver::release_kept`]): a driver
+    /// that dies before leaves them for the next one to read.
+    async fn keep(&mut self, unkept: &mut Unkept) -> Result<(), String> {
+        if unkept.outcomes.is_empty() {
             return Ok(());
         }
         let chunk = self.record.chunks + 1;
-        let outcomes: Vec<(usize, LineOutcome)> = unkept
-            .iter()
-            .map(|(number, ran)| (*number, ran.kept.clone()))
-            .collect();
         self.shared
             .batches
-            .put_chunk(&self.tenant, &self.id, chunk, &outcomes)
+            .put_chunk(&self.tenant, &self.id, chunk, &unkept.outcomes)
             .await
             .map_err(|e| e.to_string())?;
         self.record.chunks = chunk;
         self.write().await?;
-        let releases: Vec<String> = unkept
-            .drain(..)
-            .filter_map(|(_, ran)| ran.release)
-            .collect();
+        self.kept_lines.extend(
+            unkept
+                .outcomes
+                .drain(..)
+                .map(|kept| (kept.number, (kept.ok, kept.text))),
+        );
+        self.kept_results.append(&mut unkept.results);
+        Ok(())
+    }
+
+    /// Releases the stored results of the lines whose outcomes are kept, in the background.
+    fn release_kept(&mut self) {
+        let releases = std::mem::take(&mut self.kept_results);
+        if releases.is_empty() {
+            return;
+        }
         let client = self.shared.client.clone();
         tokio::spawn(async move {
             futures_util::stream::iter(releases)
@@ -340,7 +391,6 @@ impl Driver {
                 })
                 .await;
         });
-        Ok(())
     }
 
     fn count(&mut self, ok: bool) {
@@ -419,12 +469,23 @@ impl Driver {
         self.record.batch["status"] = "finalizing".into();
         self.record.batch["finalizing_at"] = now.into();
         self.write().await?;
-        let outcomes = self.kept().await?;
+        // Every outcome was kept by this driver (it holds their lines), or some by an earlier
+        // one (they are all read back).
+        let mut outcomes: HashMap<usize, (bool, String)> = match self.inherited_chunks {
+            0 => std::mem::take(&mut self.kept_lines),
+            _ => self
+                .kept()
+                .await?
+                .into_iter()
+                .map(|(number, outcome)| (number, (outcome.ok, outcome.line.to_string())))
+                .collect(),
+        };
+        tracing::info!(message = "writing a batch's files", batch = %self.id, lines = outcomes.len());
         let (mut output, mut errors) = (Vec::new(), Vec::new());
         let (mut completed, mut failed) = (0u64, 0u64);
         for line in &self.lines {
-            let (ok, text) = match outcomes.get(&line.number) {
-                Some(outcome) => (outcome.ok, outcome.line.to_string()),
+            let (ok, text) = match outcomes.remove(&line.number) {
+                Some(kept) => kept,
                 None if self.stop == Some(Stop::Expired) => {
                     let error = lines::LineError {
                         code: "batch_expired",
@@ -482,46 +543,49 @@ impl Driver {
         Ok(())
     }
 
-    /// Runs one line to its end: `(its id on the bus, its line number, its outcome)`, the
-    /// outcome `None` when the bus went away before its end was known.
+    /// Runs one line to its end: `(its id on the bus, its outcome)`, the outcome `None` when
+    /// the bus went away before its end was known.
     fn run_line(
         &self,
-        line: Line,
+        line: Arc<Line>,
         request_id: String,
         maybe_sent: bool,
-    ) -> impl std::future::Future<Output = (String, usize, Option<Ran>)> + use<> {
-        let shared = self.shared.clone();
-        let tenant = self.tenant.clone();
-        let batch_id = self.id.clone();
-        let endpoint = self.endpoint.clone();
-        let expires_at = self.record.batch["expires_at"].as_u64().unwrap_or(0);
+        fanout: &EventFanout,
+    ) -> impl std::future::Future<Output = (String, Option<Ran>)> + use<> {
+        let line_run = self.line_run.clone();
         let bus_id = self.client.on_bus(&request_id);
+        // Followed from before it is sent; its text comes whole, from its result.
+        let events = fanout.follow_ends(&bus_id);
         async move {
-            let line_run = LineRun {
-                shared: &shared,
-                tenant: &tenant,
-                batch_id: &batch_id,
-                endpoint: &endpoint,
-                expires_at,
-            };
-            let ran = line_run.run(&line, request_id, maybe_sent).await;
-            (bus_id, line.number, ran)
+            let ran = line_run.run(&line, request_id, maybe_sent, events).await;
+            (bus_id, ran)
         }
     }
 }
 
+/// Outcomes of lines that ended, not kept yet, and the requests whose results to release once
+/// they are.
+#[derive(Default)]
+struct Unkept {
+    outcomes: Vec<KeptLine>,
+    results: Vec<String>,
+}
+
 /// A line's outcome, and the request whose stored result to release once it is kept.
 struct Ran {
-    kept: LineOutcome,
+    kept: KeptLine,
     release: Option<String>,
 }
 
 /// What one line's run needs.
-struct LineRun<'a> {
-    shared: &'a Arc<Shared>,
-    tenant: &'a str,
-    batch_id: &'a str,
-    endpoint: &'a str,
+/// What every line of a batch runs with, shared by them.
+struct LineRun {
+    shared: Arc<Shared>,
+    /// The batch's tenant's client.
+    client: Client,
+    tenant: String,
+    batch_id: String,
+    endpoint: String,
     expires_at: u64,
 }
 
@@ -531,31 +595,39 @@ enum Answerer {
     Response(Box<Job>),
 }
 
-impl LineRun<'_> {
+impl LineRun {
     fn refused(&self, line: &Line, error: &ApiError) -> Ran {
         Ran {
-            kept: LineOutcome {
+            kept: KeptLine {
+                number: line.number,
                 ok: false,
-                line: lines::answered(
-                    self.batch_id,
+                text: lines::answered(
+                    &self.batch_id,
                     line,
                     error.status(),
                     None,
-                    error.body_value(),
+                    &error.body_value(),
                 ),
             },
             release: None,
         }
     }
 
-    async fn run(&self, line: &Line, request_id: String, maybe_sent: bool) -> Option<Ran> {
+    async fn run(
+        &self,
+        line: &Line,
+        request_id: String,
+        maybe_sent: bool,
+        events: FannedEvents,
+    ) -> Option<Ran> {
         let body = match &line.body {
             Ok(body) => body,
             Err(error) => {
                 return Some(Ran {
-                    kept: LineOutcome {
+                    kept: KeptLine {
+                        number: line.number,
                         ok: false,
-                        line: lines::not_a_request(self.batch_id, line, error),
+                        text: lines::not_a_request(&self.batch_id, line, error).to_string(),
                     },
                     release: None,
                 });
@@ -572,17 +644,9 @@ impl LineRun<'_> {
         // expires, not gateway.max_request_ms.
         let left = (self.expires_at * 1000).saturating_sub(now_ms()).max(1);
         mapped.request.deadline_ms = Some(left);
-        let (client, bus_id) = match prepare(self.shared, &mut mapped, self.tenant, false).await {
-            Ok(prepared) => prepared,
-            Err(error) => {
-                let error = ApiError::not_started(error, 0);
-                return Some(self.refused(line, &error));
-            }
-        };
-        let mut follow = client
-            .follow_chain(&bus_id, mapped.follow_decisions)
-            .await
-            .ok()?;
+        let client = &self.client;
+        let bus_id = client.on_bus(&request_id);
+        let mut follow = client.follow_chain_on(&bus_id, mapped.follow_decisions, events);
         let known = maybe_sent
             && match client.status(&bus_id).await {
                 Ok(_) => true,
@@ -590,7 +654,7 @@ impl LineRun<'_> {
                 Err(_) => return None,
             };
         if !known {
-            match enqueue(&client, &mapped).await {
+            match enqueue(client, &mapped).await {
                 Ok(_) => {}
                 // Sent by an earlier driver within the queue's duplicate window: followed.
                 Err(ClientError::Wire(error)) if error.code == ErrorCode::DuplicateRequestId => {}
@@ -619,39 +683,42 @@ impl LineRun<'_> {
             (Ending::Error { status, kind, code }, _) => {
                 let error = ApiError::new(*status, kind, code, message);
                 lines::answered(
-                    self.batch_id,
+                    &self.batch_id,
                     line,
                     *status,
                     Some(caller_id),
-                    error.body_value(),
+                    &error.body_value(),
                 )
             }
             (Ending::Finish(finish), Answerer::Chat { model }) => {
-                let produced = &collector.produced;
+                let produced = &mut collector.produced;
                 let completion = Completion::new(
                     format!("chatcmpl-{caller_id}"),
                     now_ms() / 1000,
                     model,
-                    produced.text.clone(),
-                    produced.reasoning.clone(),
-                    produced.tool_calls.clone(),
+                    std::mem::take(&mut produced.text),
+                    std::mem::take(&mut produced.reasoning),
+                    std::mem::take(&mut produced.tool_calls),
                     finish,
                     collector.usage,
                 );
-                let body = serde_json::to_value(completion).expect("completions serialize");
-                lines::answered(self.batch_id, line, 200, Some(caller_id), body)
+                lines::answered(&self.batch_id, line, 200, Some(caller_id), &completion)
             }
             (Ending::Finish(_), Answerer::Response(job)) => {
                 let outcome = Outcome::of(&ending, message);
                 let object = job
                     .finish(&outcome, &collector.produced, collector.usage, &bus_id)
                     .await;
-                lines::answered(self.batch_id, line, 200, Some(caller_id), object)
+                lines::answered(&self.batch_id, line, 200, Some(caller_id), &object)
             }
         };
         let ok = matches!(ending, Ending::Finish(_));
         Some(Ran {
-            kept: LineOutcome { ok, line: line_out },
+            kept: KeptLine {
+                number: line.number,
+                ok,
+                text: line_out,
+            },
             release,
         })
     }
@@ -676,7 +743,7 @@ impl LineRun<'_> {
             if request.background == Some(true) {
                 return Err(whole("background"));
             }
-            let (mapped, job) = prepare_job(self.shared, self.tenant, request)
+            let (mapped, job) = prepare_job(&self.shared, &self.tenant, request)
                 .await
                 .map_err(|e| *e)?;
             return Ok((mapped, Answerer::Response(Box::new(job))));
@@ -686,7 +753,7 @@ impl LineRun<'_> {
             return Err(whole("stream"));
         }
         let model = chat.model.clone();
-        let mapped = crate::gateway::http::map_chat(self.shared, self.tenant, chat)
+        let mapped = crate::gateway::http::map_chat(&self.shared, &self.tenant, chat)
             .await
             .map_err(|e| *e)?;
         Ok((mapped, Answerer::Chat { model }))

@@ -151,20 +151,39 @@ pub fn not_a_request(batch_id: &str, line: &Line, error: &LineError) -> Value {
 }
 
 /// The line of an answered request (`status` 200: of the output file; else of the error
-/// file, `body` then being the error's).
-pub fn answered(
+/// file, `body` then being the error's), as JSON text: written straight from `body`, with no
+/// value tree built for it on the way.
+pub fn answered<B: serde::Serialize>(
     batch_id: &str,
     line: &Line,
     status: u16,
     request_id: Option<&str>,
-    body: Value,
-) -> Value {
-    json!({
-        "id": outcome_id(batch_id, line.number),
-        "custom_id": line.custom_id,
-        "response": {"status_code": status, "request_id": request_id, "body": body},
-        "error": null,
+    body: &B,
+) -> String {
+    #[derive(serde::Serialize)]
+    struct Answered<'a, B> {
+        id: String,
+        custom_id: &'a Option<String>,
+        response: Response<'a, B>,
+        error: Option<()>,
+    }
+    #[derive(serde::Serialize)]
+    struct Response<'a, B> {
+        status_code: u16,
+        request_id: Option<&'a str>,
+        body: &'a B,
+    }
+    serde_json::to_string(&Answered {
+        id: outcome_id(batch_id, line.number),
+        custom_id: &line.custom_id,
+        response: Response {
+            status_code: status,
+            request_id,
+            body,
+        },
+        error: None,
     })
+    .expect("answers serialize")
 }
 
 #[cfg(test)]
