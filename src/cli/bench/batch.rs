@@ -18,8 +18,8 @@ use super::target::Target;
 use super::target_check::TargetCheck;
 use super::workload;
 
-/// How often the batch is polled.
-const POLL: Duration = Duration::from_millis(50);
+/// How often the batch is polled (its end is seen within this).
+const POLL: Duration = Duration::from_millis(10);
 
 #[derive(Debug, Clone, Serialize)]
 pub struct BatchReport {

@@ -894,6 +894,11 @@ async fn gateway_phase(
                 pid,
             });
         }
+        // The drain's publisher and listener run here: its CPU counts as the gateway's does.
+        watched.push(procstat::Watched {
+            role: "genfleet bench".into(),
+            pid: std::process::id(),
+        });
         let meter = meter::Meter {
             watched,
             monitor: None,
