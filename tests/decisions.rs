@@ -851,6 +851,16 @@ async fn followers_on_one_fanout_each_get_their_own_text_whole_and_once() {
     }
     drop(follows);
     assert_eq!(fanout.followed(), 0, "a dropped follower stops following");
+    // A fan-out dropped ends the streams of the followers still holding one.
+    let mut orphan = fanout.follow("never-sent");
+    drop(fanout);
+    let ended = wait::within(
+        "an orphaned follower's stream to end",
+        Duration::from_secs(20),
+        futures_util::StreamExt::next(&mut orphan),
+    )
+    .await;
+    assert!(ended.is_none(), "{ended:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

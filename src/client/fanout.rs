@@ -30,10 +30,12 @@ use crate::protocol::Event;
 /// Events held for one follower that has not read them yet.
 pub const EVENTS_HELD: usize = 256;
 
-/// Each followed request's route: the number of the follower that holds it, whether it takes
-/// only what ends a part, and the channel of its events' payloads.
-type Routes = Arc<Mutex<HashMap<String, Route>>>;
+/// Each followed request's route, by its id on the bus; none once the subscription ended (or
+/// the fan-out was dropped): every follower's stream then ends, and a new one ends at once.
+type Routes = Arc<Mutex<Option<HashMap<String, Route>>>>;
 
+/// Where one follower's events go: the number of the follower that holds it, whether it takes
+/// only what ends a part, and the channel of its events' payloads.
 struct Route {
     number: u64,
     ends_only: bool,
@@ -63,14 +65,14 @@ impl Client {
             .flush()
             .await
             .map_err(|e| ClientError::Transport(e.to_string()))?;
-        let routes: Routes = Arc::default();
+        let routes: Routes = Arc::new(Mutex::new(Some(HashMap::new())));
         let task = tokio::spawn({
             let routes = routes.clone();
             async move {
                 while let Some(message) = sub.next().await {
                     let request_id = subjects.request_of("events", &message.subject);
                     let routes = routes.lock().unwrap_or_else(|e| e.into_inner());
-                    let Some(route) = routes.get(request_id) else {
+                    let Some(route) = routes.as_ref().and_then(|r| r.get(request_id)) else {
                         continue;
                     };
                     if route.ends_only
@@ -85,7 +87,7 @@ impl Client {
                     let _ = route.tx.try_send(message.payload);
                 }
                 // The subscription ended: every follower's stream ends with it.
-                routes.lock().unwrap_or_else(|e| e.into_inner()).clear();
+                close(&routes);
             }
         });
         Ok(EventFanout {
@@ -114,11 +116,14 @@ impl EventFanout {
     fn route(&self, request_id: &str, ends_only: bool) -> FannedEvents {
         let (tx, rx) = mpsc::channel(EVENTS_HELD);
         let number = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
-        if self.task.is_finished() {
-            // Nothing comes any more: the stream ends at once, as a closed subscription's.
-            drop(tx);
-        } else {
+        // Once closed, nothing comes any more: the stream ends at once (its sender dropped), as
+        // a closed subscription's.
+        if let Some(routes) = self
+            .routes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
             routes.insert(
                 request_id.to_string(),
                 Route {
@@ -138,14 +143,24 @@ impl EventFanout {
 
     /// Requests followed now.
     pub fn followed(&self) -> usize {
-        self.routes.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.routes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map_or(0, HashMap::len)
     }
 }
 
 impl Drop for EventFanout {
     fn drop(&mut self) {
         self.task.abort();
+        close(&self.routes);
     }
+}
+
+/// Ends every follower's stream (their senders dropped), and any taken after.
+fn close(routes: &Routes) {
+    routes.lock().unwrap_or_else(|e| e.into_inner()).take();
 }
 
 /// One request's events from an [`EventFanout`]; it stops following when dropped.
@@ -177,6 +192,9 @@ impl Stream for FannedEvents {
 impl Drop for FannedEvents {
     fn drop(&mut self) {
         let mut routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(routes) = routes.as_mut() else {
+            return;
+        };
         // Only this follower's own route: a later follower of the same id keeps its own.
         if routes
             .get(&self.request_id)

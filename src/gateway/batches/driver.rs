@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 
 use super::lines::{self, Line};
 use crate::client::batches::{KeptLine, LineOutcome, Record};
-use crate::client::fanout::{EventFanout, FannedEvents};
+use crate::client::fanout::FannedEvents;
 use crate::client::{Client, ClientError};
 use crate::gateway::Shared;
 use crate::gateway::collect::{Collected, Collector};
@@ -280,8 +280,17 @@ impl Driver {
                 }
                 let line = self.lines[place].clone();
                 let request_id = format!("{}-{}", self.id, line.number);
-                running.insert(self.client.on_bus(&request_id));
-                in_flight.push(self.run_line(line, request_id, place < reserved, &fanout));
+                let bus_id = self.client.on_bus(&request_id);
+                running.insert(bus_id.clone());
+                // Followed from before it is sent; its text comes whole, from its result.
+                let events = fanout.follow_ends(&bus_id);
+                let line_run = self.line_run.clone();
+                in_flight.push(async move {
+                    let ran = line_run
+                        .run(&line, request_id, &bus_id, place < reserved, events)
+                        .await;
+                    (bus_id, ran)
+                });
                 next += 1;
             }
             if in_flight.is_empty() && (next == pending.len() || self.stop.is_some()) {
@@ -542,25 +551,6 @@ impl Driver {
         tracing::info!(message = "a batch ended", batch = %self.id, status, completed, failed);
         Ok(())
     }
-
-    /// Runs one line to its end: `(its id on the bus, its outcome)`, the outcome `None` when
-    /// the bus went away before its end was known.
-    fn run_line(
-        &self,
-        line: Arc<Line>,
-        request_id: String,
-        maybe_sent: bool,
-        fanout: &EventFanout,
-    ) -> impl std::future::Future<Output = (String, Option<Ran>)> + use<> {
-        let line_run = self.line_run.clone();
-        let bus_id = self.client.on_bus(&request_id);
-        // Followed from before it is sent; its text comes whole, from its result.
-        let events = fanout.follow_ends(&bus_id);
-        async move {
-            let ran = line_run.run(&line, request_id, maybe_sent, events).await;
-            (bus_id, ran)
-        }
-    }
 }
 
 /// Outcomes of lines that ended, not kept yet, and the requests whose results to release once
@@ -613,10 +603,13 @@ impl LineRun {
         }
     }
 
+    /// Runs one line to its end (`bus_id`: its request id on the bus); `None` when the bus
+    /// went away before its end was known.
     async fn run(
         &self,
         line: &Line,
         request_id: String,
+        bus_id: &str,
         maybe_sent: bool,
         events: FannedEvents,
     ) -> Option<Ran> {
@@ -645,10 +638,9 @@ impl LineRun {
         let left = (self.expires_at * 1000).saturating_sub(now_ms()).max(1);
         mapped.request.deadline_ms = Some(left);
         let client = &self.client;
-        let bus_id = client.on_bus(&request_id);
-        let mut follow = client.follow_chain_on(&bus_id, mapped.follow_decisions, events);
+        let mut follow = client.follow_chain_on(bus_id, mapped.follow_decisions, events);
         let known = maybe_sent
-            && match client.status(&bus_id).await {
+            && match client.status(bus_id).await {
                 Ok(_) => true,
                 Err(ClientError::Wire(error)) if error.code == ErrorCode::NotFound => false,
                 Err(_) => return None,
@@ -707,7 +699,7 @@ impl LineRun {
             (Ending::Finish(_), Answerer::Response(job)) => {
                 let outcome = Outcome::of(&ending, message);
                 let object = job
-                    .finish(&outcome, &collector.produced, collector.usage, &bus_id)
+                    .finish(&outcome, &collector.produced, collector.usage, bus_id)
                     .await;
                 lines::answered(&self.batch_id, line, 200, Some(caller_id), &object)
             }
