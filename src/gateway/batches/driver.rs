@@ -17,9 +17,9 @@
 //! - Nothing accepted is lost: a line's outcome is kept before its result is released, so a
 //!   driver that dies between the two leaves a result the next one reads.
 //!
-//! The lines' results are released once the batch ended (or its driver stops): kept in their
-//! outcomes, they are only housekeeping, which waits rather than take the fleet from the
-//! lines still to run. Those of a driver that died age out of the results bucket
+//! The lines' results are released once the batch ended (or its driver stopped, however): kept
+//! in their outcomes, they are only housekeeping, which waits rather than take the fleet from
+//! the lines still to run. Those of a driver that died age out of the results bucket
 //! (`jetstream.results_ttl_ms`).
 
 use std::collections::{HashMap, HashSet};
@@ -211,6 +211,8 @@ async fn drive(shared: Arc<Shared>, record: Record, revision: u64) {
     if let Err(error) = driver.run().await {
         tracing::warn!(message = "a batch's driver stopped", error = %error, batch = %driver.id);
     }
+    // However it stopped: what it kept no longer needs its stored results.
+    driver.release_kept();
 }
 
 impl Driver {
@@ -317,7 +319,6 @@ impl Driver {
                     self.keep(&mut unkept).await?;
                     if let Renewed::Lost = self.renew().await? {
                         tracing::info!(message = "another replica drives the batch now", batch = %self.id);
-                        self.release_kept();
                         return Ok(());
                     }
                     if self.stop.is_none() {
@@ -336,15 +337,12 @@ impl Driver {
                     self.record.owner.clear();
                     self.record.lease_until_ms = 0;
                     let _ = self.shared.batches.update(&self.record, self.revision).await;
-                    self.release_kept();
                     return Ok(());
                 }
             }
         }
         self.keep(&mut unkept).await?;
-        self.finish().await?;
-        self.release_kept();
-        Ok(())
+        self.finish().await
     }
 
     /// The outcomes kept so far, by line number.
