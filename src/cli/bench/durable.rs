@@ -52,16 +52,17 @@ pub struct DurableReport {
 /// When each request of the burst was seen finished, and how it ended.
 type Finished = Option<(Instant, RequestState)>;
 
+/// Puts a burst of `burst` requests on the queue (their ids named by `phase`, unique in the
+/// run) and waits for their results.
 pub async fn run(
     target: &Target,
+    phase: &str,
     burst: u64,
     reply_tokens: usize,
     meter: &Meter,
     release_results: bool,
 ) -> anyhow::Result<DurableReport> {
-    let ids: Vec<String> = (0..burst)
-        .map(|n| target.request_id("durable", n))
-        .collect();
+    let ids: Vec<String> = (0..burst).map(|n| target.request_id(phase, n)).collect();
     let index: HashMap<String, usize> = ids
         .iter()
         .enumerate()

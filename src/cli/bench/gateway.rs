@@ -33,6 +33,7 @@ use super::closed_loop;
 use super::latency::Summary;
 use super::local::{LocalFleet, LocalGateway};
 use super::meter::Meter;
+use super::monitor::BusOps;
 use super::procstat::{ProcessUsage, Watched};
 use super::report::{Table, targets_table};
 use super::target_check::TargetCheck;
@@ -627,40 +628,84 @@ pub fn table(report: &GatewayReport) -> String {
     if let Some(batch) = &report.batch {
         let _ = writeln!(
             out,
-            "batch of {} lines on {} worker(s): {} ({} completed, {} failed) in {:.2} s, \
-             {:.0} lines/s; the durable drain of as many requests: {:.0}/s in {:.2} s; the \
-             batch at {} of the drain rate (the upload took {:.2} s)\n",
+            "batch of {} lines on {} worker(s), against the durable drain of as many requests, \
+             in {} round(s) (the upload took {:.2} s):",
             batch.lines,
             batch.workers,
-            batch.status,
-            batch.completed,
-            batch.failed,
-            batch.batch_secs,
-            batch.batch_per_sec,
-            batch.drain_per_sec,
-            batch.drain_secs,
-            batch
-                .batch_vs_drain
-                .map_or("-".into(), |r| format!("{:.1}%", r * 100.0)),
+            batch.rounds.len(),
             batch.upload_secs,
         );
-        let mut cpu = Table::new(&["process", "drain µs/request", "batch µs/line"]).text_columns(1);
-        for drained in &batch.drain_processes {
+        let percent = |r: Option<f64>| r.map_or("-".into(), |r| format!("{:.1}%", r * 100.0));
+        for (i, round) in batch.rounds.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "  round {}: the drain {:.0}/s in {:.2} s; the batch {} ({} completed, {} failed) \
+                 {:.0} lines/s in {:.2} s: {} of the drain rate{}{}",
+                i + 1,
+                round.drain_per_sec,
+                round.drain_secs,
+                round.status,
+                round.completed,
+                round.failed,
+                round.batch_per_sec,
+                round.batch_secs,
+                percent(round.batch_vs_drain),
+                if i % 2 == 1 { ", the batch first" } else { "" },
+                if i == batch.median_round {
+                    " (the median)"
+                } else {
+                    ""
+                },
+            );
+        }
+        let _ = writeln!(
+            out,
+            "  over every round: the batch at {} of the drain rate",
+            percent(batch.batch_vs_drain)
+        );
+        if let Some(round) = batch.median() {
+            let mut cpu =
+                Table::new(&["process", "drain µs/request", "batch µs/line"]).text_columns(1);
             let per = |p: &ProcessUsage| {
                 p.cpu_us_per_request
                     .map_or("-".into(), |us| format!("{us:.0}"))
             };
-            let batched = batch
-                .batch_processes
-                .iter()
-                .find(|p| p.role == drained.role && p.pid == drained.pid);
+            let sum = |ps: &[ProcessUsage]| -> f64 {
+                ps.iter().filter_map(|p| p.cpu_us_per_request).sum()
+            };
+            for drained in &round.drain_processes {
+                let batched = round
+                    .batch_processes
+                    .iter()
+                    .find(|p| p.role == drained.role && p.pid == drained.pid);
+                cpu.row(vec![
+                    format!("{} ({})", drained.role, drained.pid),
+                    per(drained),
+                    batched.map_or("-".into(), per),
+                ]);
+            }
             cpu.row(vec![
-                format!("{} ({})", drained.role, drained.pid),
-                per(drained),
-                batched.map_or("-".into(), per),
+                "in all".into(),
+                format!("{:.0}", sum(&round.drain_processes)),
+                format!("{:.0}", sum(&round.batch_processes)),
             ]);
+            let _ = writeln!(out, "\nthe median round's CPU:\n{}", cpu.render());
+            let rates = |ops: &Option<BusOps>| ops.as_ref().and_then(|o| o.per_request.clone());
+            if let (Some(drain), Some(batched)) = (rates(&round.drain_bus), rates(&round.batch_bus))
+            {
+                let mut bus =
+                    Table::new(&["bus, per request or line", "drain", "batch"]).text_columns(1);
+                for (name, d, b) in drain
+                    .named()
+                    .into_iter()
+                    .zip(batched.named())
+                    .map(|((name, d), (_, b))| (name, d, b))
+                {
+                    bus.row(vec![name.to_string(), format!("{d:.2}"), format!("{b:.2}")]);
+                }
+                let _ = writeln!(out, "the median round's bus operations:\n{}", bus.render());
+            }
         }
-        let _ = writeln!(out, "{}", cpu.render());
     }
     let _ = writeln!(out, "{}", targets_table(&report.targets));
     for note in &report.notes {

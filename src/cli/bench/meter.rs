@@ -55,6 +55,18 @@ impl Meter {
         Spent { processes, bus }
     }
 
+    /// [`Meter::stop`] with the server's counters read at once, not once they settle: for a
+    /// phase whose end is followed at once by work it must not count (a batch's results,
+    /// released once it ended).
+    pub async fn stop_at_once(&self, start: Start) -> Spent {
+        let processes = procstat::usage_since(&self.watched, &start.cpu);
+        let bus = match (start.bus, &self.monitor) {
+            (Some(before), Some(monitor)) => monitor.read().await.ok().map(|after| (before, after)),
+            _ => None,
+        };
+        Spent { processes, bus }
+    }
+
     async fn read_bus(&self) -> Option<BusSnapshot> {
         let monitor = self.monitor.as_ref()?;
         monitor.read_settled().await.map_err(|error| {

@@ -299,6 +299,22 @@ pub struct BusRates {
     pub nats_bytes_in: f64,
 }
 
+impl BusRates {
+    /// Each figure with its name, in the order of the fields.
+    pub fn named(&self) -> Vec<(&'static str, f64)> {
+        vec![
+            ("JetStream operations", self.jetstream_operations),
+            ("JetStream API calls", self.jetstream_api_calls),
+            ("stored messages", self.jetstream_stored_messages),
+            ("consumer acks", self.jetstream_consumer_acks),
+            ("direct gets", self.jetstream_direct_gets.unwrap_or(0.0)),
+            ("messages in", self.nats_msgs_in),
+            ("messages out", self.nats_msgs_out),
+            ("bytes in", self.nats_bytes_in),
+        ]
+    }
+}
+
 impl BusCounts {
     fn per(&self, requests: u64) -> BusRates {
         let per = |n: u64| n as f64 / requests as f64;
