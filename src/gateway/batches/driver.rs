@@ -28,7 +28,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use serde_json::{Value, json};
+use serde_json::json;
+use serde_json::value::RawValue;
 
 use super::lines::{self, Line};
 use crate::client::batches::{KeptLine, LineOutcome, Record};
@@ -57,6 +58,9 @@ pub const MAX_DRIVEN: usize = 4;
 /// Lines whose outcomes are kept together as one chunk, at the most (a chunk is also kept
 /// every tick).
 const CHUNK_LINES: usize = 256;
+
+/// The window is topped up once this part of it ended.
+const REFILL_PART: usize = 8;
 
 /// Results released at once, once the batch ended.
 const RELEASES_AT_ONCE: usize = 64;
@@ -267,13 +271,18 @@ impl Driver {
         self.stop = self.stop_asked();
         let reserved = self.record.reserved;
         let window = self.shared.settings.gateway.batch_window.max(1);
+        // The window is topped up once an eighth of it ended, not line by line: the lines sent
+        // together go out in one write, and the queue's acknowledgements come back together.
+        let top_up_at = window - (window / REFILL_PART).max(1);
         let mut next = 0;
         let mut in_flight = FuturesUnordered::new();
         let mut running: HashSet<String> = HashSet::new();
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            while self.stop.is_none() && next < pending.len() && in_flight.len() < window {
+            let top_up = in_flight.len() <= top_up_at;
+            while top_up && self.stop.is_none() && next < pending.len() && in_flight.len() < window
+            {
                 let place = pending[next];
                 if place >= self.record.reserved {
                     // Written before the lines are sent: a driver taking over looks them up.
@@ -488,7 +497,18 @@ impl Driver {
                 .collect(),
         };
         tracing::info!(message = "writing a batch's files", batch = %self.id, lines = outcomes.len());
-        let (mut output, mut errors) = (Vec::new(), Vec::new());
+        // Each file's room made once (a batch's output runs to megabytes).
+        let room = |of_ok: bool| -> usize {
+            outcomes
+                .values()
+                .filter(|(ok, _)| *ok == of_ok)
+                .map(|(_, text)| text.len() + 1)
+                .sum()
+        };
+        let (mut output, mut errors) = (
+            Vec::with_capacity(room(true)),
+            Vec::with_capacity(room(false)),
+        );
         let (mut completed, mut failed) = (0u64, 0u64);
         for line in &self.lines {
             let (ok, text) = match outcomes.remove(&line.number) {
@@ -714,8 +734,8 @@ impl LineRun {
     }
 
     /// A line's body as the request it runs as.
-    async fn map(&self, body: &Value) -> Result<(Mapped, Answerer), ApiError> {
-        let bytes = serde_json::to_vec(body).expect("values serialize");
+    async fn map(&self, body: &RawValue) -> Result<(Mapped, Answerer), ApiError> {
+        let bytes = body.get().as_bytes();
         let whole = |param: &str| {
             ApiError::new(
                 400,
@@ -726,7 +746,7 @@ impl LineRun {
             .with_param(param)
         };
         if self.endpoint == "/v1/responses" {
-            let request = wire::parse(&bytes).map_err(ApiError::bad)?;
+            let request = wire::parse(bytes).map_err(ApiError::bad)?;
             if request.stream == Some(true) {
                 return Err(whole("stream"));
             }
@@ -738,7 +758,7 @@ impl LineRun {
                 .map_err(|e| *e)?;
             return Ok((mapped, Answerer::Response(Box::new(job))));
         }
-        let chat = parse_request(&bytes).map_err(ApiError::bad)?;
+        let chat = parse_request(bytes).map_err(ApiError::bad)?;
         if chat.stream == Some(true) {
             return Err(whole("stream"));
         }

@@ -11,6 +11,8 @@
 
 use std::collections::HashMap;
 
+use serde::de::IgnoredAny;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 /// One line of the input file.
@@ -19,8 +21,9 @@ pub struct Line {
     /// Its line number in the file, from 1.
     pub number: usize,
     pub custom_id: Option<String>,
-    /// The request's body, or why the line is not a request.
-    pub body: Result<Value, LineError>,
+    /// The request's body as it was written (an object; read into its request when the line
+    /// runs), or why the line is not a request.
+    pub body: Result<Box<RawValue>, LineError>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -36,7 +39,8 @@ fn refuse(number: usize, code: &'static str, message: impl std::fmt::Display) ->
     }
 }
 
-/// Reads every non-blank line of `input` as a request to `endpoint`.
+/// Reads every non-blank line of `input` as a request to `endpoint`. Only the line's own
+/// fields are read here: its body is kept as written, for its run to read.
 pub fn parse(input: &[u8], endpoint: &str) -> Vec<Line> {
     let mut seen: HashMap<String, usize> = HashMap::new();
     let mut lines = Vec::new();
@@ -45,8 +49,17 @@ pub fn parse(input: &[u8], endpoint: &str) -> Vec<Line> {
         if raw.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let value: Value = match serde_json::from_slice(raw) {
-            Ok(value) => value,
+        let fields: Fields = match serde_json::from_slice(raw) {
+            Ok(fields) => fields,
+            // Valid JSON, but not an object.
+            Err(_) if serde_json::from_slice::<IgnoredAny>(raw).is_ok() => {
+                lines.push(Line {
+                    number,
+                    custom_id: None,
+                    body: Err(refuse(number, "invalid_request", "must be a JSON object")),
+                });
+                continue;
+            }
             Err(error) => {
                 lines.push(Line {
                     number,
@@ -56,11 +69,8 @@ pub fn parse(input: &[u8], endpoint: &str) -> Vec<Line> {
                 continue;
             }
         };
-        let custom_id = value
-            .get("custom_id")
-            .and_then(Value::as_str)
-            .map(str::to_string);
-        let body = read_line(number, &value, endpoint).and_then(|body| {
+        let custom_id = fields.string("custom_id");
+        let body = read_line(number, &fields, endpoint).and_then(|body| {
             let id = custom_id.clone().unwrap_or_default();
             match seen.insert(id.clone(), number) {
                 Some(first) => Err(refuse(
@@ -83,13 +93,53 @@ pub fn parse(input: &[u8], endpoint: &str) -> Vec<Line> {
     lines
 }
 
-fn read_line(number: usize, value: &Value, endpoint: &str) -> Result<Value, LineError> {
-    let Value::Object(map) = value else {
-        return Err(refuse(number, "invalid_request", "must be a JSON object"));
-    };
-    if let Some(key) = map
-        .keys()
-        .find(|k| !matches!(k.as_str(), "custom_id" | "method" | "url" | "body"))
+/// A line's fields, each value as written (the last of a name written twice, as a JSON
+/// object reader takes it).
+struct Fields<'a>(Vec<(String, &'a RawValue)>);
+
+impl<'a> Fields<'a> {
+    fn get(&self, name: &str) -> Option<&'a RawValue> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| *v)
+    }
+
+    /// The field's string, `None` when absent or not a string.
+    fn string(&self, name: &str) -> Option<String> {
+        serde_json::from_str(self.get(name)?.get()).ok()
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Fields<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Fields<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Fields<'de>, A::Error> {
+                let mut fields = Vec::with_capacity(4);
+                while let Some((key, value)) = map.next_entry::<String, &'de RawValue>()? {
+                    fields.push((key, value));
+                }
+                Ok(Fields(fields))
+            }
+        }
+        deserializer.deserialize_map(Visit)
+    }
+}
+
+fn read_line(number: usize, fields: &Fields, endpoint: &str) -> Result<Box<RawValue>, LineError> {
+    if let Some((key, _)) = fields
+        .0
+        .iter()
+        .find(|(k, _)| !matches!(k.as_str(), "custom_id" | "method" | "url" | "body"))
     {
         return Err(refuse(
             number,
@@ -100,8 +150,8 @@ fn read_line(number: usize, value: &Value, endpoint: &str) -> Result<Value, Line
             ),
         ));
     }
-    match map.get("custom_id") {
-        Some(Value::String(id)) if !id.is_empty() && id.len() <= 512 => {}
+    match fields.string("custom_id") {
+        Some(id) if !id.is_empty() && id.len() <= 512 => {}
         _ => {
             return Err(refuse(
                 number,
@@ -110,11 +160,11 @@ fn read_line(number: usize, value: &Value, endpoint: &str) -> Result<Value, Line
             ));
         }
     }
-    match map.get("method").and_then(Value::as_str) {
+    match fields.string("method").as_deref() {
         Some("POST") => {}
         _ => return Err(refuse(number, "invalid_request", "method: must be POST")),
     }
-    match map.get("url").and_then(Value::as_str) {
+    match fields.string("url") {
         Some(url) if url == endpoint => {}
         _ => {
             return Err(refuse(
@@ -124,8 +174,8 @@ fn read_line(number: usize, value: &Value, endpoint: &str) -> Result<Value, Line
             ));
         }
     }
-    match map.get("body") {
-        Some(body @ Value::Object(_)) => Ok(body.clone()),
+    match fields.get("body") {
+        Some(body) if body.get().starts_with('{') => Ok(body.to_owned()),
         _ => Err(refuse(
             number,
             "invalid_request",
@@ -249,5 +299,34 @@ mod tests {
                 .message
                 .contains("extra")
         );
+    }
+
+    #[test]
+    fn a_body_is_kept_as_written_and_only_an_object_is_one() {
+        let input = concat!(
+            r#"{"custom_id": "a\u0062", "method": "POST", "url": "/v1/chat/completions", "body":   {"model": "m", "messages": [{"role": "user", "content": "x\ny"}]}}"#,
+            "\n",
+            "[1, 2]\n",
+            r#"{"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": "{}"}"#,
+            "\n",
+            r#"{"custom_id": 4, "method": "POST", "url": "/v1/chat/completions", "body": {}}"#,
+            "\n",
+            r#"{"custom_id": "e", "url": "/v1/x", "url": "/v1/chat/completions", "method": "POST", "body": {}}"#,
+        );
+        let lines = parse(input.as_bytes(), "/v1/chat/completions");
+        assert_eq!(lines[0].custom_id.as_deref(), Some("ab"));
+        let body = lines[0].body.as_ref().expect("an object");
+        let read: Value = serde_json::from_str(body.get()).expect("the body is JSON");
+        assert_eq!(read["messages"][0]["content"], "x\ny");
+        let error = lines[1].body.as_ref().unwrap_err();
+        assert_eq!(error.code, "invalid_request");
+        assert!(error.message.contains("must be a JSON object"), "{error:?}");
+        let error = lines[2].body.as_ref().unwrap_err();
+        assert!(error.message.contains("body"), "{error:?}");
+        let error = lines[3].body.as_ref().unwrap_err();
+        assert!(error.message.contains("custom_id"), "{error:?}");
+        assert_eq!(lines[3].custom_id, None);
+        // A field written twice counts as its last value, as a JSON object reader takes it.
+        assert!(lines[4].body.is_ok(), "{:?}", lines[4].body);
     }
 }
