@@ -74,6 +74,20 @@ pub struct Files {
     bucket: object_store::ObjectStore,
     ttl: Duration,
     uploads: Arc<tokio::sync::Semaphore>,
+    /// Bytes of a file in one message of its object.
+    chunk_size: usize,
+}
+
+/// A file's chunks are as large as the server's messages may be, up to this: a batch's output
+/// is stored and read in a few round trips, not one per 128 KiB (the object store's default).
+const MAX_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// The chunk size for a server whose messages hold at most `max_payload` bytes (a little is
+/// left for the message's envelope).
+fn chunk_size(max_payload: usize) -> usize {
+    max_payload
+        .saturating_sub(1024)
+        .clamp(4096, MAX_CHUNK_BYTES)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -88,11 +102,13 @@ impl Files {
         let bucket = &settings.gateway.files_bucket;
         let ttl = Duration::from_millis(settings.gateway.files_ttl_ms);
         let uploads = Arc::new(tokio::sync::Semaphore::new(UPLOADS_AT_ONCE));
+        let chunk_size = chunk_size(nats.server_info().max_payload);
         if let Ok(store) = jetstream.get_object_store(bucket).await {
             return Ok(Files {
                 bucket: store,
                 ttl,
                 uploads,
+                chunk_size,
             });
         }
         let config = stream::Config {
@@ -115,6 +131,7 @@ impl Files {
             bucket: store,
             ttl,
             uploads,
+            chunk_size,
         })
     }
 
@@ -136,6 +153,7 @@ impl Files {
         let meta = object_store::ObjectMetadata {
             name: name(tenant, &id).expect("a fresh id is a file id"),
             metadata,
+            chunk_size: Some(self.chunk_size),
             ..Default::default()
         };
         let mut reader = bytes;
@@ -510,5 +528,13 @@ mod tests {
         ] {
             assert_eq!(name("t", bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_chunk_fits_the_server_s_messages_and_is_at_most_a_mebibyte() {
+        assert_eq!(chunk_size(1024 * 1024), 1024 * 1024 - 1024);
+        assert_eq!(chunk_size(64 * 1024 * 1024), MAX_CHUNK_BYTES);
+        assert_eq!(chunk_size(128 * 1024), 127 * 1024);
+        assert_eq!(chunk_size(0), 4096);
     }
 }
