@@ -15,6 +15,7 @@ use super::ending::Stop;
 /// What ends a wait from outside the generation: the caller's cancellation and the request's
 /// deadline. Fixed when the generation starts; every wait on a peer (a turn's stream, a turn's
 /// tool calls) races it.
+#[derive(Clone)]
 pub(super) struct Bounds {
     pub(super) cancel: CancellationToken,
     pub(super) deadline: Option<tokio::time::Instant>,

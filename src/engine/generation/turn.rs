@@ -19,7 +19,6 @@ use crate::telemetry::{self, KeyValue};
 
 use super::Generation;
 use super::ending::Stop;
-use super::state::sleep_until;
 
 /// What the generation spent, as the result reports it: the backend's token usage and the
 /// times. Only the turn changes it, as the backend streams.
@@ -135,14 +134,29 @@ impl Generation<'_> {
         let mut finish = None;
         let mut any_token = false;
         let mut visible = String::new();
+        // The deadline and the gathered text's flush are each one timer for the whole turn,
+        // armed once (the flush's moved when its time changes), not one made and dropped for
+        // every token the stream brings.
+        let bounds = self.bounds.clone();
+        let crossed = bounds.crossed("the request's deadline passed");
+        tokio::pin!(crossed);
+        let flush_timer = tokio::time::sleep_until(tokio::time::Instant::now());
+        tokio::pin!(flush_timer);
+        let mut flush_armed = None;
         loop {
             let flush_at = self.events.flush_deadline();
+            if let Some(at) = flush_at
+                && flush_armed != flush_at
+            {
+                flush_timer.as_mut().reset(at);
+            }
+            flush_armed = flush_at;
             let item = tokio::select! {
                 biased;
-                stop = self.bounds.crossed("the request's deadline passed") => {
+                stop = &mut crossed => {
                     return Err(self.interrupted(&turn, stop).into());
                 }
-                _ = sleep_until(flush_at) => {
+                _ = &mut flush_timer, if flush_at.is_some() => {
                     self.events.flush().await;
                     continue;
                 }
