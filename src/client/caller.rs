@@ -102,6 +102,9 @@ pub struct Client {
     placement: Placement,
     /// The tenant whose subjects it uses (`None`: the default tenant's v1 subjects).
     tenant: Option<String>,
+    /// The JetStream context its enqueues publish through, made at the first and shared by
+    /// the client's clones (each context starts a task of its own that waits for acks).
+    jetstream: Arc<std::sync::OnceLock<async_nats::jetstream::Context>>,
 }
 
 /// Refuses an id that could never name a request (or decision) before anything is sent: the
@@ -165,6 +168,7 @@ impl Client {
             timeout: Duration::from_secs(15),
             placement: Placement::default(),
             tenant: None,
+            jetstream: Arc::default(),
         }
     }
 
@@ -525,7 +529,9 @@ impl Client {
         }
         trace_context(&mut headers);
         let body = self.encoding.encode(&request);
-        let jetstream = async_nats::jetstream::new(self.nats.clone());
+        let jetstream = self
+            .jetstream
+            .get_or_init(|| async_nats::jetstream::new(self.nats.clone()));
         let ack = jetstream
             .publish_with_headers(
                 self.subjects
