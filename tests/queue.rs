@@ -191,6 +191,95 @@ async fn a_queued_request_shows_queued_and_cancelling_it_means_it_never_runs() {
     client.cancel("long").await.unwrap();
 }
 
+/// A worker finds a queued request by its own subjects in the worker's pool (each one found at
+/// once, however long the queue), and by looking through the queue in any other pool: both say
+/// QUEUED with the band and the tenant, for the default tenant and another.
+#[tokio::test]
+async fn a_queued_request_is_found_in_the_workers_pool_and_in_any_other() {
+    use genfleet::protocol::Priority;
+    let f = fleet()
+        .script("[[rules]]\nreply = \"a b c d e f g h i j\"\ndelay_ms = 200\n")
+        .workers(1)
+        .start()
+        .await;
+    let client = &f.client;
+    client.enqueue("default", &req("long")).await.unwrap();
+    // The single slot is busy with `long`: what is queued after it waits.
+    wait_running(client, "long").await;
+    let acme = client.clone().with_tenant("acme").unwrap();
+    let in_band = |id: &str, band: Priority| {
+        let mut request = req(id);
+        request.priority = Some(band);
+        request
+    };
+    let cases = [
+        (
+            client,
+            "default",
+            in_band("d-normal", Priority::Normal),
+            Priority::Normal,
+            "default",
+        ),
+        (
+            client,
+            "default",
+            in_band("d-low", Priority::Low),
+            Priority::Low,
+            "default",
+        ),
+        (
+            &acme,
+            "default",
+            in_band("a-low", Priority::Low),
+            Priority::Low,
+            "acme",
+        ),
+        (
+            &acme,
+            "default",
+            in_band("a-high", Priority::High),
+            Priority::High,
+            "acme",
+        ),
+        // A pool no worker serves.
+        (
+            client,
+            "elsewhere",
+            in_band("e-normal", Priority::Normal),
+            Priority::Normal,
+            "default",
+        ),
+        (
+            &acme,
+            "elsewhere",
+            in_band("e-low", Priority::Low),
+            Priority::Low,
+            "acme",
+        ),
+    ];
+    for (caller, pool, request, band, tenant) in &cases {
+        caller.enqueue(pool, request).await.unwrap();
+        let id = request.request_id.as_deref().unwrap();
+        let status = caller.status(id).await.unwrap();
+        assert_eq!(
+            (status.state, status.priority, status.tenant.as_deref()),
+            (RequestState::Queued, Some(*band), Some(*tenant)),
+            "{id} in pool {pool}"
+        );
+    }
+    // Another tenant's id is not found, wherever it waits.
+    let other = client.clone().with_tenant("other").unwrap();
+    for id in ["a-low", "e-low"] {
+        let error = other.status(id).await.unwrap_err();
+        assert_eq!(error.code(), Some(ErrorCode::NotFound), "{id}");
+    }
+    for (caller, _, request, _, _) in &cases {
+        let id = request.request_id.as_deref().unwrap();
+        caller.cancel(id).await.unwrap();
+    }
+    client.cancel("long").await.unwrap();
+}
+
 /// A durable message pulled while a slot was free, whose slot an interactive submit took before
 /// it started, waits in the worker's hand: it shows QUEUED, and a cancel ends it CANCELLED
 /// without it ever running (it used to answer NOT_FOUND, and the request ran later).

@@ -598,14 +598,19 @@ class Client:
 
 #: How long the events may be silent before the stored state is read.
 CHECK_AFTER = 1.0
+#: The longest silence between two reads while the stored state says the request still waits
+#: in the queue: each read that finds it waiting doubles the wait before the next, from
+#: CHECK_AFTER up to this, so that many requests waiting behind busy slots do not each ask every
+#: second (as the Rust client's `client::follow`).
+QUEUED_CHECK_MAX = 16.0
 _TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 
 
 class _Follow:
     """One request followed through its decision chain, as the Rust client's
     `client::follow` walks it: events first; the stored state read only where an event can be
-    missed (after a second of silence, a skipped `seq`, a continuation that may have run
-    before it was followed). A part whose events were missed gets its text from its stored
+    missed (after a second of silence, longer while the request waits in the queue, a skipped
+    `seq`, a continuation that may have run before it was followed). A part whose events were missed gets its text from its stored
     result, as one `delta` event marked `"from_result": true`, so no text is given twice or
     lost; a missed `finished` is stood in for by the result (peeked); a `continued` or
     `chain_ended` whose `finished` was missed comes after it."""
@@ -623,6 +628,7 @@ class _Follow:
         self.awaiting_decision = False
         self.pending: List[Dict[str, Any]] = []
         self.done = False
+        self.check_after = CHECK_AFTER
 
     async def close(self) -> None:
         await self.subscription.unsubscribe()
@@ -634,15 +640,17 @@ class _Follow:
                 return self.pending.pop(0)
             if self.done:
                 return None
+            silence = min(self.check_after, max(self.wait - quiet, 0.001))
             try:
-                message = await self.subscription.next_msg(timeout=CHECK_AFTER)
+                message = await self.subscription.next_msg(timeout=silence)
             except NatsTimeout:
-                quiet += CHECK_AFTER
+                quiet += silence
                 if quiet >= self.wait:
                     raise GenfleetError("TIMEOUT", f"no event of {self.current} within {self.wait} s") from None
                 await self._check_stored()
                 continue
             quiet = 0.0
+            self.check_after = CHECK_AFTER
             await self._on_event(json.loads(message.data))
 
     async def _on_event(self, event: Dict[str, Any]) -> None:
@@ -694,6 +702,10 @@ class _Follow:
             if error.code == "NOT_FOUND":
                 return  # not on record yet
             raise
+        if status.get("state") == "QUEUED":
+            self.check_after = min(self.check_after * 2, QUEUED_CHECK_MAX)
+        else:
+            self.check_after = CHECK_AFTER
         if self.awaiting_decision:
             if status.get("continuation_request_id"):
                 await self._continue_as(

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt;
 use tokio::sync::watch;
@@ -693,10 +694,43 @@ pub(super) struct Waiting {
 }
 
 /// Where a queued request waits, on the v1 subjects or a band's.
+///
+/// This worker's own pool is looked into first, one subject at a time (each found at once,
+/// however many requests wait); only a request not waiting there is looked for in every pool,
+/// by a wildcard that the stream answers by going through each subject it holds. Followers ask
+/// where their request stands while it waits, so the common answer must not cost as much as
+/// the queue is long.
 pub(super) async fn find_queued(
     shared: &Shared,
     request_id: &str,
 ) -> Result<Option<Waiting>, QueueError> {
+    let own = shared
+        .subjects
+        .queued_in(&shared.settings.worker.pool, request_id);
+    let found = futures_util::future::join_all(own.iter().map(|subject| async move {
+        let message = shared
+            .stores
+            .queue
+            .get_last_raw_message_by_subject(subject)
+            .await;
+        (subject, message)
+    }))
+    .await;
+    for (subject, message) in found {
+        match message {
+            Ok(message) => {
+                if let Some(queued) = shared.subjects.parse_queued(subject) {
+                    return Ok(Some(Waiting {
+                        sequence: message.sequence,
+                        band: queued.band,
+                        tenant: queued.tenant,
+                    }));
+                }
+            }
+            Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => {}
+            Err(error) => return Err(QueueError::Look(error.to_string())),
+        }
+    }
     for filter in shared.subjects.queued(request_id) {
         let mut subjects = shared
             .stores

@@ -26,6 +26,12 @@ use crate::protocol::{
 /// How long the events may be silent before the stored state is read.
 pub const CHECK_AFTER: Duration = Duration::from_secs(1);
 
+/// The longest silence between two reads of the stored state while it says the request still
+/// waits in the queue: each read that finds it waiting doubles the wait before the next, from
+/// [`CHECK_AFTER`] up to this. Many requests waiting behind busy slots (a batch, a backlog)
+/// would otherwise each ask every second, and the asking would slow the fleet they wait for.
+pub const QUEUED_CHECK_MAX: Duration = Duration::from_secs(16);
+
 /// How long a result whose part ended may take to be readable (`not_ready`) before following
 /// gives up on it.
 const RESULT_WAIT: Duration = Duration::from_secs(10);
@@ -93,9 +99,58 @@ pub struct Follow {
     streamed_reasoning: String,
     /// The current part ended asking for a decision; its answer is awaited.
     awaiting_decision: bool,
-    check: tokio::time::Interval,
+    check: Check,
     pending: VecDeque<Step>,
     done: bool,
+}
+
+/// When the stored state is read next: [`CHECK_AFTER`] after the last event (or read), longer
+/// while the request waits in the queue ([`QUEUED_CHECK_MAX`]).
+struct Check {
+    timer: Pin<Box<tokio::time::Sleep>>,
+    wait: Duration,
+}
+
+impl Check {
+    fn new() -> Check {
+        Check {
+            timer: Box::pin(tokio::time::sleep(CHECK_AFTER)),
+            wait: CHECK_AFTER,
+        }
+    }
+
+    /// Something was heard (or read): the next read after [`CHECK_AFTER`] of silence.
+    fn heard(&mut self) {
+        self.wait = CHECK_AFTER;
+        self.arm();
+    }
+
+    /// The read found the request waiting in the queue: the next after twice as long.
+    fn back_off(&mut self) {
+        self.wait = (self.wait * 2).min(QUEUED_CHECK_MAX);
+        self.arm();
+    }
+
+    /// The next read as long after this one as this one came after the last.
+    fn again(&mut self) {
+        self.arm();
+    }
+
+    /// The next read at once.
+    fn now(&mut self) {
+        self.timer.as_mut().reset(tokio::time::Instant::now());
+    }
+
+    fn arm(&mut self) {
+        let at = tokio::time::Instant::now() + self.wait;
+        self.timer.as_mut().reset(at);
+    }
+
+    /// Resolves when the next read is due (cancel-safe: a `select!` may drop it); re-arm it
+    /// before awaiting it again.
+    async fn due(&mut self) {
+        self.timer.as_mut().await;
+    }
 }
 
 impl Client {
@@ -122,9 +177,6 @@ impl Client {
     ) -> Follow {
         let root = self.on_bus(request_id);
         let events: Events = Box::pin(events);
-        let mut check = tokio::time::interval(CHECK_AFTER);
-        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        check.reset();
         Follow {
             client: self.clone(),
             events,
@@ -137,7 +189,7 @@ impl Client {
             streamed: String::new(),
             streamed_reasoning: String::new(),
             awaiting_decision: false,
-            check,
+            check: Check::new(),
             pending: VecDeque::new(),
             done: false,
         }
@@ -168,12 +220,15 @@ impl Follow {
                 event = self.events.next() => match event {
                     Some(event) => {
                         // The stored state is read only after a silence: events are flowing.
-                        self.check.reset();
+                        self.check.heard();
                         self.on_event(event).await;
                     }
                     None => self.lose(Lost::BusClosed),
                 },
-                _ = self.check.tick() => self.check_stored().await,
+                () = self.check.due() => {
+                    self.check.again();
+                    self.check_stored().await;
+                }
             }
         }
     }
@@ -300,7 +355,10 @@ impl Follow {
             }
             return;
         }
-        if status.state != RequestState::Queued {
+        if status.state == RequestState::Queued {
+            self.check.back_off();
+        } else {
+            self.check.heard();
             self.part_started();
         }
         if status.state.is_terminal()
@@ -348,7 +406,7 @@ impl Follow {
                 self.awaiting_decision = false;
                 self.pending.push_back(Step::Continued { request_id: next });
                 // The continuation may have run before it was followed.
-                self.check.reset_immediately();
+                self.check.now();
             }
             Err(error) => self.lose(Lost::Continuation(format!(
                 "cannot follow the continuation: {error}"
@@ -370,5 +428,44 @@ impl Follow {
 fn push_text(pending: &mut VecDeque<Step>, text: String) {
     if !text.is_empty() {
         pending.push_back(Step::Text(text));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether the check comes due within `within` (of paused time, which a wait advances).
+    async fn due_within(check: &mut Check, within: Duration) -> bool {
+        tokio::time::timeout(within, check.due()).await.is_ok()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_found_waiting_in_the_queue_is_asked_after_less_and_less_often() {
+        let mut check = Check::new();
+        let margin = Duration::from_millis(1);
+        assert!(!due_within(&mut check, CHECK_AFTER - margin).await);
+        assert!(due_within(&mut check, 2 * margin).await);
+        // Each read that finds it queued doubles the wait, up to the most.
+        let mut wait = CHECK_AFTER;
+        for _ in 0..8 {
+            check.again();
+            check.back_off();
+            wait = (wait * 2).min(QUEUED_CHECK_MAX);
+            assert!(!due_within(&mut check, wait - margin).await, "{wait:?}");
+            assert!(due_within(&mut check, 2 * margin).await, "{wait:?}");
+        }
+        assert_eq!(wait, QUEUED_CHECK_MAX);
+        // An event, or a read that finds it started, brings the short wait back.
+        check.heard();
+        assert!(!due_within(&mut check, CHECK_AFTER - margin).await);
+        assert!(due_within(&mut check, 2 * margin).await);
+        // A read that failed waits as long as the last.
+        check.again();
+        assert!(!due_within(&mut check, CHECK_AFTER - margin).await);
+        assert!(due_within(&mut check, 2 * margin).await);
+        // A continuation that may have run already is read at once.
+        check.now();
+        assert!(due_within(&mut check, margin).await);
     }
 }

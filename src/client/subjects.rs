@@ -95,6 +95,28 @@ impl Subjects {
         }
     }
 
+    /// The queue subjects one request (its id as the bus knows it) may wait on in `pool`:
+    /// the v1 one and the banded ones for the default tenant, the tenant's banded ones for
+    /// another. Each names one subject, which the stream finds at once; [`Subjects::queued`]'s
+    /// wildcards make it look through every subject it holds.
+    pub fn queued_in(&self, pool: &str, request_id: &str) -> Vec<String> {
+        let Some((tenant, id)) = crate::protocol::schedule::split_qualified(request_id) else {
+            return Vec::new();
+        };
+        let mut subjects = Vec::with_capacity(4);
+        if tenant.is_none() {
+            subjects.push(self.queue(pool, id));
+        }
+        let tenant = tenant.unwrap_or(DEFAULT_TENANT);
+        for band in Priority::ALL {
+            subjects.push(format!(
+                "{}.queue.{pool}.{band}.{tenant}.{id}",
+                self.gen_prefix
+            ));
+        }
+        subjects
+    }
+
     /// The filter of a pool's v1 queue consumer: `gen.queue.<pool>.*`.
     pub fn pool_queue(&self, pool: &str) -> String {
         format!("{}.queue.{pool}.*", self.gen_prefix)
