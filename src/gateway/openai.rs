@@ -239,11 +239,15 @@ pub fn parse_request(body: &[u8]) -> Result<ChatRequest, BadField> {
 }
 
 /// Reads a body as `T`, naming the field of the first error; `what` the body should be, for an
-/// error of the whole body.
+/// error of the whole body. A body that reads is read once, without keeping the path of each
+/// value on the way (what naming the field costs); one that does not is read again with it.
 pub fn read_strictly<T: serde::de::DeserializeOwned>(
     body: &[u8],
     what: &str,
 ) -> Result<T, BadField> {
+    if let Ok(value) = serde_json::from_slice(body) {
+        return Ok(value);
+    }
     let mut deserializer = serde_json::Deserializer::from_slice(body);
     serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
         let path = error.path().to_string();
@@ -277,7 +281,13 @@ pub fn parse_message(index: usize, value: &Value) -> Result<Message, BadField> {
     if map.get("role").and_then(Value::as_str) == Some("developer") {
         map.insert("role".into(), "system".into());
     }
-    let text = Value::Object(map).to_string();
+    let value = Value::Object(map);
+    // Read from the value as it is; only a message that does not read is written out and read
+    // again, keeping the path, to name the field.
+    if let Ok(message) = Message::deserialize(&value) {
+        return Ok(message);
+    }
+    let text = value.to_string();
     let mut deserializer = serde_json::Deserializer::from_str(&text);
     serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
         let path = error.path().to_string();

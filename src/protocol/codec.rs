@@ -64,7 +64,12 @@ impl Encoding {
                 let invalid = |e: &dyn std::fmt::Display| {
                     WireError::invalid(format!("invalid JSON request: {e}"))
                 };
-                // serde_json's own recursion limit is MAX_DECODE_DEPTH.
+                // serde_json's own recursion limit is MAX_DECODE_DEPTH. Read once without
+                // keeping each value's path (what naming the field costs); a value that does
+                // not read is read again with it, for the error.
+                if let Ok(value) = serde_json::from_slice(bytes) {
+                    return Ok(value);
+                }
                 let mut de = serde_json::Deserializer::from_slice(bytes);
                 let value = serde_path_to_error::deserialize(&mut de).map_err(|e| invalid(&e))?;
                 de.end().map_err(|e| invalid(&e))?;
