@@ -26,8 +26,30 @@ use super::target::Target;
 use super::target_check::TargetCheck;
 use super::workload;
 
-/// How often the batch is polled (its end is seen within this).
-const POLL: Duration = Duration::from_millis(10);
+/// The batch is polled at most this often: near its end, which is seen within this.
+const POLL_MIN: Duration = Duration::from_millis(10);
+
+/// And at least this often: while much of it is left (each poll is an HTTP request, a record
+/// read and a JSON answer, on the machine the batch runs on).
+const POLL_MAX: Duration = Duration::from_millis(250);
+
+/// The first poll, before any line is known to have ended.
+const POLL_FIRST: Duration = Duration::from_millis(50);
+
+/// The wait before the next poll: a quarter of the time the lines left should take at the rate
+/// seen so far, within [`POLL_MIN`] and [`POLL_MAX`]; [`POLL_FIRST`] while no line is known to
+/// have ended, [`POLL_MIN`] once every line did (its files are being written).
+fn next_poll(done: u64, total: u64, elapsed: Duration) -> Duration {
+    if done == 0 {
+        return POLL_FIRST;
+    }
+    if done >= total {
+        return POLL_MIN;
+    }
+    let per_line = elapsed.as_secs_f64() / done as f64;
+    let left = Duration::from_secs_f64(per_line * (total - done) as f64);
+    (left / 4).clamp(POLL_MIN, POLL_MAX)
+}
 
 /// The fleet is quiet when the watched processes use less than this share of a core in all.
 const QUIET_CORES: f64 = 0.2;
@@ -230,8 +252,9 @@ async fn one_batch(
         .with_context(|| format!("the batch was not created: {batch}"))?
         .to_string();
     let mut last_progress = (Instant::now(), 0u64);
+    let mut wait = POLL_FIRST;
     let record = loop {
-        tokio::time::sleep(POLL).await;
+        tokio::time::sleep(wait).await;
         let batch: Value = http
             .get(format!("{gateway_url}/batches/{id}"))
             .send()
@@ -243,6 +266,8 @@ async fn one_batch(
             break batch;
         }
         let done = batch["request_counts"]["completed"].as_u64().unwrap_or(0);
+        let total = batch["request_counts"]["total"].as_u64().unwrap_or(0);
+        wait = next_poll(done, total, started.elapsed());
         if done != last_progress.1 {
             last_progress = (Instant::now(), done);
         } else if last_progress.0.elapsed() > target.timeout {
@@ -367,5 +392,20 @@ mod tests {
         assert_eq!(median_of(&rounds), 2);
         assert_eq!(median_of(&[round(Some(0.5))]), 0);
         assert_eq!(median_of(&[]), 0);
+    }
+
+    #[test]
+    fn the_batch_is_polled_less_often_while_much_of_it_is_left() {
+        let second = Duration::from_secs(1);
+        assert_eq!(next_poll(0, 10_000, second), POLL_FIRST);
+        // 1,000 of 10,000 lines in a second: 9 s left, polled at the longest wait.
+        assert_eq!(next_poll(1_000, 10_000, second), POLL_MAX);
+        // 9,800 in a second: about 20 ms left, polled at the shortest.
+        assert_eq!(next_poll(9_800, 10_000, second), POLL_MIN);
+        // 9,000 in a second: about 111 ms left, a quarter of it.
+        let wait = next_poll(9_000, 10_000, second);
+        assert!(wait > Duration::from_millis(27) && wait < Duration::from_millis(28));
+        // Every line ended: the files are being written.
+        assert_eq!(next_poll(10_000, 10_000, second), POLL_MIN);
     }
 }
