@@ -109,10 +109,7 @@ impl Subjects {
         }
         let tenant = tenant.unwrap_or(DEFAULT_TENANT);
         for band in Priority::ALL {
-            subjects.push(format!(
-                "{}.queue.{pool}.{band}.{tenant}.{id}",
-                self.gen_prefix
-            ));
+            subjects.push(self.queue_for(pool, band, Some(tenant), id));
         }
         subjects
     }

@@ -34,7 +34,7 @@ impl Bounds {
 }
 
 /// Waits for the deadline, or forever when the request has none.
-pub(super) async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
