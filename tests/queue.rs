@@ -197,73 +197,33 @@ async fn a_queued_request_shows_queued_and_cancelling_it_means_it_never_runs() {
 #[tokio::test]
 async fn a_queued_request_is_found_in_the_workers_pool_and_in_any_other() {
     use genfleet::protocol::Priority;
-    let f = fleet()
-        .script("[[rules]]\nreply = \"a b c d e f g h i j\"\ndelay_ms = 200\n")
-        .workers(1)
-        .start()
-        .await;
+    // `long` holds the one slot for 20 s, far longer than the looking up takes; it is
+    // cancelled at the end.
+    let f = fleet().script(LONG).workers(1).start().await;
     let client = &f.client;
     client.enqueue("default", &req("long")).await.unwrap();
     // The single slot is busy with `long`: what is queued after it waits.
     wait_running(client, "long").await;
     let acme = client.clone().with_tenant("acme").unwrap();
-    let in_band = |id: &str, band: Priority| {
+    // Who queues it, in which pool, its id and its band; its tenant is the caller's.
+    let cases = [
+        (client, "default", "d-normal", Priority::Normal),
+        (client, "default", "d-low", Priority::Low),
+        (&acme, "default", "a-low", Priority::Low),
+        (&acme, "default", "a-high", Priority::High),
+        // A pool no worker serves.
+        (client, "elsewhere", "e-normal", Priority::Normal),
+        (&acme, "elsewhere", "e-low", Priority::Low),
+    ];
+    for (caller, pool, id, band) in cases {
         let mut request = req(id);
         request.priority = Some(band);
-        request
-    };
-    let cases = [
-        (
-            client,
-            "default",
-            in_band("d-normal", Priority::Normal),
-            Priority::Normal,
-            "default",
-        ),
-        (
-            client,
-            "default",
-            in_band("d-low", Priority::Low),
-            Priority::Low,
-            "default",
-        ),
-        (
-            &acme,
-            "default",
-            in_band("a-low", Priority::Low),
-            Priority::Low,
-            "acme",
-        ),
-        (
-            &acme,
-            "default",
-            in_band("a-high", Priority::High),
-            Priority::High,
-            "acme",
-        ),
-        // A pool no worker serves.
-        (
-            client,
-            "elsewhere",
-            in_band("e-normal", Priority::Normal),
-            Priority::Normal,
-            "default",
-        ),
-        (
-            &acme,
-            "elsewhere",
-            in_band("e-low", Priority::Low),
-            Priority::Low,
-            "acme",
-        ),
-    ];
-    for (caller, pool, request, band, tenant) in &cases {
-        caller.enqueue(pool, request).await.unwrap();
-        let id = request.request_id.as_deref().unwrap();
+        caller.enqueue(pool, &request).await.unwrap();
         let status = caller.status(id).await.unwrap();
+        let tenant = caller.tenant().unwrap_or("default");
         assert_eq!(
             (status.state, status.priority, status.tenant.as_deref()),
-            (RequestState::Queued, Some(*band), Some(*tenant)),
+            (RequestState::Queued, Some(band), Some(tenant)),
             "{id} in pool {pool}"
         );
     }
@@ -273,8 +233,7 @@ async fn a_queued_request_is_found_in_the_workers_pool_and_in_any_other() {
         let error = other.status(id).await.unwrap_err();
         assert_eq!(error.code(), Some(ErrorCode::NotFound), "{id}");
     }
-    for (caller, _, request, _, _) in &cases {
-        let id = request.request_id.as_deref().unwrap();
+    for (caller, _, id, _) in cases {
         caller.cancel(id).await.unwrap();
     }
     client.cancel("long").await.unwrap();
