@@ -70,7 +70,7 @@ pub fn parse(input: &[u8], endpoint: &str) -> Vec<Line> {
             }
         };
         let custom_id = fields.string("custom_id");
-        let body = read_line(number, &fields, endpoint).and_then(|body| {
+        let body = read_line(number, &fields, custom_id.as_deref(), endpoint).and_then(|body| {
             let id = custom_id.clone().unwrap_or_default();
             match seen.insert(id.clone(), number) {
                 Some(first) => Err(refuse(
@@ -135,7 +135,12 @@ impl<'de> serde::Deserialize<'de> for Fields<'de> {
     }
 }
 
-fn read_line(number: usize, fields: &Fields, endpoint: &str) -> Result<Box<RawValue>, LineError> {
+fn read_line(
+    number: usize,
+    fields: &Fields,
+    custom_id: Option<&str>,
+    endpoint: &str,
+) -> Result<Box<RawValue>, LineError> {
     if let Some((key, _)) = fields
         .0
         .iter()
@@ -150,7 +155,7 @@ fn read_line(number: usize, fields: &Fields, endpoint: &str) -> Result<Box<RawVa
             ),
         ));
     }
-    match fields.string("custom_id") {
+    match custom_id {
         Some(id) if !id.is_empty() && id.len() <= 512 => {}
         _ => {
             return Err(refuse(
