@@ -37,7 +37,7 @@ impl Meter {
     /// writes of what ran before, a warm-up's, land a little after it ended), the CPU times
     /// last, so the CPU window holds the phase alone.
     pub async fn start(&self) -> Start {
-        let bus = self.read_bus().await;
+        let bus = self.read_bus(true).await;
         Start {
             cpu: procstat::snapshot(&self.watched),
             bus,
@@ -47,29 +47,34 @@ impl Meter {
     /// Reads the counters as the phase ends: the CPU times at once, the server's once its
     /// counters settle.
     pub async fn stop(&self, start: Start) -> Spent {
-        let processes = procstat::usage_since(&self.watched, &start.cpu);
-        let bus = match start.bus {
-            Some(before) => self.read_bus().await.map(|after| (before, after)),
-            None => None,
-        };
-        Spent { processes, bus }
+        self.stop_reading(start, true).await
     }
 
     /// [`Meter::stop`] with the server's counters read at once, not once they settle: for a
     /// phase whose end is followed at once by work it must not count (a batch's results,
     /// released once it ended).
     pub async fn stop_at_once(&self, start: Start) -> Spent {
+        self.stop_reading(start, false).await
+    }
+
+    async fn stop_reading(&self, start: Start, settled: bool) -> Spent {
         let processes = procstat::usage_since(&self.watched, &start.cpu);
-        let bus = match (start.bus, &self.monitor) {
-            (Some(before), Some(monitor)) => monitor.read().await.ok().map(|after| (before, after)),
-            _ => None,
+        let bus = match start.bus {
+            Some(before) => self.read_bus(settled).await.map(|after| (before, after)),
+            None => None,
         };
         Spent { processes, bus }
     }
 
-    async fn read_bus(&self) -> Option<BusSnapshot> {
+    /// The server's counters, once they settle or (`settled` false) as they are.
+    async fn read_bus(&self, settled: bool) -> Option<BusSnapshot> {
         let monitor = self.monitor.as_ref()?;
-        monitor.read_settled().await.map_err(|error| {
+        let read = if settled {
+            monitor.read_settled().await
+        } else {
+            monitor.read().await
+        };
+        read.map_err(|error| {
             tracing::warn!(message = "no bus figures for this phase", error = %format!("{error:#}"));
         })
         .ok()
