@@ -610,10 +610,11 @@ class _Follow:
     """One request followed through its decision chain, as the Rust client's
     `client::follow` walks it: events first; the stored state read only where an event can be
     missed (after a second of silence, longer while the request waits in the queue, a skipped
-    `seq`, a continuation that may have run before it was followed). A part whose events were missed gets its text from its stored
-    result, as one `delta` event marked `"from_result": true`, so no text is given twice or
-    lost; a missed `finished` is stood in for by the result (peeked); a `continued` or
-    `chain_ended` whose `finished` was missed comes after it."""
+    `seq`, a continuation that may have run before it was followed). A part whose events were
+    missed gets its text from its stored result, as one `delta` event marked
+    `"from_result": true`, so no text is given twice or lost; a missed `finished` is stood in
+    for by the result (peeked); a `continued` or `chain_ended` whose `finished` was missed
+    comes after it."""
 
     def __init__(self, client: "Client", subscription: Any, request_id: str, chain: bool, wait: float):
         self.client = client
