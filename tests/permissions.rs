@@ -1,9 +1,8 @@
 //! The shipped permissions file (config/nats/permissions.conf) on a real nats-server: a worker,
-//! a tool service, a manager, a client and the gateway, each as a user of its role, do their
-//! whole job; the
-//! acts a role must not do are refused by the server (its permissions-violation error, seen
-//! through the client's event callback), and a tenant on other prefixes reaches nothing of
-//! this one.
+//! a tool service, a manager, a client, the gateway and the console, each as a user of its
+//! role, do their whole job; the acts a role must not do are refused by the server (its
+//! permissions-violation error, seen through the client's event callback, or its log), and a
+//! tenant on other prefixes reaches nothing of this one.
 
 mod common;
 
@@ -83,6 +82,7 @@ authorization {{
     {{ user: manager, password: mpass, permissions: $GENFLEET_MANAGER }}
     {{ user: tools, password: tpass, permissions: $GENFLEET_TOOL_SERVICE }}
     {{ user: gateway, password: gpass, permissions: $GENFLEET_GATEWAY }}
+    {{ user: console, password: copass, permissions: $GENFLEET_CONSOLE }}
     {{ user: tenant-b, password: bpass, permissions: $TENANT_B_CLIENT }}
     {{ user: acme, password: acpass, permissions: $GENFLEET_TENANT_ACME }}
     {{ user: alice, password: alpass, permissions: {{
@@ -685,4 +685,236 @@ async fn a_tenant_submits_only_under_the_tenant_its_user_is_granted() {
         raw.flush().await.unwrap();
         refused(&errors, "a tenant using another tenant's subject", subject).await;
     }
+}
+
+/// The console (permissions.conf's GENFLEET_CONSOLE) does its whole job with none of its acts
+/// refused: it follows the signals, the decisions, the results and every request's events,
+/// polls the workers, lists the batches, shows a tenant's request, answers a decision and
+/// cancels a request. The server refuses it submitting, enqueueing, writing a record, reading
+/// the files and serving as a worker.
+#[tokio::test]
+async fn the_console_watches_answers_and_cancels_and_nothing_else() {
+    genfleet::llm::openai::install_crypto_provider();
+    const TOKEN: &str = "console-permissions-token-0123456789";
+    let f = Fleet::builder()
+        .nats_config(server_config())
+        .script(SCRIPT)
+        .default_settings()
+        .slots(2)
+        .settings(|s| as_user(s, "worker", "wpass"))
+        .client_settings(|s| as_user(s, "client", "cpass"))
+        .start()
+        .await;
+    let (nats, client) = (&f.nats, &f.client);
+
+    // What there is to see: a decision pending, a batch the gateway keeps, a request of tenant
+    // acme whose result waits for its caller.
+    let decided = client
+        .run("default", request("k-decide", "decide"), WITHIN)
+        .await
+        .unwrap();
+    assert_eq!(decided.reason, Reason::DecisionRequested, "{decided:?}");
+    let decision = decided
+        .signals
+        .iter()
+        .find_map(|s| s.decision.clone())
+        .expect("a decision")
+        .decision_id;
+    let (gateway, _) = connect_as(nats, "gateway", "gpass").await;
+    let batches = genfleet::client::batches::Batches::open(&gateway, &f.settings)
+        .await
+        .unwrap();
+    let batch = genfleet::client::batches::Record {
+        batch: serde_json::json!({"id": "batch_01CONSOLEPERMISSIONS", "status": "in_progress",
+            "created_at": 1_700_000_000u64, "request_counts": {"total": 1, "completed": 0, "failed": 0}}),
+        tenant: "team-a".into(),
+        owner: String::new(),
+        lease_until_ms: 0,
+        reserved: 0,
+        chunks: 0,
+    };
+    assert!(batches.create(&batch).await.unwrap());
+    let mut acme_settings = settings_as(nats, "acme", "acpass");
+    acme_settings.nats.inbox_prefix = "_INBOX_acme".into();
+    let acme = Client::connect(&acme_settings)
+        .await
+        .unwrap()
+        .with_tenant("acme")
+        .unwrap();
+    acme.submit("default", &request("k-hello", "hello"))
+        .await
+        .unwrap();
+    let acme_id = acme.on_bus("k-hello");
+    wait::until("acme's request to end", WITHIN, || async {
+        acme.status(&acme_id)
+            .await
+            .ok()
+            .filter(|s| s.state == RequestState::Completed)
+    })
+    .await;
+
+    let mut settings = f.settings.clone();
+    as_user(&mut settings, "console", "copass");
+    settings.console.token = TOKEN.into();
+    settings.console.fleet_refresh_ms = 300;
+    let console = genfleet::console::Console::start(
+        &settings,
+        genfleet::console::ConsoleOptions {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            read_only: false,
+        },
+    )
+    .await
+    .expect("the console starts with console permissions");
+    let base = format!("http://{}", console.addr());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(console.run(async {
+        let _ = stopped.await;
+    }));
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let get = |path: String| {
+        let http = http.clone();
+        let url = format!("{base}{path}");
+        async move {
+            let response = http.get(url).send().await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+
+    // Every link up, the pending decision in the inbox, its signal in the feed, the worker
+    // polled; the request of tenant acme known and shown, its result peeked.
+    let snapshot = wait::until("the console to see the fleet", WITHIN, || async {
+        let (_, s) = get("/api/snapshot".into()).await;
+        let links = &s["links"];
+        let linked = ["decisions", "signals", "events", "results"]
+            .iter()
+            .all(|link| links[link].is_null())
+            && links["nats_connected"] == true;
+        let pending = s["inbox"]["items"]
+            .as_array()
+            .is_some_and(|items| items.iter().any(|i| i["decision_id"] == decision.as_str()));
+        let signalled = s["signals"].as_array().is_some_and(|s| !s.is_empty());
+        let polled = s["fleet"]["workers"]
+            .as_array()
+            .is_some_and(|w| w.len() == 1);
+        if linked && pending && signalled && polled {
+            Ok(s)
+        } else {
+            Err(format!("the snapshot: {s:#}"))
+        }
+    })
+    .await;
+    assert_eq!(snapshot["fleet"]["slots"], 2, "{snapshot:#}");
+    let (status, shown) = get(format!("/api/requests/{acme_id}")).await;
+    assert_eq!(status, 200, "{shown}");
+    assert_eq!(shown["status"]["state"], "COMPLETED", "{shown}");
+    assert_eq!(shown["result"]["request_id"], acme_id.as_str(), "{shown}");
+    // A v1 request, whose result its caller has read: its status.
+    let (status, shown) = get("/api/requests/k-decide".into()).await;
+    assert_eq!(status, 200, "{shown}");
+    assert_eq!(shown["status"]["decision_outcome"], "pending", "{shown}");
+    let (status, listed) = get("/api/batches".into()).await;
+    assert_eq!(status, 200, "{listed}");
+    assert!(
+        listed.to_string().contains("batch_01CONSOLEPERMISSIONS"),
+        "{listed}"
+    );
+
+    // An answer through the console starts the continuation.
+    let response = http
+        .post(format!("{base}/api/decisions/{decision}"))
+        .header("x-genfleet-token", TOKEN)
+        .json(&serde_json::json!({"user": "ann", "option_id": "fast"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status().as_u16(),
+        200,
+        "{}",
+        response.text().await.unwrap()
+    );
+    let continuation = wait::until("the answer to be taken", WITHIN, || async {
+        client
+            .status("k-decide")
+            .await
+            .ok()
+            .and_then(|status| status.continuation_request_id)
+    })
+    .await;
+    let next = fleet::terminal(client, &continuation, WITHIN).await;
+    assert_eq!(next.output, "continued");
+
+    // A request cancelled through the console.
+    client
+        .submit("default", &request("k-linger", "linger until cancelled"))
+        .await
+        .unwrap();
+    wait::until("k-linger to run", WITHIN, || async {
+        client
+            .status("k-linger")
+            .await
+            .ok()
+            .filter(|s| s.state == RequestState::Running)
+    })
+    .await;
+    let response = http
+        .post(format!("{base}/api/requests/k-linger/cancel"))
+        .header("x-genfleet-token", TOKEN)
+        .json(&serde_json::json!({"user": "ann"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status().as_u16(),
+        200,
+        "{}",
+        response.text().await.unwrap()
+    );
+    let cancelled = fleet::terminal(client, "k-linger", WITHIN).await;
+    assert_eq!(cancelled.state, RequestState::Cancelled);
+    let _ = stop.send(());
+    wait::within("the console stops", WITHIN, task)
+        .await
+        .unwrap()
+        .unwrap();
+    // None of those acts was refused.
+    let log = nats.log_text();
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("\"console\"") && l.to_lowercase().contains("violation")),
+        "the console's own acts were refused:\n{log}"
+    );
+
+    // What the console must not do.
+    let (raw, errors) = connect_as(nats, "console", "copass").await;
+    for (what, subject) in [
+        ("the console submitting", "gen.submit.default"),
+        ("the console enqueueing", "gen.queue.default.k-queued"),
+        (
+            "the console writing a result",
+            "$KV.GENFLEET_RESULTS.res.k-hello",
+        ),
+        ("the console posing as a worker", "gen.worker.any.cancel"),
+        (
+            "the console reading the files",
+            "$JS.API.STREAM.INFO.OBJ_GENFLEET_FILES",
+        ),
+        ("the console changing a batch", "$KV.GENFLEET_BATCHES.x"),
+        (
+            "the console deleting the signals",
+            "$JS.API.STREAM.DELETE.GENFLEET_SIGNALS",
+        ),
+    ] {
+        raw.publish(subject, "{}".into()).await.unwrap();
+        raw.flush().await.unwrap();
+        refused(&errors, what, subject).await;
+    }
+    let _serve = raw.subscribe("gen.submit.>").await.unwrap();
+    raw.flush().await.unwrap();
+    refused(&errors, "the console serving submits", "gen.submit.>").await;
 }
