@@ -915,3 +915,101 @@ async fn following_a_chain_gives_each_parts_text_once_through_its_decision_and_a
     assert_eq!(again[1].0, last.output);
     assert_eq!(again[1].1.request_id, last.request_id);
 }
+
+/// A follower that hears nothing asks the status after a second of silence, and each time a
+/// read finds nothing new twice as long after the last: a request that runs without a word to
+/// a follower of its ends only (as a batch's lines are followed), and a chain whose decision
+/// waits for a person, are each asked a few times in their first seconds, not every second.
+/// (A busy machine only makes the asks later, so fewer.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_hears_nothing_asks_less_and_less_often() {
+    let script = r#"
+[[rules]]
+when_last_user_contains = "quietly"
+reply = "done at last"
+first_token_delay_ms = 60000
+
+[[rules]]
+reply = "deployed: {{last_user}}"
+"#;
+    let f = fleet(script, |_| {}).await;
+    let client = &f.fleet.client;
+    let nats = client.nats();
+    let mut asks_quiet = nats.subscribe("gen.status.quiet1").await.unwrap();
+    let mut asks_pending = nats.subscribe("gen.status.pending1").await.unwrap();
+    nats.flush().await.unwrap();
+    let fanout = client.event_fanout().await.unwrap();
+    let mut quiet = client.follow_chain_on("quiet1", false, fanout.follow_ends("quiet1"));
+    let mut pending = client.follow_chain("pending1", true).await.unwrap();
+    client
+        .enqueue("default", &fleet::request("quiet1", "Work quietly."))
+        .await
+        .unwrap();
+    client
+        .submit(
+            "default",
+            &guarded("pending1", "Deploy build 11 to production."),
+        )
+        .await
+        .unwrap();
+    // The chain's first part ends asking for a decision nobody answers.
+    let ended = wait::within(
+        "the first part to end asking for a decision",
+        Duration::from_secs(15),
+        async {
+            loop {
+                match pending.next().await {
+                    Some(genfleet::client::follow::Step::Ended(result)) => return result,
+                    Some(_) => {}
+                    None => panic!("the chain ended"),
+                }
+            }
+        },
+    )
+    .await;
+    assert_eq!(ended.reason, Reason::DecisionRequested, "{ended:?}");
+    // Both followed for 7.5 s from here. The quiet one is read at once (its timer ran out
+    // while nobody followed), at 1 s (it started: its only step) and then at 3 and 7 s at most
+    // (8 reads in all before, one every second); the decision at 1, 3 and 7 s (7 before).
+    let until = tokio::time::Instant::now() + Duration::from_millis(7_500);
+    async fn steps(
+        follow: &mut genfleet::client::follow::Follow,
+        until: tokio::time::Instant,
+    ) -> Vec<Option<genfleet::client::follow::Step>> {
+        let mut steps = Vec::new();
+        while let Ok(step) = tokio::time::timeout_at(until, follow.next()).await {
+            steps.push(step);
+        }
+        steps
+    }
+    let (quiet_steps, pending_steps) =
+        tokio::join!(steps(&mut quiet, until), steps(&mut pending, until));
+    assert_eq!(
+        quiet_steps,
+        [Some(genfleet::client::follow::Step::Started {
+            request_id: "quiet1".into()
+        })]
+    );
+    assert_eq!(pending_steps, []);
+    let count = |sub: &mut async_nats::Subscriber| {
+        let mut asks = 0;
+        let waker = futures_util::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        while let std::task::Poll::Ready(Some(_)) =
+            futures_util::StreamExt::poll_next_unpin(sub, &mut cx)
+        {
+            asks += 1;
+        }
+        asks
+    };
+    let (quiet_asks, pending_asks) = (count(&mut asks_quiet), count(&mut asks_pending));
+    assert!(
+        (1..=4).contains(&quiet_asks),
+        "the quiet request was asked {quiet_asks} times"
+    );
+    assert!(
+        (1..=3).contains(&pending_asks),
+        "the pending decision was asked {pending_asks} times"
+    );
+    client.cancel("quiet1").await.unwrap();
+}

@@ -598,11 +598,13 @@ class Client:
 
 #: How long the events may be silent before the stored state is read.
 CHECK_AFTER = 1.0
-#: The longest silence between two reads while the stored state says the request still waits
-#: in the queue: each read that finds it waiting doubles the wait before the next, from
-#: CHECK_AFTER up to this, so that many requests waiting behind busy slots do not each ask every
-#: second (as the Rust client's `client::follow`).
-QUEUED_CHECK_MAX = 16.0
+#: The longest silence between two reads while they find nothing new: each read that finds the
+#: request still waiting in the queue, still running as it was known to, or its decision still
+#: pending doubles the wait before the next, from CHECK_AFTER up to this; an event, or a read
+#: that finds something new, brings CHECK_AFTER back. So many requests waiting behind busy
+#: slots, running without streaming or waiting for a person do not each ask every second (as
+#: the Rust client's `client::follow`).
+CHECK_MAX = 16.0
 _TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 
 
@@ -627,6 +629,8 @@ class _Follow:
         self.streamed = ""
         self.streamed_reasoning = ""
         self.awaiting_decision = False
+        # Known to have started: an event of it came, or a read found it past the queue.
+        self.started = False
         self.pending: List[Dict[str, Any]] = []
         self.done = False
         self.check_after = CHECK_AFTER
@@ -664,6 +668,7 @@ class _Follow:
             _log.debug("an event of %s was missed: the text comes from the result", self.current)
             self.gapped = True
         self.next_seq = seq + 1
+        self.started = True
         kind = event.get("event")
         open_ = not self.awaiting_decision
         if kind == "delta" and open_ and not self.gapped:
@@ -703,10 +708,20 @@ class _Follow:
             if error.code == "NOT_FOUND":
                 return  # not on record yet
             raise
-        if status.get("state") == "QUEUED":
-            self.check_after = min(self.check_after * 2, QUEUED_CHECK_MAX)
+        state = status.get("state")
+        pending = (
+            self.awaiting_decision
+            and not status.get("continuation_request_id")
+            and status.get("decision_outcome") in (None, "pending", "continued")
+        )
+        running = self.started and state not in _TERMINAL
+        if state == "QUEUED" or running or pending:
+            # Nothing new: still queued, still running as known, the decision still pending.
+            self.check_after = min(self.check_after * 2, CHECK_MAX)
         else:
             self.check_after = CHECK_AFTER
+        if state is not None and state != "QUEUED":
+            self.started = True
         if self.awaiting_decision:
             if status.get("continuation_request_id"):
                 await self._continue_as(
@@ -753,4 +768,5 @@ class _Follow:
         self.streamed = ""
         self.streamed_reasoning = ""
         self.awaiting_decision = False
+        self.started = False
 

@@ -15,6 +15,7 @@ from typing import List, Literal, Optional
 
 import genfleet
 from genfleet import GenfleetError, Manager, ToolError, ToolService, tool
+from nats.errors import TimeoutError as NatsTimeout
 
 
 def check(cond, what):
@@ -240,6 +241,35 @@ async def check_tool_service(fleet):
     print("ok: a tool service from a decorated function, called by the model, withdrawn")
 
 
+async def check_silent_follow(fleet):
+    """A chain whose decision nobody answers: once its first part ended, its follower hears
+    nothing and asks the status after 1, 3 and 7 s (each read that finds the decision still
+    pending doubles the wait), not every second; it gives up after `wait` seconds of silence.
+    A busy machine only makes the asks later, so fewer."""
+    request = genfleet.request("py-decide: nobody answers")
+    asks = await fleet.nc.subscribe(f"gen.status.{request['request_id']}")
+    events = []
+    try:
+        async for event in fleet.stream(request, wait=7.5):
+            events.append(event)
+    except GenfleetError as error:
+        check(error.code == "TIMEOUT", f"{error}")
+    else:
+        raise AssertionError("a chain whose decision is pending ended")
+    check(events[-1]["event"] == "finished", f"{[e['event'] for e in events]}")
+    check(events[-1]["result"]["reason"] == "decision_requested", f"{events[-1]}")
+    asked = 0
+    while True:
+        try:
+            await asks.next_msg(timeout=0.1)
+        except NatsTimeout:
+            break
+        asked += 1
+    await asks.unsubscribe()
+    check(1 <= asked <= 3, f"asked {asked} times in 7.5 s of silence")
+    print(f"ok: a follower waiting for a decision asked {asked} times in 7.5 s of silence")
+
+
 async def check_manager(fleet):
     seen = []
 
@@ -272,6 +302,7 @@ async def main(url):
         await check_cancel(fleet)
         await check_priority_bands(fleet)
         await check_tool_service(fleet)
+        await check_silent_follow(fleet)
         await check_manager(fleet)
     try:
         async with await genfleet.Client.connect(url) as fleet:

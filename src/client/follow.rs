@@ -26,11 +26,14 @@ use crate::protocol::{
 /// How long the events may be silent before the stored state is read.
 pub const CHECK_AFTER: Duration = Duration::from_secs(1);
 
-/// The longest silence between two reads of the stored state while it says the request still
-/// waits in the queue: each read that finds it waiting doubles the wait before the next, from
-/// [`CHECK_AFTER`] up to this. Many requests waiting behind busy slots (a batch, a backlog)
-/// would otherwise each ask every second, and the asking would slow the fleet they wait for.
-pub const QUEUED_CHECK_MAX: Duration = Duration::from_secs(16);
+/// The longest silence between two reads of the stored state while they find nothing new:
+/// each read that finds the request still waiting in the queue, still running as it was known
+/// to, or its decision still pending doubles the wait before the next, from [`CHECK_AFTER`] up
+/// to this; an event, or a read that finds something new, brings [`CHECK_AFTER`] back. Many
+/// requests waiting behind busy slots (a batch, a backlog), running without streaming (a
+/// batch's lines, a long tool call) or waiting for a person's decision would otherwise each
+/// ask every second, and the asking would slow the fleet they wait for.
+pub const CHECK_MAX: Duration = Duration::from_secs(16);
 
 /// How long a result whose part ended may take to be readable (`not_ready`) before following
 /// gives up on it.
@@ -105,7 +108,7 @@ pub struct Follow {
 }
 
 /// When the stored state is read next: [`CHECK_AFTER`] after the last event (or read), longer
-/// while the request waits in the queue ([`QUEUED_CHECK_MAX`]).
+/// while the reads find nothing new ([`CHECK_MAX`]).
 struct Check {
     timer: Pin<Box<tokio::time::Sleep>>,
     wait: Duration,
@@ -125,9 +128,10 @@ impl Check {
         self.arm();
     }
 
-    /// The read found the request waiting in the queue: the next after twice as long.
+    /// The read found nothing new (still queued, still running, a decision still pending):
+    /// the next after twice as long.
     fn back_off(&mut self) {
-        self.wait = (self.wait * 2).min(QUEUED_CHECK_MAX);
+        self.wait = (self.wait * 2).min(CHECK_MAX);
         self.arm();
     }
 
@@ -352,10 +356,16 @@ impl Follow {
                 )
             {
                 self.end_chain(outcome);
+            } else {
+                // Still pending: a person may take hours.
+                self.check.back_off();
             }
             return;
         }
-        if status.state == RequestState::Queued {
+        // Nothing new: still waiting in the queue, or still running as it was known to.
+        let unchanged =
+            status.state == RequestState::Queued || (self.started && !status.state.is_terminal());
+        if unchanged {
             self.check.back_off();
         } else {
             self.check.heard();
@@ -441,22 +451,22 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_request_found_waiting_in_the_queue_is_asked_after_less_and_less_often() {
+    async fn a_request_found_unchanged_is_asked_after_less_and_less_often() {
         let mut check = Check::new();
         let margin = Duration::from_millis(1);
         assert!(!due_within(&mut check, CHECK_AFTER - margin).await);
         assert!(due_within(&mut check, 2 * margin).await);
-        // Each read that finds it queued doubles the wait, up to the most.
+        // Each read that finds nothing new doubles the wait, up to the most.
         let mut wait = CHECK_AFTER;
         for _ in 0..8 {
             check.again();
             check.back_off();
-            wait = (wait * 2).min(QUEUED_CHECK_MAX);
+            wait = (wait * 2).min(CHECK_MAX);
             assert!(!due_within(&mut check, wait - margin).await, "{wait:?}");
             assert!(due_within(&mut check, 2 * margin).await, "{wait:?}");
         }
-        assert_eq!(wait, QUEUED_CHECK_MAX);
-        // An event, or a read that finds it started, brings the short wait back.
+        assert_eq!(wait, CHECK_MAX);
+        // An event, or a read that finds something new, brings the short wait back.
         check.heard();
         assert!(!due_within(&mut check, CHECK_AFTER - margin).await);
         assert!(due_within(&mut check, 2 * margin).await);
