@@ -20,6 +20,8 @@ pub(super) const FINISHING_AT_ONCE: u32 = 64;
 /// How long a finished request's result is tried to be stored before it is given up (a
 /// durable one then goes back to the queue).
 const STORE_RESULT_FOR: Duration = Duration::from_secs(60);
+/// The longest pause between two tries at storing a result.
+const STORE_RESULT_PAUSE: Duration = Duration::from_secs(2);
 /// Room left in a NATS message for what goes around a result: the event's or the stored
 /// record's fields, headers, a reply's error envelope.
 const RESULT_ENVELOPE_BYTES: usize = 4096;
@@ -194,7 +196,7 @@ async fn finish(shared: &Shared, mut event: Event) {
     let over = hold
         .as_ref()
         .map_or(Over::Nothing, |hold| Over::Claim(hold.revision()));
-    let stored = store_result(shared, result, over).await;
+    let stored = store_result(shared, result, over, message).await;
     let _ = shared.stored.send(id.clone());
     match stored {
         Some(Stored::Stored) => super::recorded::recorded(shared, result),
@@ -274,8 +276,24 @@ pub(super) async fn settle(
 
 /// Stores a result, trying again for up to [`STORE_RESULT_FOR`] (NATS reconnecting, a bucket
 /// electing a leader). `None` when it gave up.
-async fn store_result(shared: &Shared, result: &GenerationResult, over: Over) -> Option<Stored> {
-    let mut delay = Duration::from_millis(50);
+///
+/// A durable request's `message` is kept alive meanwhile, well inside the queue's ack wait: its
+/// request is no longer held here (nothing else keeps it alive), and a delivery let lapse while
+/// the results bucket elects a leader goes to another worker, which finds the record still this
+/// worker's and hands it back, until the deliveries run out and the request, finished here, is
+/// given up as `worker_lost`.
+async fn store_result(
+    shared: &Shared,
+    result: &GenerationResult,
+    over: Over,
+    message: Option<&async_nats::jetstream::Message>,
+) -> Option<Stored> {
+    let longest = match message {
+        Some(_) => Duration::from_millis(shared.settings.jetstream.queue_ack_wait_ms / 3)
+            .min(STORE_RESULT_PAUSE),
+        None => STORE_RESULT_PAUSE,
+    };
+    let mut delay = Duration::from_millis(50).min(longest);
     let started = tokio::time::Instant::now();
     let mut attempt = 0;
     loop {
@@ -293,8 +311,11 @@ async fn store_result(shared: &Shared, result: &GenerationResult, over: Over) ->
             }
             Err(error) if started.elapsed() + delay < STORE_RESULT_FOR => {
                 tracing::warn!(message = "storing a result failed; retrying", %error, attempt, request_id = %result.request_id);
+                if let Some(message) = message {
+                    let _ = message.ack_with(AckKind::Progress).await;
+                }
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(2));
+                delay = (delay * 2).min(longest);
             }
             Err(error) => {
                 tracing::error!(message = "gave up storing a result", %error, attempt, request_id = %result.request_id);
