@@ -96,6 +96,19 @@ authorization {{
     )
 }
 
+/// A fleet on the shipped permissions: its worker as user "worker", its client as `user`.
+async fn fleet_as(user: &'static str, password: &'static str) -> Fleet {
+    Fleet::builder()
+        .nats_config(server_config())
+        .script(SCRIPT)
+        .default_settings()
+        .slots(2)
+        .settings(|s| as_user(s, "worker", "wpass"))
+        .client_settings(move |s| as_user(s, user, password))
+        .start()
+        .await
+}
+
 fn settings_as(nats: &NatsServer, user: &str, password: &str) -> Settings {
     let mut s = Settings::defaults();
     s.nats.url = nats.url();
@@ -158,15 +171,7 @@ async fn refused(errors: &Arc<Mutex<Vec<String>>>, what: &str, subject: &str) {
 #[tokio::test]
 async fn each_role_does_its_job_and_nothing_else() {
     // The worker, as user "worker"; the client, as user "client".
-    let f = Fleet::builder()
-        .nats_config(server_config())
-        .script(SCRIPT)
-        .default_settings()
-        .slots(2)
-        .settings(|s| as_user(s, "worker", "wpass"))
-        .client_settings(|s| as_user(s, "client", "cpass"))
-        .start()
-        .await;
+    let f = fleet_as("client", "cpass").await;
     let (nats, client) = (&f.nats, &f.client);
 
     // The tool service, as user "tools": registers and serves the calculator.
@@ -418,15 +423,7 @@ async fn each_role_does_its_job_and_nothing_else() {
 
 #[tokio::test]
 async fn the_gateway_reaches_what_it_uses_and_nothing_of_a_workers() {
-    let f = Fleet::builder()
-        .nats_config(server_config())
-        .script(SCRIPT)
-        .default_settings()
-        .slots(2)
-        .settings(|s| as_user(s, "worker", "wpass"))
-        .client_settings(|s| as_user(s, "gateway", "gpass"))
-        .start()
-        .await;
+    let f = fleet_as("gateway", "gpass").await;
     let (nats, gateway) = (&f.nats, &f.client);
     const WAIT: Duration = Duration::from_secs(15);
 
@@ -696,15 +693,7 @@ async fn a_tenant_submits_only_under_the_tenant_its_user_is_granted() {
 async fn the_console_watches_answers_and_cancels_and_nothing_else() {
     genfleet::llm::openai::install_crypto_provider();
     const TOKEN: &str = "console-permissions-token-0123456789";
-    let f = Fleet::builder()
-        .nats_config(server_config())
-        .script(SCRIPT)
-        .default_settings()
-        .slots(2)
-        .settings(|s| as_user(s, "worker", "wpass"))
-        .client_settings(|s| as_user(s, "client", "cpass"))
-        .start()
-        .await;
+    let f = fleet_as("client", "cpass").await;
     let (nats, client) = (&f.nats, &f.client);
 
     // What there is to see: a decision pending, a batch the gateway keeps, a request of tenant
